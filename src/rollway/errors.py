@@ -1,0 +1,99 @@
+"""The one error tree of rollway.
+
+Every error raised on purpose is a ``RollwayError``. Categories map to rollout outcomes and,
+in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
+
+    RollwayError
+    ├── ConfigError                 bad configuration or model path          (500)
+    ├── RequestError                a caller sent something wrong            (400)
+    │   ├── MalformedBodyError      body is not valid JSON                   (400)
+    │   ├── InvalidFieldsError      JSON is fine, fields are not             (422)
+    │   └── PayloadTooLargeError    body exceeds the size limit              (413)
+    ├── AuthError                   missing or wrong key                     (401)
+    ├── UnknownRolloutError         no such rollout registered               (404)
+    ├── RolloutClosedError          rollout cancelled or already registered  (409)
+    └── EngineError                 the engine failed to generate            (502)
+        └── EngineAbortedError      generation was aborted                   (409)
+
+Exceptions keep their constructor arguments in ``args`` so that they pickle (they cross Ray).
+"""
+
+from __future__ import annotations
+
+
+class RollwayError(Exception):
+    """Root of every error rollway raises on purpose."""
+
+    #: OpenAI-style error ``type`` in HTTP error bodies.
+    error_type = "internal_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param)
+        self.message = message
+        self.param = param
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(RollwayError):
+    error_type = "config_error"
+
+
+class RequestError(RollwayError):
+    error_type = "invalid_request_error"
+
+
+class MalformedBodyError(RequestError):
+    pass
+
+
+class InvalidFieldsError(RequestError):
+    pass
+
+
+class PayloadTooLargeError(RequestError):
+    pass
+
+
+class AuthError(RollwayError):
+    error_type = "authentication_error"
+
+
+class UnknownRolloutError(RollwayError):
+    error_type = "not_found_error"
+
+
+class RolloutClosedError(RollwayError):
+    error_type = "conflict_error"
+
+
+class EngineError(RollwayError):
+    error_type = "engine_error"
+
+
+class EngineAbortedError(EngineError):
+    error_type = "conflict_error"
+
+
+HTTP_STATUS: dict[type[RollwayError], int] = {
+    RollwayError: 500,
+    ConfigError: 500,
+    RequestError: 400,
+    MalformedBodyError: 400,
+    InvalidFieldsError: 422,
+    PayloadTooLargeError: 413,
+    AuthError: 401,
+    UnknownRolloutError: 404,
+    RolloutClosedError: 409,
+    EngineError: 502,
+    EngineAbortedError: 409,
+}
+
+
+def http_status_for(error: RollwayError) -> int:
+    """The HTTP status for an error: its own class's entry, else its nearest ancestor's."""
+    for cls in type(error).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return 500

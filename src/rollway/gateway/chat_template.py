@@ -1,0 +1,158 @@
+"""Chat messages to token ids with the model's own template, whole or incrementally.
+
+For turn k+1 of an append-only conversation the gateway never re-tokenizes the model's earlier
+tokens: it takes turn k's prompt + completion and appends only the ids of (a) the template glue
+that closes the assistant turn and (b) the newly appended messages plus the generation prompt.
+(b) is found by rendering a fixed sentinel conversation with and without the new messages and
+tokenizing the difference; (a) is what the template writes after an assistant's content,
+less the end-of-turn token when the model sampled it itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from rollway.errors import InvalidFieldsError
+from rollway.gateway.tool_calls import render_tool_calls, render_tool_result, tool_system_prompt
+
+Message = dict[str, Any]
+
+_SENTINEL = "rollwaysentinel"
+_BASE: list[Message] = [
+    {"role": "system", "content": _SENTINEL},
+    {"role": "user", "content": _SENTINEL},
+    {"role": "assistant", "content": _SENTINEL},
+]
+
+
+class ChatRenderer:
+    """Renders and tokenizes conversations for one HF tokenizer."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not tokenizer.chat_template:
+            raise InvalidFieldsError("the model's tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.native_tools = "tools" in tokenizer.chat_template
+        self.eos_text: str = tokenizer.eos_token or ""
+        base = self.render(_BASE, None, add_generation_prompt=False)
+        # What the template writes after an assistant's content, e.g. "<|im_end|>\n".
+        self._assistant_tail = base[base.rindex(_SENTINEL) + len(_SENTINEL) :]
+        self._base_renders: dict[str, str] = {}
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def decode_one(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def render(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None, *, add_generation_prompt
+    ) -> str:
+        prepared = self._prepare(messages, tools)
+        kwargs: dict[str, Any] = {"tools": tools} if (tools and self.native_tools) else {}
+        return self.tokenizer.apply_chat_template(
+            prepared, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+
+    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The whole conversation, ready for the model to answer."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def transcript_ids(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The whole conversation as a closed transcript (no generation prompt)."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=False))
+
+    def closing_glue(self, completion_ids: list[int]) -> str:
+        """Template text that closes an assistant turn after the sampled ``completion_ids``."""
+        if completion_ids:
+            last = self.decode(completion_ids[-1:])
+            if last and self._assistant_tail.startswith(last):
+                return self._assistant_tail[len(last) :]
+        return self._assistant_tail
+
+    def continuation_ids(
+        self,
+        completion_ids: list[int],
+        new_messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int] | None:
+        """Ids to append after a completion for ``new_messages`` and the generation prompt.
+
+        None when the template renders earlier messages differently once later ones follow
+        (it is not append-stable), so the caller must start a new segment.
+        """
+        base = self._base_render(tools)
+        extended = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
+        if not extended.startswith(base):
+            return None
+        return self.encode(self.closing_glue(completion_ids) + extended[len(base) :])
+
+    def _base_render(self, tools: list[dict[str, Any]] | None) -> str:
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        cached = self._base_renders.get(key)
+        if cached is None:
+            cached = self.render(_BASE, tools, add_generation_prompt=False)
+            self._base_renders[key] = cached
+        return cached
+
+    def _prepare(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[Message]:
+        prepared = [self._prepare_one(m) for m in messages]
+        if tools and not self.native_tools:
+            prompt = tool_system_prompt(tools)
+            if prepared and prepared[0]["role"] == "system":
+                prepared[0] = {"role": "system", "content": f"{prepared[0]['content']}\n\n{prompt}"}
+            else:
+                prepared.insert(0, {"role": "system", "content": prompt})
+        return prepared
+
+    def _prepare_one(self, message: Message) -> Message:
+        role = "system" if message["role"] == "developer" else message["role"]
+        content = content_text(message.get("content"))
+        tool_calls = message.get("tool_calls") or []
+        if self.native_tools:
+            out: Message = {"role": role, "content": content}
+            if tool_calls:
+                out["tool_calls"] = [_with_dict_arguments(c) for c in tool_calls]
+            if message.get("tool_call_id"):
+                out["tool_call_id"] = message["tool_call_id"]
+            return out
+        if role == "assistant" and tool_calls:
+            content = render_tool_calls(content, tool_calls)
+        elif role == "tool":
+            content = render_tool_result(content)
+        return {"role": role, "content": content}
+
+
+def content_text(content: Any) -> str:
+    """Message content as text: strings as they are, text parts joined, None as empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise InvalidFieldsError(
+                f"content part of type {part.get('type')!r} is not supported; only text",
+                param="messages",
+            )
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _with_dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function", {}))
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            function["arguments"] = json.loads(arguments)
+    return {**call, "function": function}

@@ -1,0 +1,281 @@
+"""The gateway core: register, chat, trajectory, cancel, unregister. No HTTP in here.
+
+In-process agents call this object directly; ``rollway.gateway.app`` is a thin HTTP layer over it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.engines.base import Engine
+from rollway.errors import (
+    AuthError,
+    EngineError,
+    RequestError,
+    RolloutClosedError,
+    UnknownRolloutError,
+)
+from rollway.gateway.chat_template import ChatRenderer, Message
+from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
+from rollway.gateway.rollout import (
+    MessageKey,
+    RolloutState,
+    build_trajectory,
+    message_key,
+    prompt_hash,
+)
+from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
+from rollway.types import GenerationResult, SamplingParams, Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    rollout_id: str
+    api_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One answered chat call: the assistant message and what the HTTP layer reports."""
+
+    message: Message
+    finish_reason: str
+    prompt_tokens: int
+    completion_ids: list[int]
+    logprobs: list[float]
+    turn_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    prompt_ids: list[int]
+    segment: int | None
+    parent: int | None
+
+
+class Gateway:
+    """Records every model call of every registered rollout, token-exactly."""
+
+    def __init__(self, engine: Engine, renderer: ChatRenderer, *, model_name: str) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.model_name = model_name
+        self.metrics = GatewayMetrics()
+        self._rollouts: dict[str, RolloutState] = {}
+        self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
+
+    def register(self, rollout_id: str, request: RegisterRequest | dict[str, Any]) -> Registration:
+        if isinstance(request, dict):
+            request = parse_model(RegisterRequest, request)
+        if not rollout_id or "/" in rollout_id:
+            raise RequestError(f"invalid rollout id {rollout_id!r}", param="rollout_id")
+        if rollout_id in self._rollouts:
+            raise RolloutClosedError(f"rollout {rollout_id!r} is already registered")
+        state = RolloutState(
+            rollout_id=rollout_id,
+            api_key=f"rk-{secrets.token_urlsafe(24)}",
+            model=request.model or self.model_name,
+            sampling=request.sampling(),
+            locked_sampling=request.sampling_overrides(),
+            max_turns=request.max_turns,
+            max_seq_len=request.max_seq_len,
+            metadata=request.metadata,
+        )
+        self._rollouts[rollout_id] = state
+        self.metrics.rollouts_active.inc()
+        return Registration(rollout_id, state.api_key)
+
+    def authorize(self, rollout_id: str, api_key: str | None) -> None:
+        state = self._get(rollout_id)
+        if api_key is None or not hmac.compare_digest(api_key, state.api_key):
+            raise AuthError(f"wrong or missing key for rollout {rollout_id!r}")
+
+    async def chat(
+        self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
+    ) -> ChatResult:
+        state = self._get(rollout_id)
+        if isinstance(request, dict):
+            request = parse_model(ChatCompletionRequest, request)
+        if state.cancelled:
+            raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
+        messages, tools = request.message_dicts(), request.tool_dicts()
+        keys = [message_key(m) for m in messages]
+        if state.max_turns is not None and state.turns_started >= state.max_turns:
+            return self._truncate(state, "max_turns")
+        plan = self._plan(state, messages, keys, tools)
+        sampling = self._sampling(state, request)
+        if state.max_seq_len is not None:
+            room = state.max_seq_len - len(plan.prompt_ids)
+            if room <= 0:
+                return self._truncate(state, "max_seq_len", len(plan.prompt_ids))
+            sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
+        state.turns_started += 1
+        result, latency = await self._generate(state, plan.prompt_ids, sampling)
+        if (
+            result.finish_reason == "length"
+            and state.max_seq_len is not None
+            and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
+        ):
+            self._mark_truncated(state, "max_seq_len")
+        use_tools = bool(tools) and request.tool_choice != "none"
+        parsed = self._parse(result, sampling, use_tools)
+        turn = self._record(state, plan, sampling, result, parsed, latency)
+        message = _assistant_message(parsed)
+        state.messages = [*messages, message]
+        state.message_keys = [*keys, message_key(message)]
+        state.tools = tools
+        if result.finish_reason == "abort":
+            raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled during generation")
+        finish = "tool_calls" if parsed.tool_calls else result.finish_reason
+        self.metrics.turns.labels(finish).inc()
+        return ChatResult(
+            message, finish, len(plan.prompt_ids), result.output_ids, result.logprobs, turn.index
+        )
+
+    def trajectory(self, rollout_id: str) -> Trajectory:
+        return build_trajectory(self._get(rollout_id), self.renderer)
+
+    async def cancel(self, rollout_id: str) -> None:
+        state = self._get(rollout_id)
+        state.cancelled = True
+        for request_id in list(state.in_flight):
+            await self.engine.abort(request_id)
+
+    async def unregister(self, rollout_id: str) -> None:
+        await self.cancel(rollout_id)
+        del self._rollouts[rollout_id]
+        self.metrics.rollouts_active.dec()
+
+    def _get(self, rollout_id: str) -> RolloutState:
+        state = self._rollouts.get(rollout_id)
+        if state is None:
+            raise UnknownRolloutError(f"no rollout {rollout_id!r} is registered")
+        return state
+
+    def _plan(
+        self,
+        state: RolloutState,
+        messages: list[Message],
+        keys: list[MessageKey],
+        tools: list[dict[str, Any]] | None,
+    ) -> _Plan:
+        """Extend the last turn when the request appends to it; else render a new segment."""
+        last = state.turns[-1] if state.turns else None
+        known = len(state.message_keys)
+        if (
+            last is not None
+            and last.finish_reason != "abort"
+            and tools == state.tools
+            and keys[:known] == state.message_keys
+        ):
+            tail = self.renderer.continuation_ids(last.completion_ids, messages[known:], tools)
+            if tail is not None:
+                return _Plan(last.prompt_ids + last.completion_ids + tail, last.segment, last.index)
+        return _Plan(self.renderer.prompt_ids(messages, tools), None, None)
+
+    @staticmethod
+    def _sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
+        """Registered sampling params win; the request fills only what registration left open."""
+        asked = request.sampling_overrides()
+        merged = {**asked, **state.locked_sampling}
+        if "max_tokens" in asked and "max_tokens" in state.locked_sampling:
+            merged["max_tokens"] = min(asked["max_tokens"], state.locked_sampling["max_tokens"])
+        return SamplingParams(**merged)
+
+    async def _generate(
+        self, state: RolloutState, prompt_ids: list[int], sampling: SamplingParams
+    ) -> tuple[GenerationResult, float]:
+        request_id = f"{state.rollout_id}-{state.turns_started}"
+        state.in_flight.add(request_id)
+        started = time.perf_counter()
+        try:
+            result = await self.engine.generate(prompt_ids, sampling, request_id)
+        except EngineError:
+            self.metrics.engine_errors.inc()
+            raise
+        except RequestError:
+            raise
+        except Exception as exc:
+            self.metrics.engine_errors.inc()
+            raise EngineError(f"engine failed: {exc!r}") from exc
+        finally:
+            state.in_flight.discard(request_id)
+        latency = time.perf_counter() - started
+        self.metrics.turn_latency.observe(latency)
+        self.metrics.tokens.labels("prompt").inc(len(prompt_ids))
+        self.metrics.tokens.labels("completion").inc(len(result.output_ids))
+        return result, latency
+
+    def _parse(
+        self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
+    ) -> ParsedCompletion:
+        ids = result.output_ids
+        if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
+            ids = ids[:-1]
+        text = self.renderer.decode(ids)
+        cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
+        if cuts:
+            text = text[: min(cuts)]
+        return parse_tool_calls(text) if use_tools else ParsedCompletion(text)
+
+    def _record(
+        self,
+        state: RolloutState,
+        plan: _Plan,
+        sampling: SamplingParams,
+        result: GenerationResult,
+        parsed: ParsedCompletion,
+        latency: float,
+    ) -> Turn:
+        segment = plan.segment
+        # A concurrent call may have extended the same parent first: then this is a branch.
+        if segment is None or state.last_in_segment(segment).index != plan.parent:
+            segment = state.next_segment()
+        turn = Turn(
+            index=len(state.turns),
+            segment=segment,
+            request_id=f"{state.rollout_id}-{state.turns_started}",
+            prompt_ids=plan.prompt_ids,
+            completion_ids=result.output_ids,
+            logprobs=result.logprobs,
+            finish_reason=result.finish_reason,
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            tool_call_parse_error=parsed.error,
+            sampling=sampling.to_dict(),
+            latency_ms=latency * 1000.0,
+            prompt_hash=prompt_hash(plan.prompt_ids),
+        )
+        state.turns.append(turn)
+        return turn
+
+    def _truncate(self, state: RolloutState, reason: str, prompt_tokens: int = 0) -> ChatResult:
+        """Answer a call past a limit without the engine: empty content, finish 'length'."""
+        self._mark_truncated(state, reason)
+        self.metrics.turns.labels("length").inc()
+        message: Message = {"role": "assistant", "content": ""}
+        return ChatResult(message, "length", prompt_tokens, [], [], None)
+
+    def _mark_truncated(self, state: RolloutState, reason: str) -> None:
+        if state.truncation_reason is None:
+            state.truncation_reason = reason
+            self.metrics.truncations.labels(reason).inc()
+            log.info("rollout truncated", extra={"rollout_id": state.rollout_id, "stage": reason})
+
+
+def _assistant_message(parsed: ParsedCompletion) -> Message:
+    if parsed.tool_calls:
+        return {
+            "role": "assistant",
+            "content": parsed.content or None,
+            "tool_calls": parsed.tool_calls,
+        }
+    return {"role": "assistant", "content": parsed.content}

@@ -1,0 +1,143 @@
+"""Wire models of the gateway: the register body and OpenAI chat-completions requests.
+
+Top-level request bodies forbid unknown fields so that a typo is named, not ignored. Message
+objects ignore extra keys: agents echo back whole SDK message objects (``refusal``,
+``annotations``, ``audio``...) that carry nothing the template renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rollway.errors import InvalidFieldsError
+from rollway.types import SamplingParams
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class SamplingFields(_Strict):
+    """Sampling fields shared by the register body and chat requests."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is not None and any(not s for s in ([value] if isinstance(value, str) else value)):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        """The fields that were set, as SamplingParams keyword arguments."""
+        data = self.model_dump(
+            include={"temperature", "top_p", "top_k", "max_tokens", "seed"}, exclude_none=True
+        )
+        if data.get("top_k") == -1:
+            data["top_k"] = 0
+        if self.stop is not None:
+            data["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.stop_token_ids is not None:
+            data["stop_token_ids"] = tuple(self.stop_token_ids)
+        return data
+
+
+class RegisterRequest(SamplingFields):
+    model: str | None = None
+    max_turns: int | None = Field(default=None, ge=1)
+    max_seq_len: int | None = Field(default=None, ge=2)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(**self.sampling_overrides())
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    n: int = Field(default=1, ge=1, le=1)
+    frequency_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
+    presence_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
+    user: str | None = None
+    metadata: dict[str, Any] | None = None
+    store: bool | None = None
+
+    def sampling_overrides(self) -> dict[str, Any]:
+        data = super().sampling_overrides()
+        if self.max_completion_tokens is not None:
+            data["max_tokens"] = min(self.max_completion_tokens, data.get("max_tokens", 1 << 30))
+        return data
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+def parse_model(model: type[ModelT], data: Any) -> ModelT:
+    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None

@@ -1,0 +1,54 @@
+"""Run an ASGI app on a loopback port in a background thread (demo, tests, notebooks)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import TracebackType
+
+import uvicorn
+from starlette.types import ASGIApp
+
+
+class BackgroundServer:
+    """``with BackgroundServer(app) as url:`` serves ``app`` until the block ends."""
+
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        bound_host, bound_port = self._socket.getsockname()[:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def start(self, timeout: float = 60.0) -> str:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self.url
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+        self._socket.close()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,110 @@
+"""Data types that cross seams: sampling, generation results, turns, samples, trajectories.
+
+Frozen dataclasses for what stays inside a process; pydantic models for what goes over the wire.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How an engine samples. ``top_k=0`` and ``top_p=1.0`` switch those filters off;
+    ``temperature=0`` means greedy decoding."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    seed: int | None = None
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["stop"] = list(self.stop)
+        data["stop_token_ids"] = list(self.stop_token_ids)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    """What an engine sampled: token ids, the logprob of each, and why it stopped."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Turn(_Wire):
+    """One model call: the exact prompt ids sent and the completion ids sampled."""
+
+    index: int
+    segment: int
+    request_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float] = Field(description="Engine logprob of each completion id.")
+    finish_reason: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_parse_error: str | None = Field(
+        default=None, description="Set when the completion held a tool call that did not parse."
+    )
+    sampling: dict[str, Any]
+    latency_ms: float
+    prompt_hash: str = Field(description="sha256 (hex, first 16) of the prompt ids as int32.")
+
+
+class Sample(_Wire):
+    """The training view of one segment: exact ids, a loss mask and aligned logprobs."""
+
+    segment: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int] = Field(description="1 on engine-sampled tokens, 0 elsewhere.")
+    logprobs: list[float] = Field(description="Aligned with response_ids; 0.0 where mask is 0.")
+
+
+class Drift(_Wire):
+    """How far the recorded ids are from a fresh render of the final messages."""
+
+    recorded_tokens: int
+    rerendered_tokens: int
+    first_mismatch: int | None = Field(description="First differing position; None if equal.")
+    differing_tokens: int = Field(description="Tokens outside the longest matching blocks.")
+
+
+class Trajectory(_Wire):
+    """The full record of one rollout."""
+
+    rollout_id: str
+    model: str
+    sampling: dict[str, Any]
+    max_turns: int | None
+    max_seq_len: int | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    turns: list[Turn]
+    samples: list[Sample]
+    is_truncated: bool
+    truncation_reason: str | None
+    is_cancelled: bool
+    segment_count: int
+    drift: Drift | None
+    has_token_ids: bool = True
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollway.engines import engine_from_spec
+from rollway.engines.models import DEFAULT_MODEL, resolve_model_path
+from rollway.errors import ConfigError
+
+
+def test_a_folder_without_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config\.json"):
+        resolve_model_path(str(tmp_path))
+
+
+def test_the_default_model_resolves_to_a_cached_safetensors_copy() -> None:
+    path = resolve_model_path(DEFAULT_MODEL)
+    assert (path / "model.safetensors").is_file()
+    assert (path / "tokenizer.json").is_file()
+
+
+def test_unknown_engine_spec_names_the_choices() -> None:
+    with pytest.raises(ConfigError, match="embedded"):
+        engine_from_spec("tpu://nowhere")

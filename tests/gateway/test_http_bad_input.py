@@ -1,0 +1,167 @@
+"""Bad input gets a clear OpenAI-shaped error with the right status; the server keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from rollway.errors import RolloutClosedError
+from rollway.gateway import ChatRenderer, Gateway
+from tests.conftest import Served, sim_gateway
+
+
+@pytest.fixture
+def admin(served: Served) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=served.url, headers=served.admin_headers) as client:
+        yield client
+    # Whatever the test sent, the server still answers.
+    assert httpx.get(f"{served.url}/health").json() == {"status": "ok"}
+
+
+def new_rollout(admin: httpx.Client, **body: Any) -> tuple[str, dict[str, str]]:
+    rollout_id = f"bad-{uuid.uuid4().hex[:8]}"
+    reg = admin.post(f"/v1/rollouts/{rollout_id}/register", json=body).json()
+    return rollout_id, {"Authorization": f"Bearer {reg['api_key']}"}
+
+
+def post_chat(admin: httpx.Client, rollout_id: str, headers: dict[str, str], **kw: Any):
+    return admin.post(f"/v1/rollouts/{rollout_id}/chat/completions", headers=headers, **kw)
+
+
+def assert_error(response: httpx.Response, status: int, words: str) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert words in error["message"] and error["type"]
+
+
+def test_malformed_json_is_400(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin)
+    assert_error(post_chat(admin, rid, key, content=b"{not json"), 400, "not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": "hello"}, "messages"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "mystery": 1}, "mystery"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "text"),
+    ],
+)
+def test_invalid_fields_are_422_and_name_the_field(
+    admin: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    rid, key = new_rollout(admin)
+    assert_error(post_chat(admin, rid, key, json=body), 422, field)
+
+
+def test_unknown_rollout_is_404(admin: httpx.Client) -> None:
+    response = post_chat(admin, "nobody", {}, json={"messages": []})
+    assert_error(response, 404, "nobody")
+
+
+def test_wrong_key_is_401_and_a_key_reaches_only_its_rollout(admin: httpx.Client) -> None:
+    rid, _ = new_rollout(admin)
+    _, other_key = new_rollout(admin)
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert_error(post_chat(admin, rid, {"Authorization": "Bearer nope"}, json=body), 401, rid)
+    assert_error(post_chat(admin, rid, other_key, json=body), 401, rid)
+    assert_error(post_chat(admin, rid, {}, json=body), 401, rid)
+
+
+def test_admin_routes_need_the_admin_key(admin: httpx.Client, served: Served) -> None:
+    rid, key = new_rollout(admin)
+    for method, route in (("POST", "register"), ("GET", "trajectory"), ("POST", "cancel")):
+        response = httpx.request(method, f"{served.url}/v1/rollouts/{rid}/{route}", headers=key)
+        assert_error(response, 401, "admin key")
+    assert_error(httpx.get(f"{served.url}/metrics", headers=key), 401, "admin key")
+
+
+def test_oversized_body_is_413(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin)
+    huge = {"messages": [{"role": "user", "content": "x" * 100_000}]}
+    assert_error(post_chat(admin, rid, key, json=huge), 413, "exceeds")
+
+
+def test_unknown_route_and_wrong_method_get_openai_shaped_errors(admin: httpx.Client) -> None:
+    assert_error(admin.get("/v1/nowhere"), 404, "Not Found")
+    assert_error(admin.get("/v1/rollouts/x/chat/completions"), 405, "Method Not Allowed")
+
+
+def test_registering_twice_is_409(admin: httpx.Client) -> None:
+    rid, _ = new_rollout(admin)
+    assert_error(admin.post(f"/v1/rollouts/{rid}/register", json={}), 409, "already")
+
+
+def test_register_with_bad_limits_is_422(admin: httpx.Client) -> None:
+    response = admin.post("/v1/rollouts/limits/register", json={"max_turns": 0})
+    assert_error(response, 422, "max_turns")
+
+
+def test_cancelled_rollout_refuses_further_turns_with_409(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin)
+    assert admin.post(f"/v1/rollouts/{rid}/cancel").status_code == 200
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert_error(post_chat(admin, rid, key, json=body), 409, "cancelled")
+    assert admin.get(f"/v1/rollouts/{rid}/trajectory").json()["is_cancelled"] is True
+
+
+def test_unregistered_rollout_is_gone(admin: httpx.Client) -> None:
+    rid, _ = new_rollout(admin)
+    assert admin.post(f"/v1/rollouts/{rid}/unregister").status_code == 200
+    assert_error(admin.get(f"/v1/rollouts/{rid}/trajectory"), 404, rid)
+
+
+def test_max_turns_answers_length_without_the_engine(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin, max_turns=1, max_tokens=4)
+    body = {"messages": [{"role": "user", "content": "Hi"}]}
+    assert post_chat(admin, rid, key, json=body).status_code == 200
+    past = post_chat(admin, rid, key, json=body).json()
+    assert past["choices"][0]["finish_reason"] == "length"
+    assert past["usage"]["completion_tokens"] == 0
+    trajectory = admin.get(f"/v1/rollouts/{rid}/trajectory").json()
+    assert len(trajectory["turns"]) == 1
+    assert trajectory["is_truncated"] and trajectory["truncation_reason"] == "max_turns"
+
+
+def test_max_seq_len_caps_generation_and_then_refuses(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin, max_seq_len=40, temperature=1.0, seed=5)
+    body = {"messages": [{"role": "user", "content": "Write a long poem about rivers."}]}
+    first = post_chat(admin, rid, key, json=body).json()
+    turn = admin.get(f"/v1/rollouts/{rid}/trajectory").json()["turns"][0]
+    assert len(turn["prompt_ids"]) + len(turn["completion_ids"]) <= 40
+    if first["choices"][0]["finish_reason"] == "length":
+        assert admin.get(f"/v1/rollouts/{rid}/trajectory").json()["is_truncated"]
+    long_body = {"messages": [{"role": "user", "content": "word " * 60}]}
+    past = post_chat(admin, rid, key, json=long_body).json()
+    assert past["choices"][0]["finish_reason"] == "length"
+    trajectory = admin.get(f"/v1/rollouts/{rid}/trajectory").json()
+    assert trajectory["truncation_reason"] == "max_seq_len" and len(trajectory["turns"]) == 1
+
+
+def test_metrics_count_turns(admin: httpx.Client) -> None:
+    text = admin.get("/metrics").text
+    assert "rollway_turns_total" in text and "rollway_rollouts_active" in text
+
+
+async def test_cancel_aborts_the_in_flight_generation(renderer: ChatRenderer) -> None:
+    gateway: Gateway = sim_gateway(renderer, latency_s=60.0)
+    gateway.register("slow", {})
+    chat = asyncio.create_task(
+        gateway.chat("slow", {"messages": [{"role": "user", "content": "hi"}]})
+    )
+    await asyncio.sleep(0)  # let the task run up to its first wait
+    assert gateway._rollouts["slow"].in_flight
+    await gateway.cancel("slow")
+    with pytest.raises(RolloutClosedError):
+        await chat
+    trajectory = gateway.trajectory("slow")
+    assert trajectory.is_cancelled and trajectory.turns[0].finish_reason == "abort"

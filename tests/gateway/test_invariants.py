@@ -1,0 +1,107 @@
+"""The three invariants of DESIGN.md on real multi-turn conversations with the embedded model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import torch
+
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.gateway import ChatRenderer, Gateway
+from rollway.types import Trajectory
+from tests.conftest import ADD_TOOL, FEW_SHOT
+
+
+async def run_tool_conversation(gateway: Gateway, rollout_id: str, turns: int) -> Trajectory:
+    gateway.register(rollout_id, {"temperature": 0.7, "seed": 1, "max_tokens": 48})
+    messages: list[dict[str, Any]] = [*FEW_SHOT, {"role": "user", "content": "What is 17 + 25?"}]
+    for _ in range(turns):
+        result = await gateway.chat(rollout_id, {"messages": messages, "tools": [ADD_TOOL]})
+        messages.append(result.message)
+        for call in result.message.get("tool_calls", []):
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42"})
+        if not result.message.get("tool_calls"):
+            messages.append({"role": "user", "content": "And what is 6 + 7?"})
+    return gateway.trajectory(rollout_id)
+
+
+def forward_logprobs(engine: EmbeddedEngine, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = engine.model(torch.tensor([ids], device=engine.device)).logits[0].float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def trajectory(engine: EmbeddedEngine, renderer: ChatRenderer) -> Trajectory:
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    return await run_tool_conversation(gateway, "inv-1", turns=3)
+
+
+def test_the_model_called_the_tool_and_the_call_was_parsed(trajectory: Trajectory) -> None:
+    first = trajectory.turns[0]
+    assert first.tool_calls and first.tool_calls[0]["function"]["name"] == "add"
+    assert first.tool_call_parse_error is None
+
+
+def test_each_turn_prompt_extends_the_previous_prompt_and_completion(
+    trajectory: Trajectory,
+) -> None:
+    assert len(trajectory.turns) == 3 and trajectory.segment_count == 1
+    for before, after in zip(trajectory.turns, trajectory.turns[1:], strict=False):
+        prefix = before.prompt_ids + before.completion_ids
+        assert after.prompt_ids[: len(prefix)] == prefix
+        assert len(after.prompt_ids) > len(prefix)
+
+
+def test_loss_mask_is_one_exactly_on_sampled_tokens(trajectory: Trajectory) -> None:
+    (sample,) = trajectory.samples
+    assert sample.prompt_ids == trajectory.turns[0].prompt_ids
+    assert len(sample.response_ids) == len(sample.loss_mask) == len(sample.logprobs)
+    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m == 1]
+    assert sampled == [t for turn in trajectory.turns for t in turn.completion_ids]
+    masked_lp = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m == 1]
+    assert masked_lp == [lp for turn in trajectory.turns for lp in turn.logprobs]
+    assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if not m)
+    last = trajectory.turns[-1]
+    assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids
+
+
+def test_logprobs_equal_a_fresh_forward_pass_over_the_recorded_ids(
+    trajectory: Trajectory, engine: EmbeddedEngine
+) -> None:
+    (sample,) = trajectory.samples
+    ids = sample.prompt_ids + sample.response_ids
+    table = forward_logprobs(engine, ids)
+    offset = len(sample.prompt_ids)
+    for i, (token, mask) in enumerate(zip(sample.response_ids, sample.loss_mask, strict=True)):
+        if mask:
+            expected = table[offset + i - 1, token].item()
+            assert sample.logprobs[i] == pytest.approx(expected, abs=2e-3)
+
+
+def test_trajectory_reports_drift_against_a_fresh_render(trajectory: Trajectory) -> None:
+    drift = trajectory.drift
+    assert drift is not None
+    assert drift.recorded_tokens >= len(trajectory.samples[0].response_ids)
+    assert drift.differing_tokens >= 0
+    assert (drift.first_mismatch is None) == (drift.differing_tokens == 0)
+
+
+async def test_a_history_rewrite_starts_a_second_exact_segment(
+    gateway: Gateway, engine: EmbeddedEngine
+) -> None:
+    await run_tool_conversation(gateway, "fold", turns=2)
+    folded = [{"role": "user", "content": "Summary so far: 17 + 25 = 42. What is 42 + 1?"}]
+    await gateway.chat("fold", {"messages": folded, "tools": [ADD_TOOL]})
+    trajectory = gateway.trajectory("fold")
+    assert trajectory.segment_count == 2 and len(trajectory.samples) == 2
+    second = trajectory.samples[1]
+    assert second.prompt_ids == trajectory.turns[-1].prompt_ids
+    assert second.response_ids == trajectory.turns[-1].completion_ids
+    assert all(second.loss_mask)
+    table = forward_logprobs(engine, second.prompt_ids + second.response_ids)
+    offset = len(second.prompt_ids) - 1
+    expected = [table[offset + i, t].item() for i, t in enumerate(second.response_ids)]
+    assert second.logprobs == pytest.approx(expected, abs=2e-3)
