@@ -1,9 +1,11 @@
-"""Shared fixtures: the embedded engine (loaded once), gateways in-process and over HTTP."""
+"""Shared fixtures: the embedded engine (loaded once), gateways in-process and over HTTP.
+
+The demo's add tool and few-shot prefix (which make the 135M model call tools) are reused.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -11,36 +13,12 @@ from typing import Any
 
 import pytest
 
+from rollway.cli.demo import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
 
-ADD_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers.",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-        },
-    },
-}
-
-
-def tool_call(call_id: str, a: int, b: int) -> dict[str, Any]:
-    arguments = json.dumps({"a": a, "b": b})
-    return {"id": call_id, "type": "function", "function": {"name": "add", "arguments": arguments}}
-
-
-# Two worked examples make the 135M model answer with a tool call.
-FEW_SHOT: list[dict[str, Any]] = [
-    {"role": "user", "content": "What is 3 + 4?"},
-    {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", 3, 4)]},
-    {"role": "user", "content": "What is 10 + 5?"},
-    {"role": "assistant", "content": None, "tool_calls": [tool_call("call_1", 10, 5)]},
-]
+__all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from rollway.engines import engine_from_spec
+from rollway.engines import SimEngine, engine_from_spec
 from rollway.engines.models import DEFAULT_MODEL, resolve_model_path
 from rollway.errors import ConfigError
 
@@ -23,3 +23,15 @@ def test_the_default_model_resolves_to_a_cached_safetensors_copy() -> None:
 def test_unknown_engine_spec_names_the_choices() -> None:
     with pytest.raises(ConfigError, match="embedded"):
         engine_from_spec("tpu://nowhere")
+
+
+def test_sim_spec_takes_latency_and_output_length() -> None:
+    engine = engine_from_spec("sim://?latency_s=0.25&output_len=3")
+    assert isinstance(engine, SimEngine)
+    assert engine.config.latency_s == 0.25 and engine.config.output_len == 3
+
+
+@pytest.mark.parametrize("spec", ["sim://?speed=9", "sim://?output_len=many"])
+def test_bad_sim_options_are_named(spec: str) -> None:
+    with pytest.raises(ConfigError, match="sim option"):
+        engine_from_spec(spec)

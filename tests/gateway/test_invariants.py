@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import ChatRenderer, Gateway
 from rollway.types import Trajectory
-from tests.conftest import ADD_TOOL, FEW_SHOT
+from tests.conftest import ADD_TOOL, FEW_SHOT, sim_gateway
 
 
 async def run_tool_conversation(gateway: Gateway, rollout_id: str, turns: int) -> Trajectory:
@@ -105,3 +106,29 @@ async def test_a_history_rewrite_starts_a_second_exact_segment(
     offset = len(second.prompt_ids) - 1
     expected = [table[offset + i, t].item() for i, t in enumerate(second.response_ids)]
     assert second.logprobs == pytest.approx(expected, abs=2e-3)
+
+
+async def test_parallel_calls_branching_from_one_turn_become_separate_exact_segments(
+    renderer: ChatRenderer,
+) -> None:
+    gateway = sim_gateway(renderer)
+    gateway.register("branch", {})
+    first = [{"role": "user", "content": "Start."}]
+    reply = (await gateway.chat("branch", {"messages": first})).message
+    branches = [[*first, reply, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
+    await asyncio.gather(*[gateway.chat("branch", {"messages": b}) for b in branches])
+    trajectory = gateway.trajectory("branch")
+    assert trajectory.segment_count == 2 and len(trajectory.turns) == 3
+    for sample in trajectory.samples:
+        last = [t for t in trajectory.turns if t.segment == sample.segment][-1]
+        assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids
+
+
+async def test_changing_tools_starts_a_new_segment(renderer: ChatRenderer) -> None:
+    gateway = sim_gateway(renderer)
+    gateway.register("tools", {})
+    first = [{"role": "user", "content": "Start."}]
+    reply = (await gateway.chat("tools", {"messages": first})).message
+    follow = [*first, reply, {"role": "user", "content": "Go on."}]
+    await gateway.chat("tools", {"messages": follow, "tools": [ADD_TOOL]})
+    assert gateway.trajectory("tools").segment_count == 2

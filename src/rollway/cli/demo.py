@@ -15,23 +15,21 @@ from rich.table import Table
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.gateway import BackgroundServer, build_gateway, create_app
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
+ADD_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers.",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
         },
-    }
-]
+    },
+}
 
 
-def _call(call_id: str, a: int, b: int) -> dict[str, Any]:
+def tool_call(call_id: str, a: int, b: int) -> dict[str, Any]:
     arguments = json.dumps({"a": a, "b": b})
     function = {"name": "add", "arguments": arguments}
     return {"id": call_id, "type": "function", "function": function}
@@ -40,9 +38,9 @@ def _call(call_id: str, a: int, b: int) -> dict[str, Any]:
 # Two worked examples teach the 135M model the tool-call format.
 FEW_SHOT: list[dict[str, Any]] = [
     {"role": "user", "content": "What is 3 + 4?"},
-    {"role": "assistant", "content": None, "tool_calls": [_call("call_0", 3, 4)]},
+    {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", 3, 4)]},
     {"role": "user", "content": "What is 10 + 5?"},
-    {"role": "assistant", "content": None, "tool_calls": [_call("call_1", 10, 5)]},
+    {"role": "assistant", "content": None, "tool_calls": [tool_call("call_1", 10, 5)]},
 ]
 
 
@@ -67,7 +65,9 @@ def run(
         client = OpenAI(base_url=registered["base_url"], api_key=registered["api_key"])
         messages = [*FEW_SHOT, {"role": "user", "content": question}]
         for turn in (1, 2):
-            reply = client.chat.completions.create(model="default", messages=messages, tools=TOOLS)
+            reply = client.chat.completions.create(
+                model="default", messages=messages, tools=[ADD_TOOL]
+            )
             message = reply.choices[0].message
             console.print(
                 f"[bold]turn {turn}[/] ({reply.choices[0].finish_reason}): {_show(message)}"

@@ -1,20 +1,40 @@
-"""Build an engine from a URL-like spec: ``embedded``, ``embedded:///path/to/model``, ``sim``."""
+"""Build an engine from a URL-like spec.
+
+``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
+``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator).
+"""
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl
+
 from rollway.engines.base import Engine
+from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
+
+_SIM_OPTIONS = {"latency_s": float, "per_token_s": float, "output_len": int}
 
 
 def engine_from_spec(spec: str, *, model: str | None = None) -> Engine:
-    """``embedded`` (optionally ``embedded://PATH`` or ``model=PATH``) or ``sim``."""
+    """An engine for ``spec``; ``model`` is the embedded engine's folder when the spec has none."""
     scheme, _, rest = spec.partition("://")
     if scheme == "embedded":
         from rollway.engines.embedded import EmbeddedEngine
 
         return EmbeddedEngine.from_pretrained(rest or model)
     if scheme == "sim":
-        from rollway.engines.sim import SimEngine
-
-        return SimEngine()
+        return SimEngine(SimConfig(**_sim_options(rest.partition("?")[2])))
     raise ConfigError(f"unknown engine spec {spec!r}: expected 'embedded' or 'sim'", "engine")
+
+
+def _sim_options(query: str) -> dict[str, float | int]:
+    options: dict[str, float | int] = {}
+    for key, value in parse_qsl(query):
+        if key not in _SIM_OPTIONS:
+            known = ", ".join(_SIM_OPTIONS)
+            raise ConfigError(f"unknown sim option {key!r}; known: {known}", "engine")
+        try:
+            options[key] = _SIM_OPTIONS[key](value)
+        except ValueError:
+            raise ConfigError(f"sim option {key}={value!r} is not a number", "engine") from None
+    return options

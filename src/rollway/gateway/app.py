@@ -155,6 +155,7 @@ def create_app(
         Route("/health", guarded(health), methods=["GET"]),
         Route("/metrics", guarded(metrics), methods=["GET"]),
     ]
+
     async def route_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         body = {"error": {"message": exc.detail, "type": "invalid_request_error", "param": None}}
