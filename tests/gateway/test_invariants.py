@@ -119,6 +119,7 @@ async def test_parallel_calls_branching_from_one_turn_become_separate_exact_segm
     await asyncio.gather(*[gateway.chat("branch", {"messages": b}) for b in branches])
     trajectory = gateway.trajectory("branch")
     assert trajectory.segment_count == 2 and len(trajectory.turns) == 3
+    assert len({t.request_id for t in trajectory.turns}) == 3
     for sample in trajectory.samples:
         last = [t for t in trajectory.turns if t.segment == sample.segment][-1]
         assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids

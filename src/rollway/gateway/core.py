@@ -118,7 +118,8 @@ class Gateway:
                 return self._truncate(state, "max_seq_len", len(plan.prompt_ids))
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
         state.turns_started += 1
-        result, latency = await self._generate(state, plan.prompt_ids, sampling)
+        request_id = f"{rollout_id}-{state.turns_started}"
+        result, latency = await self._generate(state, request_id, plan.prompt_ids, sampling)
         if (
             result.finish_reason == "length"
             and state.max_seq_len is not None
@@ -127,7 +128,7 @@ class Gateway:
             self._mark_truncated(state, "max_seq_len")
         use_tools = bool(tools) and request.tool_choice != "none"
         parsed = self._parse(result, sampling, use_tools)
-        turn = self._record(state, plan, sampling, result, parsed, latency)
+        turn = self._record(state, request_id, plan, sampling, result, parsed, latency)
         message = _assistant_message(parsed)
         state.messages = [*messages, message]
         state.message_keys = [*keys, message_key(message)]
@@ -191,9 +192,8 @@ class Gateway:
         return SamplingParams(**merged)
 
     async def _generate(
-        self, state: RolloutState, prompt_ids: list[int], sampling: SamplingParams
+        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
     ) -> tuple[GenerationResult, float]:
-        request_id = f"{state.rollout_id}-{state.turns_started}"
         state.in_flight.add(request_id)
         started = time.perf_counter()
         try:
@@ -229,6 +229,7 @@ class Gateway:
     def _record(
         self,
         state: RolloutState,
+        request_id: str,
         plan: _Plan,
         sampling: SamplingParams,
         result: GenerationResult,
@@ -242,7 +243,7 @@ class Gateway:
         turn = Turn(
             index=len(state.turns),
             segment=segment,
-            request_id=f"{state.rollout_id}-{state.turns_started}",
+            request_id=request_id,
             prompt_ids=plan.prompt_ids,
             completion_ids=result.output_ids,
             logprobs=result.logprobs,
