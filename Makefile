@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch is installed explicitly: a looser range pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup run demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,12 +20,17 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: the calculator agent on 8 shipped tasks, 2 rollouts each, embedded model.
+run: setup
+	$(BIN)/rollway run examples/calculator/agent.py:CalculatorAgent \
+		--tasks examples/calculator/tasks.jsonl --group-size 2 --limit 8
+
 demo: setup
 	$(BIN)/rollway demo
 
 test: setup
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 	$(BIN)/pytest -q
 
 bench: setup

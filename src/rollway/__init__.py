@@ -1,15 +1,20 @@
 """rollway: token-exact collection of agentic reinforcement-learning rollouts."""
 
+from rollway.agents import AgentLoop, ChatReply, RolloutContext, Tool, execute_tool_calls, tool
+from rollway.client import BatchItem, RolloutClient, RolloutFuture
 from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
+    AgentError,
     AuthError,
     ConfigError,
     EngineAbortedError,
     EngineError,
+    InfrastructureError,
     InvalidFieldsError,
     MalformedBodyError,
     PayloadTooLargeError,
     RequestError,
+    RewardError,
     RolloutClosedError,
     RollwayError,
     UnknownRolloutError,
@@ -23,37 +28,67 @@ from rollway.gateway import (
     build_gateway,
     create_app,
 )
-from rollway.types import Drift, GenerationResult, Sample, SamplingParams, Trajectory, Turn
+from rollway.store import FileStore, Store, export_records, store_from_uri
+from rollway.types import (
+    Drift,
+    GenerationResult,
+    RolloutMetrics,
+    RolloutRecord,
+    RolloutResult,
+    Sample,
+    SamplingParams,
+    Trajectory,
+    Turn,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AgentError",
+    "AgentLoop",
     "AuthError",
     "BackgroundServer",
+    "BatchItem",
     "ChatRenderer",
+    "ChatReply",
     "ChatResult",
     "ConfigError",
     "Drift",
     "Engine",
     "EngineAbortedError",
     "EngineError",
+    "FileStore",
     "Gateway",
     "GenerationResult",
+    "InfrastructureError",
     "InvalidFieldsError",
     "MalformedBodyError",
     "PayloadTooLargeError",
     "Registration",
     "RequestError",
+    "RewardError",
+    "RolloutClient",
     "RolloutClosedError",
+    "RolloutContext",
+    "RolloutFuture",
+    "RolloutMetrics",
+    "RolloutRecord",
+    "RolloutResult",
     "RollwayError",
     "Sample",
     "SamplingParams",
     "SimConfig",
     "SimEngine",
+    "Store",
+    "Tool",
     "Trajectory",
     "Turn",
     "UnknownRolloutError",
     "build_gateway",
     "create_app",
     "engine_from_spec",
+    "execute_tool_calls",
+    "export_records",
+    "store_from_uri",
+    "tool",
 ]

@@ -12,8 +12,14 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── AuthError                   missing or wrong key                     (401)
     ├── UnknownRolloutError         no such rollout registered               (404)
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
-    └── EngineError                 the engine failed to generate            (502)
-        └── EngineAbortedError      generation was aborted                   (409)
+    ├── EngineError                 the engine failed to generate            (502)
+    │   └── EngineAbortedError      generation was aborted                   (409)
+    ├── AgentError                  the agent failed or is malformed         (500)
+    ├── RewardError                 the reward function failed               (500)
+    └── InfrastructureError         a transient failure; the client retries  (503)
+
+Rollout outcomes use the same categories: an ``error`` outcome has a kind of ``agent``,
+``engine``, ``reward`` or ``infrastructure`` (see ``error_kind``).
 
 Exceptions keep their constructor arguments in ``args`` so that they pickle (they cross Ray).
 """
@@ -76,6 +82,18 @@ class EngineAbortedError(EngineError):
     error_type = "conflict_error"
 
 
+class AgentError(RollwayError):
+    error_type = "agent_error"
+
+
+class RewardError(RollwayError):
+    error_type = "reward_error"
+
+
+class InfrastructureError(RollwayError):
+    error_type = "infrastructure_error"
+
+
 HTTP_STATUS: dict[type[RollwayError], int] = {
     RollwayError: 500,
     ConfigError: 500,
@@ -88,6 +106,9 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     RolloutClosedError: 409,
     EngineError: 502,
     EngineAbortedError: 409,
+    AgentError: 500,
+    RewardError: 500,
+    InfrastructureError: 503,
 }
 
 
@@ -97,3 +118,15 @@ def http_status_for(error: RollwayError) -> int:
         if cls in HTTP_STATUS:
             return HTTP_STATUS[cls]
     return 500
+
+
+def error_kind(error: BaseException) -> str:
+    """The outcome kind of an exception raised while a rollout ran: anything that is not a
+    known engine, reward or infrastructure error is the agent's."""
+    if isinstance(error, EngineError):
+        return "engine"
+    if isinstance(error, RewardError):
+        return "reward"
+    if isinstance(error, InfrastructureError):
+        return "infrastructure"
+    return "agent"

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "abort"]
+Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
+ErrorKind = Literal["agent", "engine", "reward", "infrastructure"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +110,53 @@ class Trajectory(_Wire):
     drift: Drift | None
     has_token_ids: bool = True
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutResult:
+    """What an agent's ``run`` returns: made by ``ctx.complete(...)`` or ``ctx.error(...)``."""
+
+    messages: list[dict[str, Any]]
+    finish_reason: str = "stop"
+    reward: float | None = None
+    error: str | None = None
+
+
+class RolloutMetrics(_Wire):
+    """Counters an agent's context keeps while a rollout runs."""
+
+    llm_calls: int = 0
+    llm_latency_ms: float = 0.0
+    tool_calls: int = 0
+    tool_latency_ms: float = 0.0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    max_context: int = 0
+
+
+class RolloutRecord(_Wire):
+    """The one recorded outcome of one rollout, as the store keeps it."""
+
+    exp_id: str
+    rollout_key: str = Field(description="Stable across reruns: task key + sample index.")
+    rollout_id: str = Field(description="The gateway's id of the last attempt.")
+    task_index: int
+    group_id: str
+    group_index: int
+    sample_index: int
+    status: Status
+    error_kind: ErrorKind | None = None
+    reason: str | None = None
+    reward: float | None = None
+    reward_info: dict[str, Any] = Field(default_factory=dict)
+    attempts: int = 1
+    started_at: float
+    elapsed_s: float
+    metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)
+    task: dict[str, Any] = Field(default_factory=dict)
+    cleanup_errors: list[str] = Field(default_factory=list)
+    trajectory: Trajectory | None = None
+
+    @property
+    def success(self) -> bool:
+        return self.status in ("completed", "truncated")

@@ -7,10 +7,13 @@ import os
 
 import typer
 
-from rollway.cli import demo, gateway, model
+from rollway.cli import demo, export, gateway, model, run, validate
 from rollway.errors import RollwayError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
+app.command("run")(run.run)
+app.command("validate")(validate.validate)
+app.command("export")(export.export)
 app.command("gateway")(gateway.serve)
 app.command("demo")(demo.run)
 app.add_typer(model.app, name="model")

@@ -1,0 +1,50 @@
+"""The agent seam: an ``AgentLoop`` subclass names itself, lists its tools and runs a rollout."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rollway.agents.tools import Tool
+from rollway.types import RolloutResult
+
+if TYPE_CHECKING:
+    from rollway.agents.context import RolloutContext
+
+
+class AgentLoop(ABC):
+    """Base of in-process agents.
+
+    A concrete subclass must set a non-empty ``name`` (``TypeError`` at class definition
+    otherwise; abstract intermediates are exempt) and implement ``async run(ctx)``, returning
+    ``ctx.complete(...)`` or ``ctx.error(...)``. Tools: set ``tools`` to ``@tool`` functions,
+    or override ``get_tools(task)`` to return OpenAI function schemas per task.
+    """
+
+    name: ClassVar[str] = ""
+    tools: ClassVar[Sequence[Tool]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not _is_abstract(cls) and not (isinstance(cls.name, str) and cls.name.strip()):
+            raise TypeError(f"agent class {cls.__qualname__} must set a non-empty `name`")
+
+    def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        """OpenAI function tool schemas offered for ``task``."""
+        return [t.schema for t in self.tools]
+
+    def get_default_tools(self) -> list[dict[str, Any]]:
+        """The tools for an empty task, for discovery."""
+        return self.get_tools({})
+
+    @abstractmethod
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        """Run one rollout of ``ctx.task``."""
+
+
+def _is_abstract(cls: type) -> bool:
+    # ABCMeta computes __abstractmethods__ only after __init_subclass__ runs, so look ourselves.
+    return any(
+        getattr(getattr(cls, attr, None), "__isabstractmethod__", False) for attr in dir(cls)
+    )

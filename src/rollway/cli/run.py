@@ -1,0 +1,82 @@
+"""``rollway run``: a batch of rollouts of an agent on a task file, into a results folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import orjson
+import typer
+
+from rollway.agents.registry import import_target, load_agent
+from rollway.cli.options import EngineOption, ModelOption
+from rollway.client import RolloutClient
+from rollway.client.rewards import RewardFn
+from rollway.errors import ConfigError
+
+
+def run(
+    agent: Annotated[str, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")],
+    tasks: Annotated[Path, typer.Option(help="JSONL file, one task object per line.")],
+    group_size: Annotated[int, typer.Option(min=1, help="Rollouts per task.")] = 1,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use the first N tasks.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 16,
+    engine: EngineOption = "embedded",
+    model: ModelOption = None,
+    out: Annotated[Path, typer.Option(envvar="ROLLWAY_OUT", help="Results root.")] = Path(
+        "rollway-runs"
+    ),
+    exp_id: Annotated[str | None, typer.Option(help="Default: agent name + task file.")] = None,
+    reward: Annotated[str | None, typer.Option(help="module:function reward.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per rollout.")] = None,
+    temperature: Annotated[float, typer.Option()] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (per request).")] = None,
+    resume: Annotated[bool, typer.Option(help="Skip rollouts already in the store.")] = True,
+) -> None:
+    """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
+    rows = _read_tasks(tasks, limit)
+    agent_cls = load_agent(agent)
+    exp = exp_id or f"{agent_cls.name}-{tasks.stem}"
+    sampling: dict[str, Any] = {"temperature": temperature}
+    if seed is not None:
+        sampling["seed"] = seed
+    with RolloutClient(
+        agent_cls,
+        engine,
+        model=model,
+        store=str(out),
+        exp_id=exp,
+        reward=_load_reward(reward) if reward else None,
+        max_concurrent=concurrency,
+        timeout=timeout,
+        show_progress=True,
+        **sampling,
+    ) as client:
+        for _ in client.run_batch(rows, group_size, resume=resume):
+            pass
+    typer.echo(f"results in {out / exp}")
+
+
+def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ConfigError(f"no task file {path}")
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{number}: not JSON: {exc}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{number}: a task must be a JSON object")
+        rows.append(row)
+    return rows[:limit] if limit else rows
+
+
+def _load_reward(spec: str) -> RewardFn:
+    target, _, attr = spec.rpartition(":")
+    fn = getattr(import_target(target), attr, None)
+    if not callable(fn):
+        raise ConfigError(f"reward {spec!r} is not a callable")
+    return fn

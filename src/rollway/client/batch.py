@@ -1,0 +1,129 @@
+"""Batches: tasks x group size as rollout specs, batch items, and the run's statistics."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollway.client.rollout import RolloutSpec, task_key
+from rollway.types import RolloutRecord
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """One finished rollout of a batch, in completion order. ``index`` is its position in the
+    expanded batch (task i, sample j: ``i * group_size + j``)."""
+
+    success: bool
+    result: RolloutRecord
+    error: str | None
+    index: int
+    elapsed: float
+    from_store: bool = False
+
+    @classmethod
+    def of(cls, record: RolloutRecord, index: int, elapsed: float, from_store: bool = False):
+        error = None if record.success else f"{record.status}: {record.reason}"
+        return cls(record.success, record, error, index, elapsed, from_store)
+
+
+def plan(tasks: Sequence[dict[str, Any]], group_size: int, exp_id: str) -> list[RolloutSpec]:
+    """``group_size`` specs per task, sharing a group id; keys stable across reruns."""
+    if group_size < 1:
+        raise ValueError("group_size must be at least 1")
+    specs = []
+    seen: set[str] = set()
+    for index, task in enumerate(tasks):
+        key = task_key(task)
+        if key in seen:  # two identical rows stay two tasks
+            key = f"{key}-{index}"
+        seen.add(key)
+        for sample in range(group_size):
+            specs.append(RolloutSpec(task, index, key, f"{exp_id}:{key}", index, sample))
+    return specs
+
+
+def should_rerun(record: RolloutRecord | None) -> bool:
+    """Resume reruns rollouts with no record, cancelled ones, and infrastructure failures:
+    those say nothing about the policy."""
+    return record is None or record.status == "cancelled" or record.error_kind == "infrastructure"
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    group_id: str
+    rewards: list[float]
+    infrastructure_failures: int
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.fmean(self.rewards) if self.rewards else None
+
+    @property
+    def std(self) -> float | None:
+        return statistics.pstdev(self.rewards) if self.rewards else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "group_id": self.group_id,
+            "n_scored": len(self.rewards),
+            "mean_reward": self.mean,
+            "std_reward": self.std,
+            "infrastructure_failures": self.infrastructure_failures,
+        }
+
+
+def group_stats(records: Iterable[RolloutRecord]) -> list[GroupStats]:
+    """Reward mean/std per group over scored rollouts; infrastructure failures are counted and
+    left out (they say nothing about the policy)."""
+    rewards: dict[str, list[float]] = {}
+    infra: Counter[str] = Counter()
+    for record in records:
+        rewards.setdefault(record.group_id, [])
+        if record.error_kind == "infrastructure":
+            infra[record.group_id] += 1
+        elif record.reward is not None:
+            rewards[record.group_id].append(record.reward)
+    return [GroupStats(g, rewards[g], infra[g]) for g in sorted(rewards)]
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    by_status: dict[str, int]
+    mean_reward: float | None
+    tokens_per_s: float
+    turn_latency_p50_ms: float | None
+    turn_latency_p95_ms: float | None
+    wall_s: float
+    errors_by_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_status.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "total": self.total}
+
+
+def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
+    rewards = [r.reward for r in records if r.reward is not None]
+    latencies = sorted(t.latency_ms for r in records if r.trajectory for t in r.trajectory.turns)
+    tokens = sum(r.metrics.response_tokens for r in records)
+    return RunSummary(
+        by_status=dict(Counter(r.status for r in records)),
+        mean_reward=statistics.fmean(rewards) if rewards else None,
+        tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
+        turn_latency_p50_ms=_percentile(latencies, 0.50),
+        turn_latency_p95_ms=_percentile(latencies, 0.95),
+        wall_s=wall_s,
+        errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
+    )
+
+
+def _percentile(ordered: list[float], q: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -1,0 +1,86 @@
+"""What a long batch shows: a live progress bar, periodic status lines, a closing summary."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections import Counter
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollway.client.batch import RunSummary
+from rollway.types import RolloutRecord
+
+log = logging.getLogger("rollway.client")
+
+
+class BatchProgress:
+    """Counts outcomes as they arrive; draws a bar when ``show`` is set."""
+
+    def __init__(self, total: int, *, show: bool, status_interval_s: float = 30.0) -> None:
+        self.console = Console(stderr=True)
+        self.counts: Counter[str] = Counter()
+        self.rewards: list[float] = []
+        self._interval = status_interval_s
+        self._last_status = time.monotonic()
+        self._progress = Progress(
+            TextColumn("[bold]rollouts"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not show,
+        )
+        self._task = self._progress.add_task("", total=total)
+
+    def __enter__(self) -> BatchProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._progress.stop()
+
+    def advance(self, record: RolloutRecord) -> None:
+        self.counts[record.status] += 1
+        if record.reward is not None:
+            self.rewards.append(record.reward)
+        self._progress.update(self._task, advance=1, description=self.describe())
+        if time.monotonic() - self._last_status >= self._interval:
+            self._last_status = time.monotonic()
+            log.info("batch status: %s", self.describe())
+
+    def describe(self) -> str:
+        parts = [f"{status} {n}" for status, n in sorted(self.counts.items())]
+        mean = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
+        return f"{', '.join(parts)} | mean reward {mean}"
+
+
+def summary_table(summary: RunSummary) -> Table:
+    table = Table(title="rollway run summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    table.add_row("rollouts", str(summary.total))
+    for status, n in sorted(summary.by_status.items()):
+        table.add_row(f"  {status}", str(n))
+    for kind, n in sorted(summary.errors_by_kind.items()):
+        table.add_row(f"  error kind {kind}", str(n))
+    table.add_row("mean reward", _fmt(summary.mean_reward, "{:.3f}"))
+    table.add_row("tokens/s (sampled)", f"{summary.tokens_per_s:.1f}")
+    table.add_row("turn latency p50", _fmt(summary.turn_latency_p50_ms, "{:.0f} ms"))
+    table.add_row("turn latency p95", _fmt(summary.turn_latency_p95_ms, "{:.0f} ms"))
+    table.add_row("wall time", f"{summary.wall_s:.1f} s")
+    return table
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else pattern.format(value)

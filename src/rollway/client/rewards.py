@@ -1,0 +1,44 @@
+"""Run a reward function (sync or async) with its own timeout, so one slow scorer never
+stalls the batch. A function returns a float, or a dict with a float ``reward`` and extras."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from rollway.errors import RewardError
+from rollway.types import Trajectory
+
+RewardFn = Callable[[dict[str, Any], Trajectory], Any]
+
+
+async def score(
+    reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory, limit_s: float
+) -> tuple[float, dict[str, Any]]:
+    """The reward and its extra fields; ``RewardError`` on failure, bad value or timeout."""
+    try:
+        if inspect.iscoroutinefunction(reward_fn):
+            value = await asyncio.wait_for(reward_fn(task, trajectory), limit_s)
+        else:
+            # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
+            value = await asyncio.wait_for(asyncio.to_thread(reward_fn, task, trajectory), limit_s)
+    except TimeoutError:
+        raise RewardError(f"reward function timed out after {limit_s:g} s") from None
+    except RewardError:
+        raise
+    except Exception as exc:
+        raise RewardError(f"reward function raised {type(exc).__name__}: {exc}") from exc
+    return _as_reward(value)
+
+
+def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
+    if isinstance(value, dict):
+        extras = {k: v for k, v in value.items() if k != "reward"}
+        if not isinstance(value.get("reward"), int | float) or isinstance(value["reward"], bool):
+            raise RewardError("a reward dict needs a numeric 'reward' key")
+        return float(value["reward"]), extras
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value), {}
+    raise RewardError(f"reward function returned {type(value).__name__}, not float or dict")

@@ -1,0 +1,250 @@
+"""One rollout from start to its one recorded outcome: register, run the agent under a timeout
+and a cancel signal, clean up on every path, score, retry infrastructure failures, store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.context import RolloutContext
+from rollway.client.rewards import RewardFn, score
+from rollway.errors import RewardError, error_kind
+from rollway.gateway.core import Gateway
+from rollway.store.base import Store
+from rollway.types import (
+    ErrorKind,
+    RolloutMetrics,
+    RolloutRecord,
+    RolloutResult,
+    Status,
+    Trajectory,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """Which rollout: a task row and its place in its group."""
+
+    task: dict[str, Any]
+    task_index: int
+    task_key: str
+    group_id: str
+    group_index: int
+    sample_index: int
+
+    @property
+    def rollout_key(self) -> str:
+        return f"{self.task_key}.{self.sample_index}"
+
+
+def task_key(task: dict[str, Any]) -> str:
+    """A stable key: the task's ``task_id`` when it has one, else a hash of its content."""
+    given = task.get("task_id")
+    if given is not None and str(given).replace("-", "").replace("_", "").isalnum():
+        return str(given)
+    return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    exp_id: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None
+    max_seq_len: int | None = None
+    timeout: float | None = None
+    reward_timeout: float = 30.0
+    max_retry_attempts: int = 3
+    retry_wait_s: float = 0.5
+    debug: bool = False
+    #: After a timeout or cancel, how long an agent may take to stop before it is cancelled.
+    stop_grace_s: float = 2.0
+
+
+@dataclass
+class _Outcome:
+    status: Status
+    kind: ErrorKind | None = None
+    reason: str | None = None
+    result: RolloutResult | None = None
+
+
+class RolloutRunner:
+    def __init__(
+        self,
+        agent: AgentLoop,
+        gateway: Gateway,
+        store: Store,
+        settings: RolloutSettings,
+        reward_fn: RewardFn | None = None,
+    ) -> None:
+        self.agent, self.gateway, self.store = agent, gateway, store
+        self.settings, self.reward_fn = settings, reward_fn
+
+    async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
+        """Exactly one outcome for ``spec``, written to the store and returned."""
+        started_at, clock = time.time(), time.monotonic()
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(max(1, self.settings.max_retry_attempts)),
+            wait=wait_exponential(multiplier=self.settings.retry_wait_s, max=30),
+            retry=retry_if_result(
+                lambda r: r.error_kind == "infrastructure" and not cancel.is_set()
+            ),
+            retry_error_callback=lambda state: state.outcome.result(),
+        )
+        attempts = itertools.count(1)
+
+        async def attempt() -> RolloutRecord:
+            return await self._attempt(spec, next(attempts), cancel, started_at)
+
+        record = await retrying(attempt)
+        record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
+        await asyncio.to_thread(self.store.write, record)
+        log.info(
+            "rollout finished",
+            extra={"rollout_id": record.rollout_id, "stage": "finish", "status": record.status},
+        )
+        return record
+
+    async def _attempt(
+        self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
+    ) -> RolloutRecord:
+        rollout_id = f"{self.settings.exp_id}.{spec.rollout_key}.{attempt}"
+        register = {
+            **self.settings.sampling,
+            "max_turns": self.settings.max_turns,
+            "max_seq_len": self.settings.max_seq_len,
+            "metadata": {"group_id": spec.group_id, "sample_index": spec.sample_index},
+        }
+        ctx: RolloutContext | None = None
+        trajectory, cleanup_errors = None, []
+        try:
+            self.gateway.register(rollout_id, register)
+        except Exception as exc:
+            outcome = _Outcome("error", "infrastructure", f"register failed: {exc}")
+        else:
+            try:
+                ctx = self._context(spec, rollout_id)
+                outcome = await self._run_agent(ctx, cancel)
+            except Exception as exc:  # get_tools failed, say
+                outcome = _Outcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+            trajectory, cleanup_errors = await self._clean_up(rollout_id)
+        reward, reward_info = None, {}
+        if outcome.status == "completed" and trajectory is not None:
+            if trajectory.is_truncated:
+                outcome.status = "truncated"
+            try:
+                reward, reward_info = await self._reward(spec, outcome.result, trajectory)
+            except RewardError as exc:
+                outcome = _Outcome("error", "reward", str(exc))
+        return RolloutRecord(
+            exp_id=self.settings.exp_id,
+            rollout_key=spec.rollout_key,
+            rollout_id=rollout_id,
+            task_index=spec.task_index,
+            group_id=spec.group_id,
+            group_index=spec.group_index,
+            sample_index=spec.sample_index,
+            status=outcome.status,
+            error_kind=outcome.kind,
+            reason=outcome.reason,
+            reward=reward,
+            reward_info=reward_info,
+            attempts=attempt,
+            started_at=started_at,
+            elapsed_s=0.0,
+            metrics=ctx.metrics if ctx is not None else RolloutMetrics(),
+            task=spec.task,
+            cleanup_errors=cleanup_errors,
+            trajectory=trajectory,
+        )
+
+    def _context(self, spec: RolloutSpec, rollout_id: str) -> RolloutContext:
+        debug_dir = self.store.debug_dir
+        debug_path = None
+        if debug_dir is not None and self.settings.debug:
+            debug_dir.mkdir(parents=True, exist_ok=True)
+            debug_path = debug_dir / f"{rollout_id}.jsonl"
+        tools = self.agent.get_tools(spec.task)
+        return RolloutContext(spec.task, tools, rollout_id, self.gateway, debug_path)
+
+    async def _run_agent(self, ctx: RolloutContext, cancel: asyncio.Event) -> _Outcome:
+        agent_task = asyncio.create_task(self.agent.run(ctx), name=ctx.rollout_id)
+        cancel_wait = asyncio.create_task(cancel.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {agent_task, cancel_wait},
+                timeout=self.settings.timeout,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            cancel_wait.cancel()
+            await self._stop(ctx.rollout_id, agent_task)
+        if agent_task not in done:
+            if cancel.is_set():
+                return _Outcome("cancelled", reason="cancelled by the caller")
+            return _Outcome("timeout", reason=f"timed out after {self.settings.timeout:g} s")
+        if agent_task.cancelled():
+            return _Outcome("cancelled", reason="the agent task was cancelled")
+        exc = agent_task.exception()
+        if exc is not None:
+            return _Outcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+        result = agent_task.result()
+        if not isinstance(result, RolloutResult):
+            reason = (
+                f"run returned {type(result).__name__}; return ctx.complete(...) or ctx.error(...)"
+            )
+            return _Outcome("error", "agent", reason)
+        if result.error is not None:
+            return _Outcome("error", "agent", result.error, result)
+        return _Outcome("completed", result=result)
+
+    async def _stop(self, rollout_id: str, agent_task: asyncio.Task[Any]) -> None:
+        """Stop a running agent: abort its generation through the gateway first (so the
+        aborted turn is recorded and the agent sees the rollout closed), then cancel it."""
+        if agent_task.done():
+            return
+        await self.gateway.cancel(rollout_id)
+        await asyncio.wait({agent_task}, timeout=self.settings.stop_grace_s)
+        if not agent_task.done():
+            agent_task.cancel()
+        await asyncio.gather(agent_task, return_exceptions=True)
+
+    async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
+        """Abort in-flight generation, fetch the trajectory, unregister; errors are recorded."""
+        errors: list[str] = []
+        trajectory = None
+        for stage in ("cancel", "trajectory", "unregister"):
+            try:
+                if stage == "cancel":
+                    await self.gateway.cancel(rollout_id)
+                elif stage == "trajectory":
+                    trajectory = self.gateway.trajectory(rollout_id)
+                else:
+                    await self.gateway.unregister(rollout_id)
+            except Exception as exc:
+                errors.append(f"{stage}: {type(exc).__name__}: {exc}")
+                log.warning("cleanup failed", extra={"rollout_id": rollout_id, "stage": stage})
+        return trajectory, errors
+
+    async def _reward(
+        self, spec: RolloutSpec, result: RolloutResult | None, trajectory: Trajectory
+    ) -> tuple[float | None, dict[str, Any]]:
+        if result is not None and result.reward is not None:
+            return float(result.reward), {"source": "agent"}
+        if self.reward_fn is None:
+            return None, {}
+        reward, extras = await score(
+            self.reward_fn, spec.task, trajectory, self.settings.reward_timeout
+        )
+        return reward, {"source": "reward_fn", **extras}

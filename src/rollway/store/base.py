@@ -1,0 +1,29 @@
+"""The store seam: where an experiment's config and rollout outcomes are kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from rollway.types import RolloutRecord
+
+
+@runtime_checkable
+class Store(Protocol):
+    """One experiment's results. ``write`` replaces a rollout's record atomically (a reader sees
+    the old record or the new one, never half of one); ``records`` yields every stored record."""
+
+    exp_id: str
+    #: A local folder for per-rollout debug files, or None where the store has none.
+    debug_dir: Path | None
+
+    def write_config(self, config: dict[str, Any]) -> None: ...
+
+    def write(self, record: RolloutRecord) -> None: ...
+
+    def get(self, rollout_key: str) -> RolloutRecord | None: ...
+
+    def records(self) -> Iterator[RolloutRecord]: ...
+
+    def write_summary(self, name: str, data: dict[str, Any]) -> None: ...

@@ -1,0 +1,72 @@
+"""`rollway run`, `validate` and `export` as real subprocesses on the shipped example."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = f"{ROOT}/examples/calculator/agent.py:CalculatorAgent"
+TASKS = ROOT / "examples" / "calculator" / "tasks.jsonl"
+
+
+def rollway(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rollway", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_shipped_tasks_have_answers() -> None:
+    rows = [orjson.loads(line) for line in TASKS.read_text().splitlines()]
+    assert len(rows) >= 20 and all({"task_id", "question", "answer"} <= set(r) for r in rows)
+
+
+def test_run_then_rerun_then_export(tmp_path: Path) -> None:
+    args = ["run", AGENT, "--tasks", str(TASKS), "--limit", "3", "--group-size", "2",
+            "--engine", "sim", "--out", str(tmp_path / "runs")]  # fmt: skip
+    first = rollway(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    exp = tmp_path / "runs" / "calculator-tasks"
+    assert len(list((exp / "trajectories").glob("*.json"))) == 6
+    assert "rollway run summary" in first.stderr
+    summary = orjson.loads((exp / "summary.json").read_bytes())
+    assert summary["total"] == 6 and sum(summary["by_status"].values()) == 6
+    groups = orjson.loads((exp / "groups.json").read_bytes())["groups"]
+    assert len(groups) == 3
+    second = rollway(*args, cwd=tmp_path)
+    assert second.returncode == 0
+    assert orjson.loads((exp / "summary.json").read_bytes())["total"] == 6
+    index_lines = (exp / "index.jsonl").read_text().splitlines()
+    assert len(index_lines) == 6  # the rerun resumed: nothing ran again
+    exported = rollway("export", str(exp), "--format", "parquet", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    rows = pq.read_table(exp / "samples.parquet").to_pylist()
+    assert len(rows) == 6 and {r["group_id"] for r in rows} == {g["group_id"] for g in groups}
+    assert all(len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) for r in rows)
+
+
+def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:
+    ok = rollway("validate", AGENT, cwd=tmp_path)
+    assert ok.returncode == 0 and "add, subtract, multiply, divide" in ok.stdout
+    broken = tmp_path / "broken.py"
+    broken.write_text(
+        "from rollway.agents import AgentLoop\n"
+        "class Broken(AgentLoop):\n"
+        "    name = 'broken'\n"
+        "    def get_tools(self, task):\n"
+        "        return 'add'\n"
+        "    async def run(self, ctx):\n"
+        "        return ctx.complete([])\n"
+    )
+    bad = rollway("validate", f"{broken}:Broken", cwd=tmp_path)
+    assert bad.returncode == 1 and "E202" in bad.stdout
+
+
+def test_run_names_a_missing_task_file(tmp_path: Path) -> None:
+    result = rollway("run", AGENT, "--tasks", "nowhere.jsonl", "--engine", "sim", cwd=tmp_path)
+    assert result.returncode == 1 and "no task file nowhere.jsonl" in result.stderr

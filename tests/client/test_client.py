@@ -1,0 +1,235 @@
+"""Client semantics over the simulated engine (fast, deterministic)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rollway.client import RolloutClient
+from rollway.engines.sim import SimConfig, SimEngine
+from rollway.errors import AgentError, EngineError, InvalidFieldsError
+from rollway.types import SamplingParams, Trajectory
+from tests.client.conftest import ScriptedAgent
+
+MakeClient = Callable[..., RolloutClient]
+
+
+def test_every_task_times_group_size_yields_exactly_one_outcome(make_client: MakeClient) -> None:
+    ends = ["complete", "raise", "error", "none", "complete"]
+    tasks = [{"task_id": f"t{i}", "end": end, "reward": 0.5} for i, end in enumerate(ends)]
+    items = list(make_client().run_batch(tasks, group_size=3))
+    assert len(items) == 15 and sorted(i.index for i in items) == list(range(15))
+    by_task = Counter(i.result.task_index for i in items)
+    assert set(by_task.values()) == {3}
+    first_group = [i.result for i in items if i.result.task_index == 0]
+    assert len({r.group_id for r in first_group}) == 1
+    assert sorted(r.sample_index for r in first_group) == [0, 1, 2]
+    assert len({i.result.group_id for i in items}) == 5
+    status = {i.result.task_index: (i.result.status, i.result.error_kind) for i in items}
+    assert status == {
+        0: ("completed", None),
+        1: ("error", "agent"),
+        2: ("error", "agent"),
+        3: ("error", "agent"),
+        4: ("completed", None),
+    }
+    failed = next(i for i in items if i.result.task_index == 1)
+    assert not failed.success and "agent bug" in failed.error
+    assert next(i for i in items if i.result.task_index == 3).result.reason.startswith(
+        "run returned"
+    )
+
+
+def test_items_arrive_in_completion_order(make_client: MakeClient) -> None:
+    tasks = [{"task_id": f"w{i}", "wait": w} for i, w in enumerate([0.6, 0.0, 0.3])]
+    items = list(make_client().run_batch(tasks))
+    assert [i.index for i in items] == [1, 2, 0]
+    assert items[-1].elapsed >= 0.6
+
+
+def test_concurrency_never_exceeds_the_cap(make_client: MakeClient) -> None:
+    tasks = [{"task_id": f"c{i}", "wait": 0.05} for i in range(12)]
+    list(make_client(max_concurrent=3).run_batch(tasks))
+    assert ScriptedAgent.peak == 3
+
+
+def test_rate_limit_holds_rollout_starts(make_client: MakeClient) -> None:
+    list(make_client(tps_limit=5).run_batch([{"task_id": f"r{i}"} for i in range(12)]))
+    starts = sorted(ScriptedAgent.starts)
+    # Slowness can only spread starts further apart; a broken limiter packs them together.
+    most_in_a_second = max(sum(1 for s in starts if t <= s < t + 1.0) for t in starts)
+    assert most_in_a_second <= 6
+    assert starts[-1] - starts[0] >= 1.0
+
+
+def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> None:
+    client = make_client(sim=SimConfig(latency_s=60.0), timeout=0.3)
+    (item,) = client.run_batch([{"task_id": "slow"}])
+    record = item.result
+    assert record.status == "timeout" and "0.3" in record.reason
+    assert record.trajectory.turns[0].finish_reason == "abort"
+    assert client.gateway.engine._waiting == {}
+
+
+def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) -> None:
+    client = make_client(sim=SimConfig(latency_s=60.0))
+    future = client.invoke({"task_id": "hang"})
+    assert not future.done()
+    assert future.cancel() is True
+    record = future.result(timeout=10)
+    assert record.status == "cancelled" and future.cancelled and future.done()
+    assert future.cancel() is False and future.elapsed() < 10
+    assert client.gateway.engine._waiting == {}
+
+
+def test_a_hanging_or_raising_agent_costs_only_its_own_rollout(make_client: MakeClient) -> None:
+    client = make_client(timeout=0.5)
+    tasks = [{"task_id": "hang", "wait": 60}, {"task_id": "bug", "end": "raise"}]
+    tasks += [{"task_id": f"ok{i}", "reward": 1.0} for i in range(4)]
+    results = {i.result.task["task_id"]: i.result for i in client.run_batch(tasks)}
+    assert results["hang"].status == "timeout" and results["bug"].error_kind == "agent"
+    assert all(results[f"ok{i}"].status == "completed" for i in range(4))
+
+
+def test_infrastructure_failures_are_retried_and_others_are_not(make_client: MakeClient) -> None:
+    tasks = [
+        {"task_id": "flaky", "end": "flaky", "reward": 1.0},
+        {"task_id": "bug", "end": "raise"},
+    ]
+    results = {i.result.task["task_id"]: i.result for i in make_client().run_batch(tasks)}
+    assert results["flaky"].status == "completed" and results["flaky"].attempts == 2
+    assert results["bug"].attempts == 1
+
+
+def test_engine_failures_are_engine_errors(make_client: MakeClient, renderer) -> None:
+    class BrokenEngine(SimEngine):
+        async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
+            raise EngineError("GPU fell off")
+
+    from rollway.gateway import Gateway
+
+    client = RolloutClient(
+        ScriptedAgent, Gateway(BrokenEngine(), renderer, model_name="x"), store=str(
+            make_client().store.path.parent
+        ), exp_id="broken",
+    )  # fmt: skip
+    with client:
+        (item,) = client.run_batch([{"task_id": "e"}])
+    assert (item.result.status, item.result.error_kind) == ("error", "engine")
+    assert "GPU fell off" in item.result.reason
+
+
+def test_rewards_from_agent_or_function_sync_async_and_dict(make_client: MakeClient) -> None:
+    def sync_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return float(len(trajectory.turns))
+
+    async def dict_reward(task: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+        return {"reward": 0.25, "why": "async"}
+
+    tasks = [{"task_id": "fn", "chats": 2}, {"task_id": "agent", "reward": 0.75}]
+    by_id = {
+        i.result.task["task_id"]: i.result for i in make_client(reward=sync_reward).run_batch(tasks)
+    }
+    assert by_id["fn"].reward == 2.0 and by_id["agent"].reward == 0.75
+    (item,) = make_client(reward=dict_reward, exp_id="dict").run_batch([{"task_id": "d"}])
+    assert item.result.reward == 0.25 and item.result.reward_info["why"] == "async"
+
+
+def test_a_slow_or_broken_reward_function_fails_only_its_rollout(make_client: MakeClient) -> None:
+    async def slow(task: dict[str, Any], trajectory: Trajectory) -> float:
+        if task["task_id"] == "slow":
+            await asyncio.sleep(60)
+        if task["task_id"] == "bad":
+            return "high"  # type: ignore[return-value]
+        return 1.0
+
+    client = make_client(reward=slow, reward_timeout=0.3)
+    tasks = [{"task_id": "slow"}, {"task_id": "bad"}, {"task_id": "fine"}]
+    by_id = {i.result.task["task_id"]: i.result for i in client.run_batch(tasks)}
+    assert by_id["slow"].error_kind == "reward" and "timed out" in by_id["slow"].reason
+    assert by_id["bad"].error_kind == "reward" and "not float" in by_id["bad"].reason
+    assert by_id["fine"].reward == 1.0
+
+
+def test_group_statistics_leave_out_infrastructure_failures(make_client: MakeClient) -> None:
+    from rollway.client.batch import group_stats
+
+    client = make_client(max_retry_attempts=1)
+    tasks = [{"task_id": "g", "end": "flaky", "reward": 1.0}]
+    records = [i.result for i in client.run_batch(tasks, group_size=2)]
+    (stats,) = group_stats(records)
+    assert stats.infrastructure_failures == 2 and stats.rewards == [] and stats.mean is None
+    groups = client.store.path / "groups.json"
+    assert '"infrastructure_failures": 2' in groups.read_text()
+
+
+def test_resume_skips_finished_rollouts_and_reruns_the_rest(make_client: MakeClient) -> None:
+    tasks = [{"task_id": f"s{i}", "reward": 1.0} for i in range(3)]
+    first = list(make_client(exp_id="resume").run_batch(tasks, group_size=2))
+    assert len(ScriptedAgent.starts) == 6 and not any(i.from_store for i in first)
+    client = make_client(exp_id="resume")
+    stored = client.store.get("s0.1")
+    client.store.write(stored.model_copy(update={"status": "cancelled"}))
+    (client.store.path / "trajectories" / "s2.0.json").unlink()
+    ScriptedAgent.starts = []
+    second = list(client.run_batch(tasks, group_size=2))
+    assert len(second) == 6 and len(ScriptedAgent.starts) == 2
+    rerun = sorted(i.result.rollout_key for i in second if not i.from_store)
+    assert rerun == ["s0.1", "s2.0"]
+
+
+def test_futures_can_be_awaited_polled_and_waited_on(make_client: MakeClient) -> None:
+    client = make_client()
+    future = client.invoke({"task_id": "f", "reward": 1.0}, temperature=0.5)
+    record = future.result(timeout=30)
+    assert future.done() and not future.cancelled and record.reward == 1.0
+    assert record.trajectory.turns[0].sampling["temperature"] == 0.5
+
+    async def together() -> list[float | None]:
+        a = client.invoke_async({"task_id": "a", "reward": 0.1})
+        b = client.invoke({"task_id": "b", "reward": 0.2})
+        return [r.reward for r in await asyncio.gather(a, b)]
+
+    assert asyncio.run(together()) == [0.1, 0.2]
+
+
+async def test_run_batch_async_yields_every_outcome(make_client: MakeClient) -> None:
+    client = make_client()
+    tasks = [{"task_id": f"a{i}", "wait": 0.01 * (3 - i)} for i in range(3)]
+    items = [item async for item in client.run_batch_async(tasks, group_size=2)]
+    assert sorted(i.index for i in items) == list(range(6))
+    assert all(i.success for i in items)
+
+
+def test_stopping_iteration_early_cancels_the_rest(make_client: MakeClient) -> None:
+    client = make_client(max_concurrent=1)
+    tasks = [{"task_id": "first"}] + [{"task_id": f"later{i}", "wait": 60} for i in range(3)]
+    batch = client.run_batch(tasks)
+    next(batch)
+    batch.close()
+    statuses = sorted(r.status for r in client.store.records())
+    assert statuses == ["cancelled", "cancelled", "cancelled", "completed"]
+
+
+def test_bad_configuration_fails_before_any_rollout(make_client: MakeClient) -> None:
+    with pytest.raises(InvalidFieldsError, match="temprature"):
+        make_client(temprature=1.0)
+
+    class NoRun(ScriptedAgent):
+        name = "norun"
+        run = None  # type: ignore[assignment]
+
+    with pytest.raises(AgentError, match="E103"):
+        make_client(agent=NoRun)
+
+
+def test_debug_events_go_to_a_per_rollout_jsonl(make_client: MakeClient) -> None:
+    client = make_client(debug=True)
+    (item,) = client.run_batch([{"task_id": "dbg", "chats": 2}])
+    lines = (client.store.path / "debug" / f"{item.result.rollout_id}.jsonl").read_text()
+    kinds = [line.split('"kind":"')[1].split('"')[0] for line in lines.splitlines()]
+    assert kinds == ["chat", "chat", "complete"]

@@ -1,0 +1,48 @@
+"""The calculator example end to end on the embedded model: exact samples, rewards, aborts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from examples.calculator.agent import CalculatorAgent, check_answer
+
+from rollway.client import RolloutClient
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.gateway import ChatRenderer, Gateway
+
+TASKS = [
+    {"task_id": "add", "question": "What is 11 + 14?", "answer": 25},
+    {"task_id": "mul", "question": "What is 6 * 7?", "answer": 42},
+]
+
+
+def test_calculator_batch_records_exact_samples_and_checked_rewards(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    with RolloutClient(CalculatorAgent, gateway, store=str(tmp_path), seed=1) as client:
+        items = list(client.run_batch(TASKS, group_size=2))
+    assert len(items) == 4 and all(i.success for i in items)
+    for item in items:
+        record = item.result
+        trajectory = record.trajectory
+        assert record.group_id.endswith(record.task["task_id"])
+        sampled = sum(sum(s.loss_mask) for s in trajectory.samples)
+        assert sampled == record.metrics.response_tokens
+        assert record.metrics.llm_calls == len(trajectory.turns)
+        final = trajectory.messages[-1]["content"]
+        assert record.reward == (1.0 if check_answer(record.task, final) else 0.0)
+
+
+def test_timeout_aborts_the_embedded_generation(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    aborted = engine.aborted_total
+    client = RolloutClient(CalculatorAgent, gateway, store=str(tmp_path), timeout=0.5)
+    with client:
+        (item,) = client.run_batch([TASKS[0]])
+    record = item.result
+    assert record.status == "timeout"
+    assert record.trajectory.turns[-1].finish_reason == "abort"
+    assert engine.aborted_total == aborted + 1

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from rollway.errors import ConfigError
+from rollway.store import FileStore, export_records, store_from_uri
+from rollway.types import RolloutRecord, Sample, Trajectory
+
+
+def record(key: str, *, reward: float | None = 1.0, status: str = "completed") -> RolloutRecord:
+    sample = Sample(
+        segment=0,
+        prompt_ids=[1, 2, 3],
+        response_ids=[4, 5, 6, 7],
+        loss_mask=[1, 1, 0, 1],
+        logprobs=[-0.125, -1.0e-7, 0.0, -3.3333333333],
+    )
+    trajectory = Trajectory(
+        rollout_id=f"exp.{key}.1", model="m", sampling={}, max_turns=None, max_seq_len=None,
+        messages=[], tools=None, turns=[], samples=[sample], is_truncated=False,
+        truncation_reason=None, is_cancelled=False, segment_count=1, drift=None,
+    )  # fmt: skip
+    return RolloutRecord(
+        exp_id="exp", rollout_key=key, rollout_id=f"exp.{key}.1", task_index=0,
+        group_id="exp:t", group_index=0, sample_index=int(key[-1]), status=status,
+        reward=reward, started_at=time.time(), elapsed_s=0.5, trajectory=trajectory,
+    )  # fmt: skip
+
+
+def test_records_round_trip_and_config_is_written(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    store.write_config({"agent": "a"})
+    store.write(record("t.0"))
+    store.write(record("t.1", reward=0.0))
+    assert store.get("t.0") == record("t.0").model_copy(
+        update={"started_at": store.get("t.0").started_at}
+    )
+    assert [r.rollout_key for r in store.records()] == ["t.0", "t.1"]
+    assert store.get("missing.0") is None
+    assert orjson.loads((tmp_path / "exp" / "config.json").read_bytes()) == {"agent": "a"}
+    index = (tmp_path / "exp" / "index.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["key"] for line in index] == ["t.0", "t.1"]
+
+
+def test_a_crash_mid_write_leaves_the_old_record_and_no_partial_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    store.write(record("t.0", reward=1.0))
+
+    def crash(fd: int) -> None:
+        raise OSError("disk vanished")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError, match="disk vanished"):
+        store.write(record("t.0", reward=0.0))
+    monkeypatch.undo()
+    assert store.get("t.0").reward == 1.0
+    assert sorted(p.name for p in (tmp_path / "exp" / "trajectories").iterdir()) == ["t.0.json"]
+
+
+def test_unsafe_names_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        FileStore(tmp_path, "../escape")
+    with pytest.raises(ConfigError):
+        FileStore(tmp_path, "exp").get("../../etc/passwd")
+
+
+def test_store_uri_forms(tmp_path: Path) -> None:
+    assert store_from_uri(str(tmp_path), "a").path == tmp_path / "a"
+    assert store_from_uri(f"file://{tmp_path}", "b").path == tmp_path / "b"
+    with pytest.raises(ConfigError, match="unsupported"):
+        store_from_uri("gopher://x", "c")
+
+
+def test_parquet_and_jsonl_exports_round_trip(tmp_path: Path) -> None:
+    records = [record("t.0"), record("t.1", reward=None, status="truncated")]
+    parquet = tmp_path / "s.parquet"
+    assert export_records(records, parquet, "parquet") == 2
+    rows = pq.read_table(parquet).to_pylist()
+    jsonl = tmp_path / "s.jsonl"
+    assert export_records(records, jsonl, "jsonl") == 2
+    assert [orjson.loads(line) for line in jsonl.read_bytes().splitlines()] == rows
+    for row, rec in zip(rows, records, strict=True):
+        (sample,) = rec.trajectory.samples
+        assert row["prompt_ids"] == sample.prompt_ids
+        assert row["response_ids"] == sample.response_ids
+        assert row["loss_mask"] == sample.loss_mask
+        assert row["logprobs"] == sample.logprobs
+        assert (row["reward"], row["status"], row["group_id"]) == (rec.reward, rec.status, "exp:t")
