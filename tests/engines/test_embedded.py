@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from rollway.engines.embedded import EmbeddedEngine
+from rollway.engines.embedded import EmbeddedEngine, _Request
 from rollway.errors import InvalidFieldsError
 from rollway.types import SamplingParams
 
@@ -121,3 +121,42 @@ async def test_cancelling_the_caller_aborts_its_generation(engine: EmbeddedEngin
 async def test_bad_input_ids_are_rejected(engine: EmbeddedEngine, bad: list[int]) -> None:
     with pytest.raises(InvalidFieldsError):
         await engine.generate(bad, SamplingParams(max_tokens=1), "bad")
+
+
+async def test_a_shared_prompt_prefix_is_computed_once_and_stays_exact(
+    engine: EmbeddedEngine,
+) -> None:
+    # Same long system prompt, different questions: the batch shares a prefix of ~40 tokens.
+    system = "You are a careful assistant who answers in one short sentence. " * 3
+    prompts = [
+        engine.tokenizer.encode(
+            engine.tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ),
+            add_special_tokens=False,
+        )
+        for q in ("Name a fruit.", "What colour is the sky on a clear day?", "Hi")
+    ]
+    sampling = SamplingParams(temperature=1.0, max_tokens=10, seed=5)
+    saved = engine.prefix_tokens_saved
+    results = await asyncio.gather(
+        *[engine.generate(p, sampling, f"shared-{i}") for i, p in enumerate(prompts)]
+    )
+    assert engine.prefix_tokens_saved - saved >= 2 * 40
+    for input_ids, result in zip(prompts, results, strict=True):
+        expected = reference_logprobs(engine, input_ids, result.output_ids)
+        assert result.logprobs == pytest.approx(expected, abs=1e-3)
+
+
+def test_resolving_for_a_caller_whose_loop_closed_does_not_raise(engine: EmbeddedEngine) -> None:
+    loop = asyncio.new_event_loop()
+    request = _Request(
+        request_id="gone", input_ids=[1], sampling=SamplingParams(), max_new_tokens=1,
+        loop=loop, future=loop.create_future(), generator=torch.Generator(),
+    )  # fmt: skip
+    loop.close()
+    request.finish("abort")
+    request.resolve()  # the worker thread calls this; raising here would kill it
+    request.resolve(RuntimeError("also fine"))

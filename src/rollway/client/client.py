@@ -52,6 +52,7 @@ class RolloutClient:
         max_retry_attempts: int = 3,
         timeout: float | None = None,
         reward_timeout: float = 30.0,
+        stop_grace_s: float = 2.0,
         max_turns: int | None = None,
         max_seq_len: int | None = None,
         show_progress: bool = False,
@@ -71,6 +72,7 @@ class RolloutClient:
             max_seq_len=max_seq_len,
             timeout=timeout,
             reward_timeout=reward_timeout,
+            stop_grace_s=stop_grace_s,
             max_retry_attempts=max_retry_attempts,
             debug=debug,
         )

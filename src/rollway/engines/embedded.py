@@ -1,14 +1,16 @@
 """The embedded engine: a real small model run in-process with PyTorch + transformers.
 
 Requests queue for one worker thread. Requests that arrive while a batch decodes join the next
-batch; each batch is left-padded with explicit position ids and decoded step by step with a KV
-cache, every row sampling under its own params and generator. Logprobs are the log-softmax of
+batch. A batch computes its prompts' shared prefix once, left-pads the rest with explicit
+position ids and decodes step by step with a KV cache, every row sampling under its own params
+and generator. Logprobs are the log-softmax of
 the fp32 logits at temperature 1 for each sampled token, whatever the sampling temperature.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -21,6 +23,9 @@ from rollway.engines.models import resolve_model_path
 from rollway.engines.sampling import choose_token, make_generator
 from rollway.errors import EngineError, InvalidFieldsError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
+
+#: Shorter shared prefixes are not worth a separate forward pass.
+_MIN_SHARED_PREFIX = 16
 
 
 @dataclass(eq=False)
@@ -49,7 +54,9 @@ class _Request:
                 result = GenerationResult(self.output_ids, self.logprobs, self.finish_reason)
                 self.future.set_result(result)
 
-        self.loop.call_soon_threadsafe(settle)
+        # A closed loop means the caller is gone; the worker thread must live on regardless.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(settle)
 
 
 class EmbeddedEngine:
@@ -73,6 +80,8 @@ class EmbeddedEngine:
         #: Batches decoded and requests aborted so far (concurrent requests share batches).
         self.batches_run = 0
         self.aborted_total = 0
+        #: Prompt tokens not recomputed thanks to shared prefixes.
+        self.prefix_tokens_saved = 0
         self._worker = threading.Thread(target=self._work, name="rollway-embedded", daemon=True)
         self._worker.start()
 
@@ -178,15 +187,7 @@ class EmbeddedEngine:
         live = [r for r in batch if r.finish_reason is None]
         if not live:
             return
-        input_ids, attention_mask = self._left_pad(live)
-        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        out, attention_mask, positions = self._prefill(live)
         while True:
             logits = out.logits[:, -1, :].float()
             next_ids = self._sample_step(live, logits)
@@ -203,14 +204,45 @@ class EmbeddedEngine:
                 logits_to_keep=1,
             )
 
-    def _left_pad(self, live: list[_Request]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(r.input_ids) for r in live)
-        ids = torch.full((len(live), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(live), width), dtype=torch.long)
-        for row, request in enumerate(live):
-            n = len(request.input_ids)
-            ids[row, width - n :] = torch.tensor(request.input_ids, dtype=torch.long)
-            mask[row, width - n :] = 1
+    def _prefill(self, live: list[_Request]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Run the prompts; return the output, attention mask and position ids so far.
+
+        Rows usually share a long prefix (system prompt, tools, few-shot examples, a group's
+        task). That prefix is computed once and its KV cache repeated for every row; each row's
+        own suffix follows, left-padded, so padding sits between prefix and suffix (masked,
+        with explicit positions).
+        """
+        shared = _common_prefix_length([r.input_ids for r in live])
+        shared = min(shared, min(len(r.input_ids) for r in live) - 1)
+        cache = None
+        if len(live) > 1 and shared >= _MIN_SHARED_PREFIX:
+            prefix = torch.tensor([live[0].input_ids[:shared]], device=self.device)
+            cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            cache.batch_repeat_interleave(len(live))
+            self.prefix_tokens_saved += shared * (len(live) - 1)
+        else:
+            shared = 0
+        ids, mask = self._left_pad([r.input_ids[shared:] for r in live])
+        positions = shared + (mask.cumsum(-1) - 1).clamp(min=0)
+        prefix_mask = mask.new_ones(len(live), shared)
+        attention_mask = torch.cat([prefix_mask, mask], dim=1)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out, attention_mask, positions
+
+    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for index, row in enumerate(rows):
+            ids[index, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            mask[index, width - len(row) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
     def _sample_step(self, live: list[_Request], logits: torch.Tensor) -> torch.Tensor:
@@ -246,6 +278,18 @@ class EmbeddedEngine:
         window = max(len(s) for s in request.sampling.stop) + 2
         tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
         return any(s in tail for s in request.sampling.stop)
+
+
+def _common_prefix_length(rows: list[list[int]]) -> int:
+    first = rows[0]
+    length = len(first)
+    for row in rows[1:]:
+        length = min(length, len(row))
+        for i in range(length):
+            if row[i] != first[i]:
+                length = i
+                break
+    return length
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
