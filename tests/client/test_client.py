@@ -233,3 +233,22 @@ def test_debug_events_go_to_a_per_rollout_jsonl(make_client: MakeClient) -> None
     lines = (client.store.path / "debug" / f"{item.result.rollout_id}.jsonl").read_text()
     kinds = [line.split('"kind":"')[1].split('"')[0] for line in lines.splitlines()]
     assert kinds == ["chat", "chat", "complete"]
+
+
+def test_task_row_metadata_reaches_the_trajectory(make_client: MakeClient) -> None:
+    (item,) = make_client().run_batch([{"task_id": "meta", "source": "unit", "difficulty": 3}])
+    metadata = item.result.trajectory.metadata
+    assert metadata["source"] == "unit" and metadata["difficulty"] == 3
+    assert metadata["group_id"] == item.result.group_id and metadata["sample_index"] == 0
+
+
+def test_a_seeded_run_gives_each_rollout_and_turn_its_own_seed(make_client: MakeClient) -> None:
+    client = make_client(seed=7)
+    items = list(client.run_batch([{"task_id": "s", "chats": 2}], group_size=2))
+    seeds = [[t.sampling["seed"] for t in i.result.trajectory.turns] for i in items]
+    (a0, a1), (b0, b1) = seeds
+    assert a0 != b0 and a1 == a0 + 1 and b1 == b0 + 1
+    again = make_client(seed=7, exp_id="again").run_batch([{"task_id": "s", "chats": 2}], 2)
+    assert sorted(seeds) == sorted(
+        [[t.sampling["seed"] for t in i.result.trajectory.turns] for i in again]
+    )

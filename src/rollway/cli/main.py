@@ -21,6 +21,8 @@ app.add_typer(model.app, name="model")
 
 def main() -> None:
     logging.basicConfig(level=os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING"))
+    # Batch status lines are part of a run's output, whatever the level of the rest.
+    logging.getLogger("rollway.client").setLevel(logging.INFO)
     try:
         app()
     except RollwayError as exc:

@@ -27,10 +27,10 @@ def run(
         "rollway-runs"
     ),
     exp_id: Annotated[str | None, typer.Option(help="Default: agent name + task file.")] = None,
-    reward: Annotated[str | None, typer.Option(help="module:function reward.")] = None,
+    reward: Annotated[str | None, typer.Option(help="Reward: module:fn or file.py:fn.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per rollout.")] = None,
     temperature: Annotated[float, typer.Option()] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Sampling seed (per request).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Run seed; rollouts derive theirs.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip rollouts already in the store.")] = True,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""

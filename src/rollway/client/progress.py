@@ -36,6 +36,7 @@ class BatchProgress:
             console=self.console,
             disable=not show,
         )
+        self.total = total
         self._task = self._progress.add_task("", total=total)
 
     def __enter__(self) -> BatchProgress:
@@ -57,7 +58,15 @@ class BatchProgress:
         self._progress.update(self._task, advance=1, description=self.describe())
         if time.monotonic() - self._last_status >= self._interval:
             self._last_status = time.monotonic()
-            log.info("batch status: %s", self.describe())
+            self.status_line()
+
+    def status_line(self) -> None:
+        done = sum(self.counts.values())
+        line = f"batch status: {done}/{self.total} done; {self.describe()}"
+        if self._progress.disable:
+            log.info(line)
+        else:
+            self._progress.console.log(line)  # printed above the live bar
 
     def describe(self) -> str:
         parts = [f"{status} {n}" for status, n in sorted(self.counts.items())]

@@ -110,7 +110,7 @@ class RolloutRunner:
         record = await retrying(attempt)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
         await asyncio.to_thread(self.store.write, record)
-        log.info(
+        log.debug(
             "rollout finished",
             extra={"rollout_id": record.rollout_id, "stage": "finish", "status": record.status},
         )
@@ -121,10 +121,15 @@ class RolloutRunner:
     ) -> RolloutRecord:
         rollout_id = f"{self.settings.exp_id}.{spec.rollout_key}.{attempt}"
         register = {
-            **self.settings.sampling,
+            **self._seeded(self.settings.sampling, spec),
             "max_turns": self.settings.max_turns,
             "max_seq_len": self.settings.max_seq_len,
-            "metadata": {"group_id": spec.group_id, "sample_index": spec.sample_index},
+            "metadata": {
+                **{k: v for k, v in spec.task.items() if k not in ("messages", "prompt")},
+                "group_id": spec.group_id,
+                "group_index": spec.group_index,
+                "sample_index": spec.sample_index,
+            },
         }
         ctx: RolloutContext | None = None
         trajectory, cleanup_errors = None, []
@@ -168,6 +173,15 @@ class RolloutRunner:
             cleanup_errors=cleanup_errors,
             trajectory=trajectory,
         )
+
+    @staticmethod
+    def _seeded(sampling: dict[str, Any], spec: RolloutSpec) -> dict[str, Any]:
+        """Give each rollout its own seed derived from the run's, so a group's samples differ
+        and a rerun of the same rollout draws the same tokens."""
+        if sampling.get("seed") is None:
+            return sampling
+        digest = hashlib.sha256(f"{sampling['seed']}:{spec.rollout_key}".encode()).digest()
+        return {**sampling, "seed": int.from_bytes(digest[:4], "little")}
 
     def _context(self, spec: RolloutSpec, rollout_id: str) -> RolloutContext:
         debug_dir = self.store.debug_dir

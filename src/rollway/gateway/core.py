@@ -184,11 +184,14 @@ class Gateway:
 
     @staticmethod
     def _sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
-        """Registered sampling params win; the request fills only what registration left open."""
+        """Registered sampling params win; the request fills only what registration left open.
+        A seed moves on by one per turn, so turns of a seeded rollout do not repeat draws."""
         asked = request.sampling_overrides()
         merged = {**asked, **state.locked_sampling}
         if "max_tokens" in asked and "max_tokens" in state.locked_sampling:
             merged["max_tokens"] = min(asked["max_tokens"], state.locked_sampling["max_tokens"])
+        if merged.get("seed") is not None:
+            merged["seed"] += state.turns_started
         return SamplingParams(**merged)
 
     async def _generate(
