@@ -7,6 +7,7 @@ import os
 
 import typer
 
+from rollway import logs
 from rollway.cli import demo, export, gateway, model, run, validate
 from rollway.errors import RollwayError
 
@@ -20,7 +21,7 @@ app.add_typer(model.app, name="model")
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING"))
+    logs.configure(os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING"))
     # Batch status lines are part of a run's output, whatever the level of the rest.
     logging.getLogger("rollway.client").setLevel(logging.INFO)
     try:
