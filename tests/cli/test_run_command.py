@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -70,3 +71,26 @@ def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:
 def test_run_names_a_missing_task_file(tmp_path: Path) -> None:
     result = rollway("run", AGENT, "--tasks", "nowhere.jsonl", "--engine", "sim", cwd=tmp_path)
     assert result.returncode == 1 and "no task file nowhere.jsonl" in result.stderr
+
+
+def test_run_against_a_simulated_sglang_server_process(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "rollway", "sim-server", "--port", str(port), "--output-len", "8"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with server:
+        assert server.stdout is not None and "simulated sglang server" in server.stdout.readline()
+        try:
+            result = rollway(
+                "run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--engine",
+                f"sglang://127.0.0.1:{port}", "--out", str(tmp_path), cwd=tmp_path,
+            )  # fmt: skip
+        finally:
+            server.terminate()
+    assert result.returncode == 0, result.stderr
+    records = [orjson.loads(p.read_bytes()) for p in tmp_path.glob("*/trajectories/*.json")]
+    assert len(records) == 2
+    assert all(r["trajectory"]["turns"][0]["completion_ids"] for r in records)

@@ -1,7 +1,8 @@
 """Build an engine from a URL-like spec.
 
 ``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
-``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator).
+``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
+``sglang://HOST:PORT`` (an SGLang server's native API).
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine:
         from rollway.engines.embedded import EmbeddedEngine
 
         return EmbeddedEngine.from_pretrained(rest or model)
+    if scheme == "sglang" and rest:
+        from rollway.engines.sglang import SGLangEngine
+
+        return SGLangEngine(f"http://{rest}")
     if scheme == "sim":
         return SimEngine(SimConfig(**_sim_options(rest.partition("?")[2])))
-    raise ConfigError(f"unknown engine spec {spec!r}: expected 'embedded' or 'sim'", "engine")
+    raise ConfigError(
+        f"unknown engine spec {spec!r}: expected embedded, sim or sglang://HOST:PORT", "engine"
+    )
 
 
 def _sim_options(query: str) -> dict[str, float | int]:

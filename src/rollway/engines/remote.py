@@ -1,0 +1,94 @@
+"""The connection discipline every remote engine follows.
+
+One pooled aiohttp session per engine (opened on first use, closed with the engine), limits
+set for thousands of concurrent requests. A request that failed before it was sent (connection
+refused or reset at connect, DNS) is retried exactly once with the same request id. A request
+that may have reached the server (disconnect mid-request, timeout, HTTP 5xx, a garbled body) is
+never retried: it is aborted by its request id and fails as an ``EngineError``. Cancellation
+aborts too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from rollway.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+Abort = Callable[[], Awaitable[None]]
+_ABORT_TIMEOUT_S = 5.0
+
+
+class _MayHaveRun(Exception):
+    """The server answered with a 5xx: the generation may have happened."""
+
+
+class RemoteClient:
+    def __init__(self, *, timeout_s: float = 600.0, max_connections: int = 4096) -> None:
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_connections = max_connections
+        #: Connection attempts that failed before a byte was sent (for tests and metrics).
+        self.connect_failures = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=60)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def send(self, url: str, payload: dict[str, Any], abort: Abort) -> Any:
+        """POST ``payload`` as JSON and return the decoded answer, under the rules above."""
+        data = orjson.dumps(payload)
+        for attempt in (1, 2):
+            try:
+                return await self._post(url, data)
+            except aiohttp.ClientConnectorError as exc:
+                self.connect_failures += 1
+                if attempt == 2:
+                    raise EngineError(f"cannot connect to {url}: {exc}") from exc
+                log.warning("connect failed, retrying once with the same request id: %s", exc)
+            except asyncio.CancelledError:
+                await self._abort_quietly(abort)
+                raise
+            except (aiohttp.ClientError, TimeoutError, _MayHaveRun, ValueError) as exc:
+                await self._abort_quietly(abort)
+                raise EngineError(f"{url} failed after sending: {exc!r}") from exc
+        raise AssertionError("unreachable")
+
+    async def post_quietly(self, url: str, payload: dict[str, Any]) -> None:
+        """Best effort (aborts): log failures, never raise them."""
+        try:
+            await self._post(url, orjson.dumps(payload))
+        except Exception as exc:
+            log.warning("best-effort call to %s failed: %r", url, exc)
+
+    async def _post(self, url: str, data: bytes) -> Any:
+        headers = {"Content-Type": "application/json"}
+        async with self.session().post(url, data=data, headers=headers) as response:
+            body = await response.read()
+            if response.status >= 500:
+                raise _MayHaveRun(f"HTTP {response.status}: {body[:200]!r}")
+            if response.status >= 400:
+                raise EngineError(
+                    f"{url} refused the request: HTTP {response.status} {body[:300]!r}"
+                )
+            return orjson.loads(body)
+
+    @staticmethod
+    async def _abort_quietly(abort: Abort) -> None:
+        try:
+            await asyncio.wait_for(abort(), _ABORT_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("abort failed: %r", exc)
