@@ -16,7 +16,7 @@ FAULTS = ("none", "drop", "5xx", "hang")
 
 
 def serve(
-    protocol: Annotated[str, typer.Option(help="Protocol to speak: sglang.")] = "sglang",
+    protocol: Annotated[str, typer.Option(help="Protocol to speak: sglang | vllm.")] = "sglang",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 30000,
     latency_s: Annotated[float, typer.Option(help="Seconds per generation.")] = 0.0,
@@ -26,13 +26,18 @@ def serve(
     slow_start_s: Annotated[float, typer.Option(help="Wait before listening.")] = 0.0,
 ) -> None:
     """Serve a simulated engine (a load generator, not a model) over a real protocol."""
-    if protocol != "sglang":
-        raise ConfigError(f"unknown protocol {protocol!r}: sglang")
+    if protocol not in ("sglang", "vllm"):
+        raise ConfigError(f"unknown protocol {protocol!r}: sglang | vllm")
     if fault not in FAULTS:
         raise ConfigError(f"unknown fault {fault!r}: {' | '.join(FAULTS)}")
     chosen: Fault = fault  # type: ignore[assignment]
     config = SimConfig(latency_s=latency_s, output_len=output_len)
-    app = create_sim_server_app(config, fault=chosen, fault_count=fault_count)
+    app = create_sim_server_app(
+        config,
+        protocol="vllm" if protocol == "vllm" else "sglang",
+        fault=chosen,
+        fault_count=fault_count,
+    )
     time.sleep(slow_start_s)
     typer.echo(f"simulated {protocol} server on http://{host}:{port} (fault: {fault})")
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -2,7 +2,8 @@
 
 ``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
-``sglang://HOST:PORT`` (an SGLang server's native API).
+``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
+OpenAI-compatible server, token ids in and out).
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine:
         from rollway.engines.sglang import SGLangEngine
 
         return SGLangEngine(f"http://{rest}")
+    if scheme == "vllm" and rest:
+        from rollway.engines.vllm import VLLMEngine
+
+        return VLLMEngine(f"http://{rest}")
     if scheme == "sim":
         return SimEngine(SimConfig(**_sim_options(rest.partition("?")[2])))
     raise ConfigError(
-        f"unknown engine spec {spec!r}: expected embedded, sim or sglang://HOST:PORT", "engine"
+        f"unknown engine spec {spec!r}: expected embedded, sim, sglang://HOST:PORT or vllm://HOST:PORT",
+        "engine",
     )
 
 

@@ -1,0 +1,167 @@
+"""SGLang and vLLM engines against the simulated servers: exact transport and every fault."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from rollway.engines.sglang import SGLangEngine, parse_generate_response
+from rollway.engines.sim import SimConfig, SimEngine
+from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
+from rollway.engines.vllm import VLLMEngine, parse_completion
+from rollway.errors import EngineError, RolloutClosedError
+from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.types import SamplingParams
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
+SAMPLING = SamplingParams(max_tokens=8, seed=3)
+PROTOCOLS = pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+
+
+@contextmanager
+def sim_server(protocol: Protocol, fault: Fault = "none", **config: Any) -> Iterator[str]:
+    app = create_sim_server_app(SimConfig(**config), protocol=protocol, fault=fault)
+    with BackgroundServer(app) as url:
+        yield url
+
+
+def make_engine(protocol: Protocol, url: str, **kwargs: Any) -> SGLangEngine | VLLMEngine:
+    return SGLangEngine(url, **kwargs) if protocol == "sglang" else VLLMEngine(url, **kwargs)
+
+
+async def server_stats(url: str, wait: str = "stats") -> dict[str, Any]:
+    """The server's counters; ``wait`` long-polls until something runs or nothing does."""
+    async with httpx.AsyncClient() as client:
+        return (await client.get(f"{url}/rollway/{wait}", timeout=60)).json()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@PROTOCOLS
+async def test_ids_and_logprobs_cross_the_wire_exactly(protocol: Protocol) -> None:
+    with sim_server(protocol, output_len=8) as url:
+        engine = make_engine(protocol, url)
+        try:
+            remote = await engine.generate(PROMPT, SAMPLING, "exact-1")
+        finally:
+            await engine.close()
+        assert (await server_stats(url))["generations"] == {"exact-1": 1}
+    local = await SimEngine(SimConfig(output_len=8)).generate(PROMPT, SAMPLING, "x")
+    assert remote == local
+
+
+@PROTOCOLS
+async def test_connect_failure_is_retried_exactly_once(protocol: Protocol) -> None:
+    engine = make_engine(protocol, f"http://127.0.0.1:{free_port()}")
+    try:
+        with pytest.raises(EngineError, match="cannot connect"):
+            await engine.generate(PROMPT, SAMPLING, "nobody-home")
+    finally:
+        await engine.close()
+    assert engine.http.connect_failures == 2
+
+
+@PROTOCOLS
+@pytest.mark.parametrize("fault", ["5xx", "drop"])
+async def test_a_request_that_reached_the_server_is_not_retried(
+    protocol: Protocol, fault: Fault
+) -> None:
+    with sim_server(protocol, fault) as url:
+        engine = make_engine(protocol, url)
+        try:
+            with pytest.raises(EngineError, match="failed after sending"):
+                await engine.generate(PROMPT, SAMPLING, f"{fault}-1")
+        finally:
+            await engine.close()
+        seen = await server_stats(url, "wait_idle")
+    assert seen["generations"] == {f"{fault}-1": 1}  # exactly once
+    assert seen["in_flight"] == []
+    if protocol == "sglang":  # vLLM's abort is the dropped connection itself
+        assert seen["aborted"] == [f"{fault}-1"]
+
+
+@PROTOCOLS
+async def test_cancelling_aborts_the_generation_on_the_server(protocol: Protocol) -> None:
+    with sim_server(protocol, "hang") as url:
+        engine = make_engine(protocol, url)
+        try:
+            task = asyncio.create_task(engine.generate(PROMPT, SAMPLING, "hung-1"))
+            await server_stats(url, "wait_in_flight")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await engine.close()
+        seen = await server_stats(url, "wait_idle")
+    assert seen["aborted"] == ["hung-1"] and seen["in_flight"] == []
+    assert seen["generations"] == {"hung-1": 1}
+
+
+@PROTOCOLS
+async def test_a_timeout_aborts_and_fails_the_turn(protocol: Protocol) -> None:
+    with sim_server(protocol, "hang") as url:
+        engine = make_engine(protocol, url, timeout_s=0.3)
+        try:
+            with pytest.raises(EngineError):
+                await engine.generate(PROMPT, SAMPLING, "slow-1")
+        finally:
+            await engine.close()
+        seen = await server_stats(url, "wait_idle")
+    assert seen["aborted"] == ["slow-1"] and seen["in_flight"] == []
+
+
+@PROTOCOLS
+async def test_gateway_records_exact_turns_and_cancel_leaves_nothing_running(
+    protocol: Protocol, renderer: ChatRenderer
+) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    with sim_server(protocol, output_len=6) as url:
+        gateway = Gateway(make_engine(protocol, url), renderer, model_name="sim")
+        gateway.register("r", {"max_tokens": 6, "seed": 1})
+        reply = await gateway.chat("r", {"messages": messages})
+        turn = gateway.trajectory("r").turns[0]
+        assert (await server_stats(url))["generations"] == {turn.request_id: 1}
+        assert reply.completion_ids == turn.completion_ids and len(turn.logprobs) == 6
+        await gateway.engine.close()
+    with sim_server(protocol, "hang") as url:
+        gateway = Gateway(make_engine(protocol, url), renderer, model_name="sim")
+        gateway.register("c", {})
+        chat = asyncio.create_task(gateway.chat("c", {"messages": messages}))
+        await server_stats(url, "wait_in_flight")
+        await gateway.cancel("c")
+        with pytest.raises(RolloutClosedError):
+            await chat
+        seen = await server_stats(url, "wait_idle")
+        assert seen["in_flight"] == [] and seen["aborted"] == ["c-1"]
+        assert gateway.trajectory("c").turns[0].finish_reason == "abort"
+        await gateway.engine.close()
+
+
+def test_malformed_answers_are_engine_errors_naming_the_field() -> None:
+    with pytest.raises(EngineError, match="output_token_logprobs"):
+        parse_generate_response({"meta_info": {"finish_reason": {"type": "stop"}}})
+    with pytest.raises(EngineError, match="disagree"):
+        parse_generate_response(
+            {
+                "output_ids": [1, 2],
+                "meta_info": {
+                    "finish_reason": {"type": "stop"},
+                    "output_token_logprobs": [[-0.1, 1, None], [-0.2, 3, None]],
+                },
+            }
+        )
+    with pytest.raises(EngineError, match="token_ids"):
+        parse_completion({"choices": [{"logprobs": {"token_logprobs": []}}]})
+    with pytest.raises(EngineError, match="differ in length"):
+        choice = {"token_ids": [1], "logprobs": {"token_logprobs": []}, "finish_reason": "stop"}
+        parse_completion({"choices": [choice]})
