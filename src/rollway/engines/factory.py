@@ -3,7 +3,7 @@
 ``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
 ``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
-OpenAI-compatible server, token ids in and out).
+OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed.
 """
 
 from __future__ import annotations
@@ -18,26 +18,38 @@ _SIM_OPTIONS = {"latency_s": float, "per_token_s": float, "output_len": int}
 
 
 def engine_from_spec(spec: str, *, model: str | None = None) -> Engine:
-    """An engine for ``spec``; ``model`` is the embedded engine's folder when the spec has none."""
+    """An engine for ``spec``; ``model`` is the embedded engine's folder when the spec has none.
+    Several comma-separated hosts (``sglang://h1:p1,h2:p2``) give a routed engine."""
     scheme, _, rest = spec.partition("://")
     if scheme == "embedded":
         from rollway.engines.embedded import EmbeddedEngine
 
         return EmbeddedEngine.from_pretrained(rest or model)
-    if scheme == "sglang" and rest:
-        from rollway.engines.sglang import SGLangEngine
+    if scheme in ("sglang", "vllm") and rest:
+        hosts = [h.strip() for h in rest.split(",") if h.strip()]
+        engines = [_remote(scheme, host) for host in hosts]
+        if len(engines) == 1:
+            return engines[0]
+        from rollway.engines.router import RoutedEngine
 
-        return SGLangEngine(f"http://{rest}")
-    if scheme == "vllm" and rest:
-        from rollway.engines.vllm import VLLMEngine
-
-        return VLLMEngine(f"http://{rest}")
+        return RoutedEngine(engines, hosts)
     if scheme == "sim":
         return SimEngine(SimConfig(**_sim_options(rest.partition("?")[2])))
     raise ConfigError(
-        f"unknown engine spec {spec!r}: expected embedded, sim, sglang://HOST:PORT or vllm://HOST:PORT",
+        f"unknown engine spec {spec!r}: expected embedded, sim, sglang://HOST:PORT[,HOST:PORT] "
+        "or vllm://HOST:PORT[,HOST:PORT]",
         "engine",
     )
+
+
+def _remote(scheme: str, host: str) -> Engine:
+    if scheme == "sglang":
+        from rollway.engines.sglang import SGLangEngine
+
+        return SGLangEngine(f"http://{host}")
+    from rollway.engines.vllm import VLLMEngine
+
+    return VLLMEngine(f"http://{host}")
 
 
 def _sim_options(query: str) -> dict[str, float | int]:

@@ -74,6 +74,15 @@ class RemoteClient:
         except Exception as exc:
             log.warning("best-effort call to %s failed: %r", url, exc)
 
+    async def get_ok(self, url: str, timeout_s: float = 5.0) -> bool:
+        """True when ``url`` answers 2xx within ``timeout_s`` (health checks)."""
+        try:
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
+            async with self.session().get(url, timeout=timeout) as response:
+                return 200 <= response.status < 300
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
     async def _post(self, url: str, data: bytes) -> Any:
         headers = {"Content-Type": "application/json"}
         async with self.session().post(url, data=data, headers=headers) as response:

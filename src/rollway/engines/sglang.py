@@ -37,6 +37,9 @@ class SGLangEngine:
     async def abort(self, request_id: str) -> None:
         await self.http.post_quietly(f"{self.base_url}/abort_request", {"rid": request_id})
 
+    async def health(self) -> bool:
+        return await self.http.get_ok(f"{self.base_url}/health")
+
     async def close(self) -> None:
         await self.http.close()
 

@@ -49,6 +49,9 @@ class VLLMEngine:
             self._aborted.add(request_id)
             call.cancel()
 
+    async def health(self) -> bool:
+        return await self.http.get_ok(f"{self.base_url}/health")
+
     async def close(self) -> None:
         await self.http.close()
 
