@@ -35,6 +35,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
+	$(BIN)/python benchmarks/routing.py
 
 clean:
 	rm -rf $(VENV)

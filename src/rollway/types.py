@@ -48,6 +48,17 @@ class GenerationResult:
     finish_reason: FinishReason
 
 
+@dataclass(frozen=True, slots=True)
+class ChatGeneration:
+    """What a chat-level engine (a hosted API) answered: a message, no token ids."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    logprobs: list[float] | None = None
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

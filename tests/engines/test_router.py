@@ -17,6 +17,7 @@ from rollway.engines.sim import SimConfig
 from rollway.engines.sim_server import create_sim_server_app
 from rollway.errors import EngineError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.gateway.metrics import GatewayMetrics
 from rollway.types import SamplingParams
 
 
@@ -97,6 +98,11 @@ async def test_an_unhealthy_server_is_ejected_and_readmitted() -> None:
             back.stop()
         stats = router.stats()["endpoints"]["flaky"]
         assert stats["ejections"] == 1 and stats["readmissions"] == 1
+        metrics = GatewayMetrics()
+        metrics.observe_engine(router)
+        text = metrics.render().decode()
+        assert 'rollway_engine_endpoint_ejections{endpoint="flaky"} 1.0' in text
+        assert 'rollway_engine_endpoint_healthy{endpoint="flaky"} 1.0' in text
     finally:
         await router.close()
         steady.stop()
@@ -116,3 +122,5 @@ def test_several_hosts_in_a_spec_give_a_routed_engine() -> None:
     engine = engine_from_spec("sglang://127.0.0.1:1,127.0.0.1:2")
     assert isinstance(engine, RoutedEngine)
     assert [e.name for e in engine.endpoints] == ["127.0.0.1:1", "127.0.0.1:2"]
+    first, second = (e.engine for e in engine.endpoints)
+    assert first.http is second.http  # one connection pool per process, not per endpoint

@@ -50,7 +50,7 @@ class RolloutContext:
         started = time.perf_counter()
         result = await self.gateway.chat(self.rollout_id, request)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        completion = len(result.completion_ids)
+        completion = result.completion_tokens
         m = self.metrics
         m.llm_calls += 1
         m.llm_latency_ms += latency_ms

@@ -13,10 +13,11 @@ from rollway.engines.sim_server import Fault, create_sim_server_app
 from rollway.errors import ConfigError
 
 FAULTS = ("none", "drop", "5xx", "hang")
+PROTOCOLS = ("sglang", "vllm", "openai")
 
 
 def serve(
-    protocol: Annotated[str, typer.Option(help="Protocol to speak: sglang | vllm.")] = "sglang",
+    protocol: Annotated[str, typer.Option(help="sglang | vllm | openai")] = "sglang",
     host: Annotated[str, typer.Option()] = "127.0.0.1",
     port: Annotated[int, typer.Option()] = 30000,
     latency_s: Annotated[float, typer.Option(help="Seconds per generation.")] = 0.0,
@@ -26,15 +27,15 @@ def serve(
     slow_start_s: Annotated[float, typer.Option(help="Wait before listening.")] = 0.0,
 ) -> None:
     """Serve a simulated engine (a load generator, not a model) over a real protocol."""
-    if protocol not in ("sglang", "vllm"):
-        raise ConfigError(f"unknown protocol {protocol!r}: sglang | vllm")
+    if protocol not in PROTOCOLS:
+        raise ConfigError(f"unknown protocol {protocol!r}: {' | '.join(PROTOCOLS)}")
     if fault not in FAULTS:
         raise ConfigError(f"unknown fault {fault!r}: {' | '.join(FAULTS)}")
     chosen: Fault = fault  # type: ignore[assignment]
     config = SimConfig(latency_s=latency_s, output_len=output_len)
     app = create_sim_server_app(
         config,
-        protocol="vllm" if protocol == "vllm" else "sglang",
+        protocol=protocol,  # type: ignore[arg-type]
         fault=chosen,
         fault_count=fault_count,
     )

@@ -23,7 +23,7 @@ from rollway.client.loop import LoopThread
 from rollway.client.progress import BatchProgress, summary_table
 from rollway.client.rewards import RewardFn
 from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec, task_key
-from rollway.engines.base import Engine
+from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import AgentError
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
@@ -41,7 +41,7 @@ class RolloutClient:
     def __init__(
         self,
         agent: AgentLoop | type[AgentLoop] | str,
-        engine: str | Engine | Gateway = "embedded",
+        engine: str | Engine | ChatEngine | Gateway = "embedded",
         *,
         model: str | None = None,
         store: str | Store = "rollway-runs",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import ChatGeneration, GenerationResult, SamplingParams
 
 
 @runtime_checkable
@@ -21,6 +21,25 @@ class Engine(Protocol):
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """A message-level backend (any OpenAI-compatible chat API): for evaluation with hosted
+    models. It has no token ids, so the gateway records messages, usage and logprobs where
+    given, and marks the trajectory ``has_token_ids: false``."""
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+        request_id: str,
+    ) -> ChatGeneration: ...
 
     async def abort(self, request_id: str) -> None: ...
 

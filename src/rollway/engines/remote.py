@@ -31,8 +31,13 @@ class _MayHaveRun(Exception):
 
 
 class RemoteClient:
-    def __init__(self, *, timeout_s: float = 600.0, max_connections: int = 4096) -> None:
+    def __init__(
+        self, *, timeout_s: float = 600.0, max_connections: int = 4096, bearer: str | None = None
+    ) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = {"Content-Type": "application/json"}
+        if bearer:
+            self._headers["Authorization"] = f"Bearer {bearer}"
         self.max_connections = max_connections
         #: Connection attempts that failed before a byte was sent (for tests and metrics).
         self.connect_failures = 0
@@ -78,14 +83,13 @@ class RemoteClient:
         """True when ``url`` answers 2xx within ``timeout_s`` (health checks)."""
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self.session().get(url, timeout=timeout) as response:
+            async with self.session().get(url, timeout=timeout, headers=self._headers) as response:
                 return 200 <= response.status < 300
         except (aiohttp.ClientError, TimeoutError):
             return False
 
     async def _post(self, url: str, data: bytes) -> Any:
-        headers = {"Content-Type": "application/json"}
-        async with self.session().post(url, data=data, headers=headers) as response:
+        async with self.session().post(url, data=data, headers=self._headers) as response:
             body = await response.read()
             if response.status >= 500:
                 raise _MayHaveRun(f"HTTP {response.status}: {body[:200]!r}")

@@ -14,9 +14,11 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort":
 
 
 class SGLangEngine:
-    def __init__(self, base_url: str, *, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 600.0, http: RemoteClient | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = RemoteClient(timeout_s=timeout_s)
+        self.http = http or RemoteClient(timeout_s=timeout_s)
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str

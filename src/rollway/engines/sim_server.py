@@ -1,7 +1,7 @@
-"""Simulated inference servers: SGLang's native API (``/generate``, ``/abort_request``) and
-vLLM's token-in/token-out completions (``/v1/completions``, aborted by disconnect), backed by
-the simulated engine, with fault injection. Load generators and fault injectors for tests of
-remote-engine protocols, never a model.
+"""Simulated inference servers: SGLang's native API (``/generate``, ``/abort_request``),
+vLLM's token-in/token-out completions (``/v1/completions``, aborted by disconnect) and a plain
+OpenAI chat-completions API, backed by the simulated engine, with fault injection. Load
+generators and fault injectors for tests of remote-engine protocols, never a model.
 
 Each counts generations per request id (``GET /rollway/stats``) so tests can prove that a
 request ran exactly once and that nothing is left running after an abort.
@@ -28,7 +28,7 @@ from rollway.engines.sim import SimConfig, SimEngine
 from rollway.types import GenerationResult, SamplingParams
 
 Fault = Literal["none", "drop", "5xx", "hang"]
-Protocol = Literal["sglang", "vllm"]
+Protocol = Literal["sglang", "vllm", "openai"]
 
 
 @dataclass
@@ -124,7 +124,9 @@ def create_sim_server_app(
     async def health(request: Request) -> Response:
         return Response(status_code=200)
 
-    routes = _sglang_routes(sim) if protocol == "sglang" else _vllm_routes(sim)
+    routes = {"sglang": _sglang_routes, "vllm": _vllm_routes, "openai": _openai_routes}[protocol](
+        sim
+    )
     routes += [
         Route("/health", health, methods=["GET"]),
         Route("/rollway/stats", stats, methods=["GET"]),
@@ -211,6 +213,56 @@ def _vllm_routes(sim: _Simulator) -> list[Route]:
         return sim.respond(payload, fault)
 
     return [Route("/v1/completions", completions, methods=["POST"])]
+
+
+def _openai_routes(sim: _Simulator) -> list[Route]:
+    async def chat_completions(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not body.get("model"):
+            return JSONResponse({"error": "messages and model are required"}, status_code=400)
+        rid = uuid.uuid4().hex
+        # The simulated "prompt" is a digest of the messages: the same chat gets the same answer.
+        prompt = list(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)[-64:])
+        sampling = _sampling(body, body.get("max_tokens"), body.get("seed"))
+        fault = sim.next_fault()
+        generation = asyncio.create_task(sim.generate(rid, prompt, sampling, fault))
+        watcher = asyncio.create_task(_abort_on_disconnect(request, sim, rid))
+        try:
+            result = await generation
+        finally:
+            watcher.cancel()
+        words = [f"tok{t}" for t in result.output_ids]
+        entries = [{"token": w, "logprob": lp, "bytes": None, "top_logprobs": []}
+                   for w, lp in zip(words, result.logprobs, strict=True)]  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": " ".join(words)},
+            "finish_reason": result.finish_reason,
+            "logprobs": {"content": entries} if body.get("logprobs") else None,
+        }
+        usage = {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(words),
+            "total_tokens": len(prompt) + len(words),
+        }
+        payload = {
+            "id": f"chatcmpl-{rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [choice],
+            "usage": usage,
+        }
+        return sim.respond(payload, fault)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "sim", "object": "model"}]})
+
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+    ]
 
 
 async def _abort_on_disconnect(request: Request, sim: _Simulator, rid: str) -> None:

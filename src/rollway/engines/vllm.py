@@ -15,11 +15,16 @@ from rollway.types import FinishReason, GenerationResult, SamplingParams
 
 class VLLMEngine:
     def __init__(
-        self, base_url: str, *, model: str | None = None, timeout_s: float = 600.0
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        timeout_s: float = 600.0,
+        http: RemoteClient | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.http = RemoteClient(timeout_s=timeout_s)
+        self.http = http or RemoteClient(timeout_s=timeout_s)
         self._running: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
 

@@ -136,6 +136,7 @@ def create_app(
 
     async def metrics(request: Request) -> Response:
         require_admin(request)
+        gateway.metrics.observe_engine(gateway.engine)
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @asynccontextmanager

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.engines.base import Engine
+from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import (
     AuthError,
     EngineError,
@@ -22,6 +22,7 @@ from rollway.errors import (
 )
 from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.passthrough import chat_passthrough
 from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
 from rollway.gateway.rollout import (
     MessageKey,
@@ -49,6 +50,7 @@ class ChatResult:
     message: Message
     finish_reason: str
     prompt_tokens: int
+    completion_tokens: int
     completion_ids: list[int]
     logprobs: list[float]
     turn_index: int | None
@@ -64,7 +66,9 @@ class _Plan:
 class Gateway:
     """Records every model call of every registered rollout, token-exactly."""
 
-    def __init__(self, engine: Engine, renderer: ChatRenderer, *, model_name: str) -> None:
+    def __init__(
+        self, engine: Engine | ChatEngine, renderer: ChatRenderer, *, model_name: str
+    ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.model_name = model_name
@@ -88,6 +92,7 @@ class Gateway:
             max_turns=request.max_turns,
             max_seq_len=request.max_seq_len,
             metadata=request.metadata,
+            has_token_ids=not isinstance(self.engine, ChatEngine),
         )
         self._rollouts[rollout_id] = state
         self.metrics.rollouts_active.inc()
@@ -110,8 +115,10 @@ class Gateway:
         keys = [message_key(m) for m in messages]
         if state.max_turns is not None and state.turns_started >= state.max_turns:
             return self._truncate(state, "max_turns")
+        if isinstance(self.engine, ChatEngine):
+            return await chat_passthrough(self, state, request, messages, keys)
         plan = self._plan(state, messages, keys, tools)
-        sampling = self._sampling(state, request)
+        sampling = self.effective_sampling(state, request)
         if state.max_seq_len is not None:
             room = state.max_seq_len - len(plan.prompt_ids)
             if room <= 0:
@@ -138,7 +145,13 @@ class Gateway:
         finish = "tool_calls" if parsed.tool_calls else result.finish_reason
         self.metrics.turns.labels(finish).inc()
         return ChatResult(
-            message, finish, len(plan.prompt_ids), result.output_ids, result.logprobs, turn.index
+            message,
+            finish,
+            len(plan.prompt_ids),
+            len(result.output_ids),
+            result.output_ids,
+            result.logprobs,
+            turn.index,
         )
 
     def trajectory(self, rollout_id: str) -> Trajectory:
@@ -183,7 +196,7 @@ class Gateway:
         return _Plan(self.renderer.prompt_ids(messages, tools), None, None)
 
     @staticmethod
-    def _sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
+    def effective_sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
         """Registered sampling params win; the request fills only what registration left open.
         A seed moves on by one per turn, so turns of a seeded rollout do not repeat draws."""
         asked = request.sampling_overrides()
@@ -266,7 +279,7 @@ class Gateway:
         self._mark_truncated(state, reason)
         self.metrics.turns.labels("length").inc()
         message: Message = {"role": "assistant", "content": ""}
-        return ChatResult(message, "length", prompt_tokens, [], [], None)
+        return ChatResult(message, "length", prompt_tokens, 0, [], [], None)
 
     def _mark_truncated(self, state: RolloutState, reason: str) -> None:
         if state.truncation_reason is None:

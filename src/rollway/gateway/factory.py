@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from rollway.engines.base import Engine
+from rollway.engines.base import ChatEngine, Engine
 from rollway.engines.factory import engine_from_spec
 from rollway.engines.models import DEFAULT_MODEL_NAME, resolve_model_path
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.core import Gateway
 
 
-def build_gateway(engine: str | Engine = "embedded", *, model: str | None = None) -> Gateway:
+def build_gateway(
+    engine: str | Engine | ChatEngine = "embedded", *, model: str | None = None
+) -> Gateway:
     """A gateway over ``engine`` (a spec or an engine object), templating with ``model``'s
     tokenizer (default: SmolLM2-135M-Instruct). An embedded engine's own tokenizer is reused."""
     if isinstance(engine, str):
@@ -19,5 +21,7 @@ def build_gateway(engine: str | Engine = "embedded", *, model: str | None = None
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
-    name = DEFAULT_MODEL_NAME if model is None else model.rstrip("/").rsplit("/", 1)[-1]
+    name = getattr(engine, "model_name", None) or (
+        DEFAULT_MODEL_NAME if model is None else model.rstrip("/").rsplit("/", 1)[-1]
+    )
     return Gateway(engine, ChatRenderer(tokenizer), model_name=name)

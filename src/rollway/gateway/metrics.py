@@ -27,5 +27,28 @@ class GatewayMetrics:
             "rollway_truncations", "Limits hit.", ["reason"], registry=self.registry
         )
 
+        self.endpoint_healthy = Gauge(
+            "rollway_engine_endpoint_healthy", "1 while an engine endpoint takes traffic.",
+            ["endpoint"], registry=self.registry,
+        )  # fmt: skip
+        self.endpoint_in_flight = Gauge(
+            "rollway_engine_endpoint_in_flight", "Requests running on an engine endpoint.",
+            ["endpoint"], registry=self.registry,
+        )  # fmt: skip
+        self.endpoint_ejections = Gauge(
+            "rollway_engine_endpoint_ejections", "Times an engine endpoint was ejected.",
+            ["endpoint"], registry=self.registry,
+        )  # fmt: skip
+
+    def observe_engine(self, engine: object) -> None:
+        """Copy a routed engine's endpoint states into the gauges (at scrape time)."""
+        stats = getattr(engine, "stats", None)
+        if stats is None:
+            return
+        for name, endpoint in stats()["endpoints"].items():
+            self.endpoint_healthy.labels(name).set(1 if endpoint["healthy"] else 0)
+            self.endpoint_in_flight.labels(name).set(endpoint["in_flight"])
+            self.endpoint_ejections.labels(name).set(endpoint["ejections"])
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -29,7 +29,7 @@ def error_body(error: RollwayError) -> dict[str, Any]:
 def completion_body(
     result: ChatResult, model: str, logprobs: dict[str, Any] | None
 ) -> dict[str, Any]:
-    completion_tokens = len(result.completion_ids)
+    completion_tokens = result.completion_tokens
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",

@@ -37,6 +37,8 @@ class RolloutState:
     in_flight: set[str] = field(default_factory=set)
     cancelled: bool = False
     truncation_reason: str | None = None
+    #: False behind a chat-level engine: turns hold messages, not token ids.
+    has_token_ids: bool = True
 
     def next_segment(self) -> int:
         self.segment_count += 1
@@ -113,7 +115,7 @@ def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRend
 
 
 def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
-    samples = build_samples(state.turns)
+    samples = build_samples(state.turns) if state.has_token_ids else []
     return Trajectory(
         rollout_id=state.rollout_id,
         model=state.model,
@@ -129,5 +131,6 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         is_cancelled=state.cancelled,
         segment_count=state.segment_count,
         drift=measure_drift(state, samples, renderer) if samples else None,
+        has_token_ids=state.has_token_ids,
         metadata=state.metadata,
     )
