@@ -13,6 +13,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── UnknownRolloutError         no such rollout registered               (404)
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
     ├── EngineError                 the engine failed to generate            (502)
+    │   ├── EngineConnectError      no connection could be made (twice)      (502)
     │   └── EngineAbortedError      generation was aborted                   (409)
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
@@ -78,6 +79,10 @@ class EngineError(RollwayError):
     error_type = "engine_error"
 
 
+class EngineConnectError(EngineError):
+    pass
+
+
 class EngineAbortedError(EngineError):
     error_type = "conflict_error"
 
@@ -106,6 +111,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     RolloutClosedError: 409,
     EngineError: 502,
     EngineAbortedError: 409,
+    EngineConnectError: 502,
     AgentError: 500,
     RewardError: 500,
     InfrastructureError: 503,

@@ -15,7 +15,7 @@ from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
 from rollway.engines.vllm import VLLMEngine, parse_completion
-from rollway.errors import EngineError, RolloutClosedError
+from rollway.errors import EngineConnectError, EngineError, RolloutClosedError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
 from rollway.types import SamplingParams
 
@@ -64,7 +64,7 @@ async def test_ids_and_logprobs_cross_the_wire_exactly(protocol: Protocol) -> No
 async def test_connect_failure_is_retried_exactly_once(protocol: Protocol) -> None:
     engine = make_engine(protocol, f"http://127.0.0.1:{free_port()}")
     try:
-        with pytest.raises(EngineError, match="cannot connect"):
+        with pytest.raises(EngineConnectError, match="cannot connect"):
             await engine.generate(PROMPT, SAMPLING, "nobody-home")
     finally:
         await engine.close()

@@ -124,3 +124,12 @@ def test_several_hosts_in_a_spec_give_a_routed_engine() -> None:
     assert [e.name for e in engine.endpoints] == ["127.0.0.1:1", "127.0.0.1:2"]
     first, second = (e.engine for e in engine.endpoints)
     assert first.http is second.http  # one connection pool per process, not per endpoint
+
+
+async def test_connect_failures_count_toward_ejection() -> None:
+    dead = SGLangEngine(f"http://127.0.0.1:{free_port()}")
+    router = RoutedEngine([dead], ["dead"], eject_after=1, health_interval_s=3600)
+    with pytest.raises(EngineError, match="cannot connect"):
+        await router.generate([1], SamplingParams(), "y-0")
+    assert router.stats()["endpoints"]["dead"]["healthy"] is False
+    await router.close()

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from rollway.errors import EngineError
+from rollway.errors import EngineConnectError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class RemoteClient:
             except aiohttp.ClientConnectorError as exc:
                 self.connect_failures += 1
                 if attempt == 2:
-                    raise EngineError(f"cannot connect to {url}: {exc}") from exc
+                    raise EngineConnectError(f"cannot connect to {url}: {exc}") from exc
                 log.warning("connect failed, retrying once with the same request id: %s", exc)
             except asyncio.CancelledError:
                 await self._abort_quietly(abort)

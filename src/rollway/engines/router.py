@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import Engine
-from rollway.errors import EngineError
+from rollway.errors import EngineConnectError, EngineError
 from rollway.types import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -84,9 +84,8 @@ class RoutedEngine:
         self._running[request_id] = endpoint
         try:
             result = await endpoint.engine.generate(input_ids, sampling, request_id)
-        except EngineError as exc:
-            if "cannot connect" in str(exc):
-                self._record_check(endpoint, ok=False)
+        except EngineConnectError:
+            self._record_check(endpoint, ok=False)
             raise
         finally:
             endpoint.in_flight -= 1
