@@ -46,7 +46,7 @@ def test_run_then_rerun_then_export(tmp_path: Path) -> None:
     assert len(index_lines) == 6  # the rerun resumed: nothing ran again
     exported = rollway("export", str(exp), "--format", "parquet", cwd=tmp_path)
     assert exported.returncode == 0, exported.stderr
-    rows = pq.read_table(exp / "samples.parquet").to_pylist()
+    rows = pq.read_table(tmp_path / "calculator-tasks.parquet").to_pylist()
     assert len(rows) == 6 and {r["group_id"] for r in rows} == {g["group_id"] for g in groups}
     assert all(len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) for r in rows)
 

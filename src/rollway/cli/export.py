@@ -9,21 +9,25 @@ import typer
 
 from rollway.errors import ConfigError
 from rollway.store.export import ExportFormat, export_records
-from rollway.store.file import FileStore
+from rollway.store.factory import store_from_uri
 
 
 def export(
-    run: Annotated[Path, typer.Argument(help="An experiment folder (rollway-runs/<exp_id>).")],
+    run: Annotated[
+        str,
+        typer.Argument(help="An experiment: rollway-runs/<exp_id> or s3://bucket/prefix/<exp_id>."),
+    ],
     format: Annotated[str, typer.Option("--format", help="parquet or jsonl")] = "parquet",
-    output: Annotated[Path | None, typer.Option(help="Default: <run>/samples.<format>.")] = None,
+    output: Annotated[Path | None, typer.Option(help="Default: ./<exp_id>.<format>.")] = None,
 ) -> None:
     """Write one row per sample: ids, loss mask, logprobs, reward, group id, status."""
     if format not in ("parquet", "jsonl"):
         raise ConfigError(f"unknown format {format!r}: parquet or jsonl")
-    if not (run / "trajectories").is_dir():
-        raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
     fmt: ExportFormat = "parquet" if format == "parquet" else "jsonl"
-    store = FileStore(run.parent, run.name)
-    target = output or run / f"samples.{format}"
+    root, _, exp_id = run.rstrip("/").rpartition("/")
+    if "://" not in run and not (Path(run) / "trajectories").is_dir():
+        raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
+    store = store_from_uri(root or ".", exp_id)
+    target = output or Path(f"{exp_id}.{format}")
     rows = export_records(store.records(), target, fmt)
     typer.echo(f"wrote {rows} rows to {target}")

@@ -12,7 +12,8 @@ from rollway.types import RolloutRecord
 @runtime_checkable
 class Store(Protocol):
     """One experiment's results. ``write`` replaces a rollout's record atomically (a reader sees
-    the old record or the new one, never half of one); ``records`` yields every stored record."""
+    the old record or the new one, never half of one); ``exists`` checks for a record without
+    reading it; ``records`` yields every stored record."""
 
     exp_id: str
     #: A local folder for per-rollout debug files, or None where the store has none.
@@ -23,6 +24,8 @@ class Store(Protocol):
     def write(self, record: RolloutRecord) -> None: ...
 
     def get(self, rollout_key: str) -> RolloutRecord | None: ...
+
+    def exists(self, rollout_key: str) -> bool: ...
 
     def records(self) -> Iterator[RolloutRecord]: ...
 

@@ -1,4 +1,4 @@
-"""Build a store from a URI: a folder path or ``file://PATH``."""
+"""Build a store from a URI: a folder path, ``file://PATH``, or ``s3://``/``gs://``/``az://``."""
 
 from __future__ import annotations
 
@@ -13,4 +13,8 @@ def store_from_uri(uri: str, exp_id: str) -> Store:
         return FileStore(uri, exp_id)
     if scheme == "file":
         return FileStore(rest, exp_id)
-    raise ConfigError(f"unsupported store {uri!r}: use a folder or file://PATH")
+    if scheme in ("s3", "gs", "az", "abfs"):
+        from rollway.store.s3 import ObjectStore
+
+        return ObjectStore(uri, exp_id)
+    raise ConfigError(f"unsupported store {uri!r}: use a folder, file://PATH or s3://BUCKET/PREFIX")

@@ -27,10 +27,15 @@ from rollway.types import RolloutRecord
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
+def check_name(name: str, what: str) -> None:
+    """Experiment ids and rollout keys become file and object names: keep them plain."""
+    if not _SAFE_KEY.match(name) or name in (".", ".."):
+        raise ConfigError(f"{what} {name!r} may hold only letters, digits, . _ -")
+
+
 class FileStore:
     def __init__(self, root: str | Path, exp_id: str) -> None:
-        if not _SAFE_KEY.match(exp_id):
-            raise ConfigError(f"experiment id {exp_id!r} may hold only letters, digits, . _ -")
+        check_name(exp_id, "experiment id")
         self.exp_id = exp_id
         self.path = Path(root) / exp_id
         self._trajectories = self.path / "trajectories"
@@ -45,6 +50,9 @@ class FileStore:
         entry = {"key": record.rollout_key, "status": record.status, "reward": record.reward}
         with (self.path / "index.jsonl").open("ab") as index:
             index.write(orjson.dumps(entry) + b"\n")
+
+    def exists(self, rollout_key: str) -> bool:
+        return self._record_path(rollout_key).is_file()
 
     def get(self, rollout_key: str) -> RolloutRecord | None:
         path = self._record_path(rollout_key)
@@ -61,8 +69,7 @@ class FileStore:
         _atomic_write(self.path / f"{name}.json", payload)
 
     def _record_path(self, rollout_key: str) -> Path:
-        if not _SAFE_KEY.match(rollout_key):
-            raise ConfigError(f"rollout key {rollout_key!r} is not a safe file name")
+        check_name(rollout_key, "rollout key")
         return self._trajectories / f"{rollout_key}.json"
 
 

@@ -1,0 +1,83 @@
+"""Object storage (``s3://bucket/prefix``, also ``gs://`` and ``az://``) through obstore.
+
+obstore was chosen over boto3 and s3fs: one small maintained library (Rust ``object_store``)
+for S3, GCS and Azure with the same calls, configured from the standard ``AWS_*`` (or cloud)
+environment variables, and fast for many small objects.
+
+Layout as in ``file.py``, under ``<uri>/<exp_id>/``: ``config.json``, ``trajectories/<key>.json``,
+summaries. Each record is one PUT, which object stores make visible all at once (never half
+written). There is no append, so no ``index.jsonl``: listing ``trajectories/`` serves resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rollway.errors import ConfigError
+from rollway.store.file import check_name
+from rollway.types import RolloutRecord
+
+
+class ObjectStore:
+    def __init__(self, uri: str, exp_id: str) -> None:
+        try:
+            import obstore
+            from obstore.store import from_url
+        except ImportError:
+            raise ConfigError("object storage needs obstore: pip install 'rollway[s3]'") from None
+        check_name(exp_id, "experiment id")
+        self._obstore = obstore
+        self.exp_id = exp_id
+        self.uri = f"{uri.rstrip('/')}/{exp_id}"
+        self.debug_dir: Path | None = None
+        try:
+            self._store = from_url(self.uri)
+        except Exception as exc:
+            raise ConfigError(f"cannot open {self.uri}: {exc}") from exc
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self._put("config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
+
+    def write(self, record: RolloutRecord) -> None:
+        self._put(self._record_path(record.rollout_key), record.model_dump_json().encode())
+
+    def get(self, rollout_key: str) -> RolloutRecord | None:
+        try:
+            data = self._obstore.get(self._store, self._record_path(rollout_key)).bytes()
+        except FileNotFoundError:
+            return None
+        return RolloutRecord.model_validate_json(bytes(data))
+
+    def exists(self, rollout_key: str) -> bool:
+        """A HEAD request: whether the rollout's record is there, without reading it."""
+        try:
+            self._obstore.head(self._store, self._record_path(rollout_key))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def records(self) -> Iterator[RolloutRecord]:
+        paths = sorted(
+            item["path"]
+            for batch in self._obstore.list(self._store, prefix="trajectories/")
+            for item in batch
+            if item["path"].endswith(".json")
+        )
+        for path in paths:
+            data = self._obstore.get(self._store, path).bytes()
+            yield RolloutRecord.model_validate_json(bytes(data))
+
+    def write_summary(self, name: str, data: dict[str, Any]) -> None:
+        self._put(f"{name}.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+    def _put(self, path: str, data: bytes) -> None:
+        self._obstore.put(self._store, path, data)
+
+    @staticmethod
+    def _record_path(rollout_key: str) -> str:
+        check_name(rollout_key, "rollout key")
+        return f"trajectories/{rollout_key}.json"
