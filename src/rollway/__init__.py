@@ -29,6 +29,7 @@ from rollway.gateway import (
     build_gateway,
     create_app,
 )
+from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.types import (
     Drift,
@@ -64,6 +65,7 @@ __all__ = [
     "GenerationResult",
     "InfrastructureError",
     "InvalidFieldsError",
+    "LocalSandbox",
     "MalformedBodyError",
     "PayloadTooLargeError",
     "Registration",
@@ -79,6 +81,9 @@ __all__ = [
     "RollwayError",
     "Sample",
     "SamplingParams",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxResult",
     "SimConfig",
     "SimEngine",
     "Store",

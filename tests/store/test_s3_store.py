@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +95,16 @@ def test_a_batch_resumes_from_object_storage_and_exports(
     assert {r["group_id"] for r in pq.read_table(out).to_pylist()} == {
         f"batch:s{i}" for i in range(3)
     }
+
+
+def test_rollway_run_writes_to_object_storage(s3_env: str, tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "calculator"
+    result = subprocess.run(
+        [sys.executable, "-m", "rollway", "run", f"{example}/agent.py:CalculatorAgent",
+         "--tasks", f"{example}/tasks.jsonl", "--limit", "2", "--engine", "sim", "--out", s3_env],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"results in {s3_env}/calculator-tasks" in result.stdout
+    stored = list(store_from_uri(s3_env, "calculator-tasks").records())
+    assert len(stored) == 2 and all(r.trajectory is not None for r in stored)

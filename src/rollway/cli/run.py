@@ -23,9 +23,10 @@ def run(
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 16,
     engine: EngineOption = "embedded",
     model: ModelOption = None,
-    out: Annotated[Path, typer.Option(envvar="ROLLWAY_OUT", help="Results root.")] = Path(
-        "rollway-runs"
-    ),
+    out: Annotated[
+        str,
+        typer.Option(envvar="ROLLWAY_OUT", help="Results root: a folder or s3://bucket/prefix."),
+    ] = "rollway-runs",
     exp_id: Annotated[str | None, typer.Option(help="Default: agent name + task file.")] = None,
     reward: Annotated[str | None, typer.Option(help="Reward: module:fn or file.py:fn.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per rollout.")] = None,
@@ -44,7 +45,7 @@ def run(
         agent_cls,
         engine,
         model=model,
-        store=str(out),
+        store=out,
         exp_id=exp,
         reward=_load_reward(reward) if reward else None,
         max_concurrent=concurrency,
@@ -54,7 +55,7 @@ def run(
     ) as client:
         for _ in client.run_batch(rows, group_size, resume=resume):
             pass
-    typer.echo(f"results in {out / exp}")
+    typer.echo(f"results in {out.rstrip('/')}/{exp}")
 
 
 def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:

@@ -1,0 +1,75 @@
+"""The sandbox seam: run a command in the background, wait or poll, read its output, destroy.
+
+``destroy`` is always safe to call (any number of times, whatever state the sandbox is in) and
+must leave nothing behind; callers call it on every path, and record what it raises instead of
+raising it over the rollout's result.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """Resource limits; None leaves one unset."""
+
+    wall_timeout_s: float | None = 600.0
+    cpu_seconds: int | None = 600
+    memory_bytes: int | None = 4 * 1024**3
+    open_files: int | None = 1024
+    processes: int | None = 256
+    file_size_bytes: int | None = 1024**3
+    output_bytes: int = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxResult:
+    """How the command ended. ``exit_code`` is negative for a signal (-9 for SIGKILL)."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    wall_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+
+
+class Sandbox(ABC):
+    """One command's isolated run. Use as ``async with`` to get ``destroy`` on every path."""
+
+    workdir: Path
+
+    @abstractmethod
+    async def start(
+        self, command: Sequence[str], env: Mapping[str, str], stdin: bytes = b""
+    ) -> None:
+        """Start ``command`` in the background with exactly ``env`` and ``stdin``."""
+
+    @abstractmethod
+    def poll(self) -> SandboxResult | None:
+        """The result if the command has ended, else None."""
+
+    @abstractmethod
+    async def wait(self) -> SandboxResult:
+        """Wait for the end; past the wall-clock limit the whole process tree is killed."""
+
+    @abstractmethod
+    async def destroy(self) -> None:
+        """Kill whatever still runs and remove the working directory."""
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.destroy()

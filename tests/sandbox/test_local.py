@@ -1,0 +1,118 @@
+"""The local sandbox with real processes: output, limits, timeouts, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollway.sandbox import LocalSandbox, SandboxLimits
+
+PY = sys.executable
+ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+def is_gone(pid: int) -> bool:
+    """Dead or a zombie waiting for its (re)parent: either way it runs no more."""
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "State:\tZ" in state
+
+
+async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir() -> None:
+    async with LocalSandbox() as box:
+        script = "import os,sys; print(os.environ['TASK'], sys.stdin.read(), os.getcwd())"
+        await box.start([PY, "-c", script], {**ENV, "TASK": "t1"}, stdin=b"hello")
+        result = await box.wait()
+        workdir = box.workdir
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.stdout.split() == ["t1", "hello", str(workdir)]
+    assert not workdir.exists()  # destroyed with the sandbox
+
+
+async def test_exit_codes_and_stderr_are_recorded() -> None:
+    async with LocalSandbox() as box:
+        await box.start([PY, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"], ENV)
+        result = await box.wait()
+    assert result.exit_code == 3 and result.stderr == "boom"
+    assert box.poll() == result
+
+
+async def test_output_is_bounded_and_the_child_never_blocks() -> None:
+    async with LocalSandbox(SandboxLimits(output_bytes=1000)) as box:
+        await box.start([PY, "-c", "print('x' * 5_000_000)"], ENV)
+        result = await box.wait()
+    assert result.exit_code == 0 and len(result.stdout) == 1000 and result.stdout_truncated
+
+
+async def test_wall_timeout_kills_forked_children_and_sigterm_ignorers(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    script = f"""
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+children = []
+for _ in range(3):
+    child = os.fork()
+    if child == 0:
+        time.sleep(600)
+        os._exit(0)
+    children.append(child)
+with open({str(pids)!r}, "w") as f:
+    f.write(" ".join(str(p) for p in [os.getpid(), *children]))
+time.sleep(600)
+"""
+    async with LocalSandbox(SandboxLimits(wall_timeout_s=1.0)) as box:
+        await box.start([PY, "-c", script], ENV)
+        result = await box.wait()
+        group = box._process.pid
+    assert result.timed_out and result.exit_code == -signal.SIGKILL
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)  # the whole group is gone (or only zombies)
+    recorded = [int(p) for p in pids.read_text().split()]
+    assert len(recorded) == 4 and all(is_gone(p) for p in recorded)
+
+
+async def test_destroy_mid_run_leaves_no_process() -> None:
+    box = LocalSandbox()
+    await box.start([PY, "-c", "import os,time; os.fork(); time.sleep(600)"], ENV)
+    group = box._process.pid
+    assert box.poll() is None
+    await box.destroy()
+    await box.destroy()  # idempotent
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("limits", "script", "expect"),
+    [
+        (SandboxLimits(cpu_seconds=1), "while True: pass", -signal.SIGXCPU),
+        (
+            SandboxLimits(memory_bytes=300 * 1024**2),
+            "b = bytearray(1024**3)",
+            1,  # MemoryError
+        ),
+        (
+            SandboxLimits(file_size_bytes=1024),
+            "open('big', 'wb').write(b'x' * 100_000)",
+            1,  # Python ignores SIGXFSZ: the write fails with EFBIG
+        ),
+        (
+            SandboxLimits(open_files=16),
+            "fs = [open('f%d' % i, 'w') for i in range(64)]",
+            1,  # OSError: too many open files
+        ),
+    ],
+)
+async def test_resource_limits_are_enforced(
+    limits: SandboxLimits, script: str, expect: int
+) -> None:
+    async with LocalSandbox(limits) as box:
+        await box.start([PY, "-c", script], ENV)
+        result = await box.wait()
+    assert result.exit_code == expect, result.stderr[-500:]
