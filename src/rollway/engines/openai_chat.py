@@ -4,11 +4,10 @@ Aborting cancels the HTTP request (servers stop work for a disconnected client).
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
-from rollway.engines.remote import RemoteClient
+from rollway.engines.remote import DisconnectAbort, RemoteClient
 from rollway.errors import EngineError
 from rollway.types import ChatGeneration, SamplingParams
 
@@ -29,8 +28,7 @@ class OpenAIChatEngine:
             api_key or os.environ.get("ROLLWAY_OPENAI_API_KEY") or os.environ.get("OPENAI_API_KEY")
         )
         self.http = RemoteClient(timeout_s=timeout_s, bearer=key)
-        self._running: dict[str, asyncio.Task[Any]] = {}
-        self._aborted: set[str] = set()
+        self._calls = DisconnectAbort()
 
     async def chat(
         self,
@@ -41,35 +39,19 @@ class OpenAIChatEngine:
     ) -> ChatGeneration:
         payload = chat_payload(self.model, messages, tools, sampling)
         url = f"{self.base_url}/chat/completions"
-        call = asyncio.create_task(self.http.send(url, payload, _disconnected))
-        self._running[request_id] = call
-        try:
-            body = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            if request_id in self._aborted:
-                return ChatGeneration({"role": "assistant", "content": ""}, "abort", 0, 0)
-            call.cancel()
-            raise
-        finally:
-            self._running.pop(request_id, None)
-            self._aborted.discard(request_id)
+        body = await self._calls.send(self.http, url, payload, request_id)
+        if body is None:
+            return ChatGeneration({"role": "assistant", "content": ""}, "abort", 0, 0)
         return parse_chat_completion(body)
 
     async def abort(self, request_id: str) -> None:
-        call = self._running.get(request_id)
-        if call is not None and not call.done():
-            self._aborted.add(request_id)
-            call.cancel()
+        self._calls.abort(request_id)
 
     async def health(self) -> bool:
         return await self.http.get_ok(f"{self.base_url}/models")
 
     async def close(self) -> None:
         await self.http.close()
-
-
-async def _disconnected() -> None:
-    return None
 
 
 def chat_payload(

@@ -105,3 +105,40 @@ class RemoteClient:
             await asyncio.wait_for(abort(), _ABORT_TIMEOUT_S)
         except Exception as exc:
             log.warning("abort failed: %r", exc)
+
+
+class DisconnectAbort:
+    """For servers that abort a request when its client disconnects (vLLM, hosted APIs):
+    ``abort`` cancels the HTTP call, which drops the connection."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, asyncio.Task[Any]] = {}
+        self._aborted: set[str] = set()
+
+    async def send(
+        self, http: RemoteClient, url: str, payload: dict[str, Any], request_id: str
+    ) -> Any | None:
+        """The answer, or None when ``abort`` cut the request off."""
+        # A failed request's connection is already gone, which is these servers' abort.
+        call = asyncio.create_task(http.send(url, payload, _already_disconnected))
+        self._running[request_id] = call
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            if request_id in self._aborted:
+                return None
+            call.cancel()  # our caller was cancelled: drop the connection too
+            raise
+        finally:
+            self._running.pop(request_id, None)
+            self._aborted.discard(request_id)
+
+    def abort(self, request_id: str) -> None:
+        call = self._running.get(request_id)
+        if call is not None and not call.done():
+            self._aborted.add(request_id)
+            call.cancel()
+
+
+async def _already_disconnected() -> None:
+    return None

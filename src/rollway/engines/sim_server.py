@@ -180,13 +180,7 @@ def _vllm_routes(sim: _Simulator) -> list[Route]:
         rid = body.get("request_id") or uuid.uuid4().hex
         sampling = _sampling(body, body.get("max_tokens"), body.get("seed"))
         fault = sim.next_fault()
-        # vLLM aborts a request whose client disconnects; so does this server.
-        generation = asyncio.create_task(sim.generate(rid, prompt, sampling, fault))
-        watcher = asyncio.create_task(_abort_on_disconnect(request, sim, rid))
-        try:
-            result = await generation
-        finally:
-            watcher.cancel()
+        result = await _generate_until_disconnect(request, sim, rid, prompt, sampling, fault)
         logprobs = {
             "tokens": [f"token_id:{t}" for t in result.output_ids],
             "token_logprobs": result.logprobs,
@@ -226,12 +220,7 @@ def _openai_routes(sim: _Simulator) -> list[Route]:
         prompt = list(orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)[-64:])
         sampling = _sampling(body, body.get("max_tokens"), body.get("seed"))
         fault = sim.next_fault()
-        generation = asyncio.create_task(sim.generate(rid, prompt, sampling, fault))
-        watcher = asyncio.create_task(_abort_on_disconnect(request, sim, rid))
-        try:
-            result = await generation
-        finally:
-            watcher.cancel()
+        result = await _generate_until_disconnect(request, sim, rid, prompt, sampling, fault)
         words = [f"tok{t}" for t in result.output_ids]
         entries = [{"token": w, "logprob": lp, "bytes": None, "top_logprobs": []}
                    for w, lp in zip(words, result.logprobs, strict=True)]  # fmt: skip
@@ -263,6 +252,23 @@ def _openai_routes(sim: _Simulator) -> list[Route]:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
     ]
+
+
+async def _generate_until_disconnect(
+    request: Request,
+    sim: _Simulator,
+    rid: str,
+    prompt: list[int],
+    sampling: SamplingParams,
+    fault: Fault,
+) -> GenerationResult:
+    """Generate, aborting if the client disconnects first (as vLLM and hosted APIs do)."""
+    generation = asyncio.create_task(sim.generate(rid, prompt, sampling, fault))
+    watcher = asyncio.create_task(_abort_on_disconnect(request, sim, rid))
+    try:
+        return await generation
+    finally:
+        watcher.cancel()
 
 
 async def _abort_on_disconnect(request: Request, sim: _Simulator, rid: str) -> None:

@@ -5,10 +5,9 @@ cancels the HTTP request."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
-from rollway.engines.remote import RemoteClient
+from rollway.engines.remote import DisconnectAbort, RemoteClient
 from rollway.errors import EngineError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
@@ -25,44 +24,26 @@ class VLLMEngine:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.http = http or RemoteClient(timeout_s=timeout_s)
-        self._running: dict[str, asyncio.Task[Any]] = {}
-        self._aborted: set[str] = set()
+        self._calls = DisconnectAbort()
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
         payload = vllm_payload(input_ids, sampling, request_id, self.model)
         url = f"{self.base_url}/v1/completions"
-        # The failed request's connection is already gone, which is vLLM's abort.
-        call = asyncio.create_task(self.http.send(url, payload, _disconnected))
-        self._running[request_id] = call
-        try:
-            body = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            if request_id in self._aborted:
-                return GenerationResult([], [], "abort")
-            call.cancel()  # our caller was cancelled: drop the connection, vLLM aborts
-            raise
-        finally:
-            self._running.pop(request_id, None)
-            self._aborted.discard(request_id)
+        body = await self._calls.send(self.http, url, payload, request_id)
+        if body is None:
+            return GenerationResult([], [], "abort")
         return parse_completion(body)
 
     async def abort(self, request_id: str) -> None:
-        call = self._running.get(request_id)
-        if call is not None and not call.done():
-            self._aborted.add(request_id)
-            call.cancel()
+        self._calls.abort(request_id)
 
     async def health(self) -> bool:
         return await self.http.get_ok(f"{self.base_url}/health")
 
     async def close(self) -> None:
         await self.http.close()
-
-
-async def _disconnected() -> None:
-    return None
 
 
 def vllm_payload(
