@@ -1,6 +1,14 @@
 """rollway: token-exact collection of agentic reinforcement-learning rollouts."""
 
-from rollway.agents import AgentLoop, ChatReply, RolloutContext, Tool, execute_tool_calls, tool
+from rollway.agents import (
+    AgentLoop,
+    ChatReply,
+    ProgramAgent,
+    RolloutContext,
+    Tool,
+    execute_tool_calls,
+    tool,
+)
 from rollway.client import BatchItem, RolloutClient, RolloutFuture
 from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
@@ -68,6 +76,7 @@ __all__ = [
     "LocalSandbox",
     "MalformedBodyError",
     "PayloadTooLargeError",
+    "ProgramAgent",
     "Registration",
     "RequestError",
     "RewardError",

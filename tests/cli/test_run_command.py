@@ -94,3 +94,27 @@ def test_run_against_a_simulated_sglang_server_process(tmp_path: Path) -> None:
     records = [orjson.loads(p.read_bytes()) for p in tmp_path.glob("*/trajectories/*.json")]
     assert len(records) == 2
     assert all(r["trajectory"]["turns"][0]["completion_ids"] for r in records)
+
+
+def test_run_cmd_runs_any_program_as_the_agent(tmp_path: Path) -> None:
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import json, os\n"
+        "from openai import OpenAI\n"
+        "OpenAI().chat.completions.create(model=os.environ['OPENAI_MODEL'],\n"
+        "    messages=[{'role': 'user', 'content': 'hi'}])\n"
+        "json.dump({'reward': 1.0}, open(os.environ['ROLLWAY_RESULT_FILE'], 'w'))\n"
+    )
+    result = rollway(
+        "run", "--cmd", f"{sys.executable} {program}", "--tasks", str(TASKS), "--limit", "2",
+        "--engine", "sim", "--out", str(tmp_path / "runs"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [orjson.loads(p.read_bytes()) for p in tmp_path.glob("runs/*/trajectories/*.json")]
+    assert len(records) == 2 and all(r["reward"] == 1.0 for r in records)
+    assert all(len(r["trajectory"]["turns"]) == 1 for r in records)
+
+
+def test_run_wants_exactly_one_of_agent_and_cmd(tmp_path: Path) -> None:
+    both = rollway("run", AGENT, "--cmd", "true", "--tasks", str(TASKS), cwd=tmp_path)
+    assert both.returncode == 1 and "one of them" in both.stderr

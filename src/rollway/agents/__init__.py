@@ -2,6 +2,7 @@
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import ChatReply, RolloutContext
+from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import load_agent, register_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
 from rollway.agents.validate import Issue, validate
@@ -10,6 +11,7 @@ __all__ = [
     "AgentLoop",
     "ChatReply",
     "Issue",
+    "ProgramAgent",
     "RolloutContext",
     "Tool",
     "execute_tool_calls",

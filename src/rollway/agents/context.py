@@ -41,6 +41,10 @@ class RolloutContext:
     gateway: Gateway
     debug_path: Path | None = None
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
+    #: The rollout's OpenAI base URL and key, when the client serves its gateway over HTTP
+    #: (program agents and other out-of-process callers use these).
+    base_url: str | None = None
+    api_key: str | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatReply:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...)."""

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 import orjson
 import typer
 
+from rollway.agents.base import AgentLoop
+from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target, load_agent
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.client import RolloutClient
@@ -16,8 +18,13 @@ from rollway.errors import ConfigError
 
 
 def run(
-    agent: Annotated[str, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")],
     tasks: Annotated[Path, typer.Option(help="JSONL file, one task object per line.")],
+    agent: Annotated[
+        str | None, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")
+    ] = None,
+    cmd: Annotated[
+        str | None, typer.Option(help="Run this program as the agent, in a sandbox, instead.")
+    ] = None,
     group_size: Annotated[int, typer.Option(min=1, help="Rollouts per task.")] = 1,
     limit: Annotated[int | None, typer.Option(min=1, help="Use the first N tasks.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 16,
@@ -36,13 +43,15 @@ def run(
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
-    agent_cls = load_agent(agent)
-    exp = exp_id or f"{agent_cls.name}-{tasks.stem}"
+    if (agent is None) == (cmd is None):
+        raise ConfigError("name an AGENT or give --cmd (one of them)")
+    chosen: AgentLoop = ProgramAgent(cmd) if cmd else load_agent(agent or "")()
+    exp = exp_id or f"{chosen.name}-{tasks.stem}"
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed
     with RolloutClient(
-        agent_cls,
+        chosen,
         engine,
         model=model,
         store=out,

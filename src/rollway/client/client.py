@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -25,9 +26,11 @@ from rollway.client.rewards import RewardFn
 from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import AgentError
+from rollway.gateway.app import create_app
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
 from rollway.gateway.protocol import RegisterRequest, parse_model
+from rollway.gateway.server import LoopServer
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord
@@ -57,6 +60,7 @@ class RolloutClient:
         max_seq_len: int | None = None,
         show_progress: bool = False,
         debug: bool = False,
+        serve_http: bool | None = None,
         **sampling: Any,
     ) -> None:
         self.agent = _ready_agent(agent)
@@ -85,6 +89,12 @@ class RolloutClient:
         self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit else None
         self._loop = LoopThread()
         self._live: set[RolloutFuture] = set()
+        # Out-of-process agents (programs) reach the gateway over HTTP on loopback.
+        self._http: LoopServer | None = None
+        if serve_http if serve_http is not None else getattr(self.agent, "needs_http", False):
+            app = create_app(self.gateway, admin_key=secrets.token_hex(16), close_engine=False)
+            self._http = LoopServer(app)
+            self._runner.gateway_url = self._loop.call(self._http.start())
 
     # -- single rollouts ---------------------------------------------------------------------
 
@@ -98,6 +108,7 @@ class RolloutClient:
             sampling = {**self.settings.sampling, **overrides}
             settings = dataclasses.replace(self.settings, sampling=sampling)
             runner = RolloutRunner(self.agent, self.gateway, self.store, settings, self.reward_fn)
+            runner.gateway_url = self._runner.gateway_url
         return self._submit(spec, runner)
 
     async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
@@ -160,6 +171,8 @@ class RolloutClient:
         if self._loop.loop.is_closed():
             return
         self._cancel_and_wait(list(self._live))
+        if self._http is not None:
+            self._loop.call(self._http.stop())
         if self._owns_engine:
             self._loop.call(self.gateway.engine.close())
         self._loop.close()

@@ -90,6 +90,8 @@ class RolloutRunner:
     ) -> None:
         self.agent, self.gateway, self.store = agent, gateway, store
         self.settings, self.reward_fn = settings, reward_fn
+        #: Where the gateway listens over HTTP, when the client serves it.
+        self.gateway_url: str | None = None
 
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
@@ -134,12 +136,12 @@ class RolloutRunner:
         ctx: RolloutContext | None = None
         trajectory, cleanup_errors = None, []
         try:
-            self.gateway.register(rollout_id, register)
+            registration = self.gateway.register(rollout_id, register)
         except Exception as exc:
             outcome = _Outcome("error", "infrastructure", f"register failed: {exc}")
         else:
             try:
-                ctx = self._context(spec, rollout_id)
+                ctx = self._context(spec, rollout_id, registration.api_key)
                 outcome = await self._run_agent(ctx, cancel)
             except Exception as exc:  # get_tools failed, say
                 outcome = _Outcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
@@ -183,14 +185,18 @@ class RolloutRunner:
         digest = hashlib.sha256(f"{sampling['seed']}:{spec.rollout_key}".encode()).digest()
         return {**sampling, "seed": int.from_bytes(digest[:4], "little")}
 
-    def _context(self, spec: RolloutSpec, rollout_id: str) -> RolloutContext:
+    def _context(self, spec: RolloutSpec, rollout_id: str, api_key: str) -> RolloutContext:
         debug_dir = self.store.debug_dir
         debug_path = None
         if debug_dir is not None and self.settings.debug:
             debug_dir.mkdir(parents=True, exist_ok=True)
             debug_path = debug_dir / f"{rollout_id}.jsonl"
         tools = self.agent.get_tools(spec.task)
-        return RolloutContext(spec.task, tools, rollout_id, self.gateway, debug_path)
+        base_url = f"{self.gateway_url}/v1/rollouts/{rollout_id}" if self.gateway_url else None
+        return RolloutContext(
+            spec.task, tools, rollout_id, self.gateway, debug_path,
+            base_url=base_url, api_key=api_key,
+        )  # fmt: skip
 
     async def _run_agent(self, ctx: RolloutContext, cancel: asyncio.Event) -> _Outcome:
         agent_task = asyncio.create_task(self.agent.run(ctx), name=ctx.rollout_id)

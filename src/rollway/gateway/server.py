@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -52,3 +53,34 @@ class BackgroundServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class LoopServer:
+    """Serves an ASGI app on the *current* event loop (no thread), for callers whose loop
+    already owns the objects the app uses: ``url = await server.start()``, ``await server.stop()``.
+    """
+
+    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind((host, port))
+        bound_host, bound_port = self._socket.getsockname()[:2]
+        self.url = f"http://{bound_host}:{bound_port}"
+        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> str:
+        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        while not self._server.started:  # uvicorn offers no started event: poll it
+            if self._task.done():
+                await self._task
+                raise RuntimeError("the server did not start")
+            await asyncio.sleep(0.01)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._server.should_exit = True
+            await self._task
+        self._socket.close()

@@ -1,0 +1,96 @@
+"""Any program as the agent: a command run in a sandbox, pointed at its rollout's gateway.
+
+The program gets ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` (and the Anthropic
+equivalents) for its rollout, the task as JSON on stdin and in the file named by
+``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "final": ...}``) to
+``ROLLWAY_RESULT_FILE``; otherwise the reward function scores the recorded conversation. A
+non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
+path (success, failure, timeout, cancellation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.context import RolloutContext
+from rollway.errors import AgentError
+from rollway.sandbox.base import Sandbox, SandboxLimits
+from rollway.sandbox.local import LocalSandbox
+from rollway.types import RolloutResult
+
+_STDERR_TAIL = 2000
+
+
+class ProgramAgent(AgentLoop):
+    """Runs ``command`` once per rollout."""
+
+    name = "program"
+    #: The client serves its gateway over HTTP for agents that say they need it.
+    needs_http = True
+
+    def __init__(
+        self,
+        command: str | Sequence[str] = ("true",),
+        *,
+        limits: SandboxLimits | None = None,
+        env: dict[str, str] | None = None,
+        sandbox: Callable[[SandboxLimits], Sandbox] = LocalSandbox,
+    ) -> None:
+        self.command = shlex.split(command) if isinstance(command, str) else list(command)
+        self.limits = limits or SandboxLimits()
+        self.env = env or {}
+        self.make_sandbox = sandbox
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        if ctx.base_url is None or ctx.api_key is None:
+            raise AgentError("a program agent needs the client to serve its gateway over HTTP")
+        async with self.make_sandbox(self.limits) as box:
+            task_file = box.workdir / "task.json"
+            result_file = box.workdir / "result.json"
+            task_json = json.dumps(ctx.task)
+            task_file.write_text(task_json)
+            await box.start(
+                self.command, self._env(ctx, task_file, result_file), task_json.encode()
+            )
+            ctx.log_event("start_agent", command=self.command)
+            outcome = await box.wait()
+            ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
+            written = _read_result(result_file)
+        if outcome.timed_out:
+            return ctx.error(f"program exceeded its {self.limits.wall_timeout_s} s wall clock")
+        if outcome.exit_code != 0:
+            tail = outcome.stderr[-_STDERR_TAIL:].strip()
+            return ctx.error(f"program exited with {outcome.exit_code}: {tail}")
+        reward = written.get("reward")
+        return ctx.complete([], reward=float(reward) if reward is not None else None)
+
+    def _env(self, ctx: RolloutContext, task_file: Any, result_file: Any) -> dict[str, str]:
+        assert ctx.base_url is not None and ctx.api_key is not None
+        model = ctx.gateway.model_name
+        return {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(task_file.parent),
+            "OPENAI_BASE_URL": ctx.base_url,
+            "OPENAI_API_KEY": ctx.api_key,
+            "OPENAI_MODEL": model,
+            "ANTHROPIC_BASE_URL": ctx.base_url,
+            "ANTHROPIC_API_KEY": ctx.api_key,
+            "ANTHROPIC_MODEL": model,
+            "ROLLWAY_ROLLOUT_ID": ctx.rollout_id,
+            "ROLLWAY_TASK_FILE": str(task_file),
+            "ROLLWAY_RESULT_FILE": str(result_file),
+            **self.env,
+        }
+
+
+def _read_result(path: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
