@@ -24,6 +24,8 @@ from rollway.errors import (
     RollwayError,
     http_status_for,
 )
+from rollway.gateway.anthropic import MessagesRequest, message_body
+from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.core import Gateway
 from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
 from rollway.gateway.responses import completion_body, error_body, logprobs_body, sse_events
@@ -110,6 +112,17 @@ def create_app(
             return StreamingResponse(events, media_type="text/event-stream")
         return JSONResponse(completion_body(result, model, logprobs))
 
+    async def messages(request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        gateway.authorize(rollout_id, _bearer(request))
+        body = parse_model(MessagesRequest, await read_json(request))
+        result = await gateway.chat(rollout_id, body.to_chat())
+        model = body.model or gateway.model_name
+        if body.stream:
+            events = anthropic_sse_events(result, model)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return JSONResponse(message_body(result, model))
+
     async def models(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, _bearer(request))
@@ -149,6 +162,9 @@ def create_app(
     routes = [
         Route(f"{prefix}/register", guarded(register), methods=["POST"]),
         Route(f"{prefix}/chat/completions", guarded(chat_completions), methods=["POST"]),
+        Route(f"{prefix}/messages", guarded(messages), methods=["POST"]),
+        # The anthropic SDK appends /v1/messages to its base URL.
+        Route(f"{prefix}/v1/messages", guarded(messages), methods=["POST"]),
         Route(f"{prefix}/models", guarded(models), methods=["GET"]),
         Route(f"{prefix}/trajectory", guarded(trajectory), methods=["GET"]),
         Route(f"{prefix}/cancel", guarded(cancel), methods=["POST"]),
@@ -168,6 +184,9 @@ def create_app(
 
 
 def _bearer(request: Request) -> str | None:
+    """The key from ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic)."""
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
