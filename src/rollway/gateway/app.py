@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hmac
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +30,8 @@ from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.core import Gateway
 from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
 from rollway.gateway.responses import completion_body, error_body, logprobs_body, sse_events
+from rollway.gateway.responses_api import ResponsesRequest, response_body
+from rollway.gateway.responses_api import sse_events as responses_sse
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +126,19 @@ def create_app(
             return StreamingResponse(events, media_type="text/event-stream")
         return JSONResponse(message_body(result, model))
 
+    async def responses(request: Request) -> Response:
+        rollout_id = request.path_params["rollout_id"]
+        gateway.authorize(rollout_id, _bearer(request))
+        body = parse_model(ResponsesRequest, await read_json(request))
+        history = gateway.response_history(rollout_id, body.previous_response_id)
+        result = await gateway.chat(rollout_id, body.to_chat(history))
+        response_id = f"resp_{uuid.uuid4().hex}"
+        gateway.remember_response(rollout_id, response_id)
+        answer = response_body(result, body.model or gateway.model_name, response_id, body)
+        if body.stream:
+            return StreamingResponse(responses_sse(answer), media_type="text/event-stream")
+        return JSONResponse(answer)
+
     async def models(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, _bearer(request))
@@ -165,6 +181,7 @@ def create_app(
         Route(f"{prefix}/messages", guarded(messages), methods=["POST"]),
         # The anthropic SDK appends /v1/messages to its base URL.
         Route(f"{prefix}/v1/messages", guarded(messages), methods=["POST"]),
+        Route(f"{prefix}/responses", guarded(responses), methods=["POST"]),
         Route(f"{prefix}/models", guarded(models), methods=["GET"]),
         Route(f"{prefix}/trajectory", guarded(trajectory), methods=["GET"]),
         Route(f"{prefix}/cancel", guarded(cancel), methods=["POST"]),

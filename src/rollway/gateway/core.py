@@ -16,6 +16,7 @@ from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import (
     AuthError,
     EngineError,
+    InvalidFieldsError,
     RequestError,
     RolloutClosedError,
     UnknownRolloutError,
@@ -153,6 +154,22 @@ class Gateway:
             result.logprobs,
             turn.index,
         )
+
+    def remember_response(self, rollout_id: str, response_id: str) -> None:
+        """Name the rollout's current conversation, for ``previous_response_id``."""
+        state = self._get(rollout_id)
+        state.responses[response_id] = list(state.messages)
+
+    def response_history(self, rollout_id: str, response_id: str | None) -> list[Message]:
+        """The conversation a Responses API call continues (empty when it names none)."""
+        if response_id is None:
+            return []
+        history = self._get(rollout_id).responses.get(response_id)
+        if history is None:
+            raise InvalidFieldsError(
+                f"unknown previous_response_id {response_id!r}", param="previous_response_id"
+            )
+        return history
 
     def trajectory(self, rollout_id: str) -> Trajectory:
         return build_trajectory(self._get(rollout_id), self.renderer)

@@ -39,6 +39,8 @@ class RolloutState:
     truncation_reason: str | None = None
     #: False behind a chat-level engine: turns hold messages, not token ids.
     has_token_ids: bool = True
+    #: Responses API ids this rollout answered, with the conversation each closed.
+    responses: dict[str, list[Message]] = field(default_factory=dict)
 
     def next_segment(self) -> int:
         self.segment_count += 1

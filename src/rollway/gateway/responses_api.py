@@ -1,0 +1,183 @@
+"""The OpenAI Responses API (the subset agent frameworks use) over the same recording core:
+``input`` items (messages, ``function_call``, ``function_call_output``) and ``instructions``
+become chat messages, ``previous_response_id`` continues a response this rollout gave, and the
+answer comes back as output items (JSON, or the SSE events the openai SDK reads)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollway.errors import InvalidFieldsError
+from rollway.gateway.chat_template import Message
+from rollway.gateway.core import ChatResult
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    previous_response_id: str | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    truncation: str | None = None
+
+    def to_chat(self, history: list[Message]) -> dict[str, Any]:
+        messages: list[Message] = list(history)
+        if self.instructions and not history:
+            messages.append({"role": "system", "content": self.instructions})
+        items = (
+            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+        )
+        for item in items:
+            _append_item(messages, item)
+        chat: dict[str, Any] = {"messages": messages}
+        if self.tools:
+            chat["tools"] = [_chat_tool(t) for t in self.tools]
+        if self.tool_choice == "none":
+            chat["tool_choice"] = "none"
+        if self.max_output_tokens is not None:
+            chat["max_tokens"] = self.max_output_tokens
+        for name in ("temperature", "top_p"):
+            if getattr(self, name) is not None:
+                chat[name] = getattr(self, name)
+        return chat
+
+
+def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") != "function" or not tool.get("name"):
+        raise InvalidFieldsError("only function tools with a name are supported", param="tools")
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def _append_item(messages: list[Message], item: dict[str, Any]) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        messages.append({"role": item["role"], "content": _text(item.get("content", ""))})
+    elif kind == "function_call":
+        function = {"name": item["name"], "arguments": item.get("arguments", "{}")}
+        call = {"id": item["call_id"], "type": "function", "function": function}
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == "assistant" and not last.get("content"):
+            last.setdefault("tool_calls", []).append(call)  # parallel calls share one turn
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output", "")
+        text = output if isinstance(output, str) else json.dumps(output)
+        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
+    else:
+        raise InvalidFieldsError(f"input item of type {kind!r} is not supported", param="input")
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") not in ("input_text", "output_text", "text"):
+            raise InvalidFieldsError(f"content part {part.get('type')!r} is not text", "input")
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def response_body(
+    result: ChatResult, model: str, response_id: str, request: ResponsesRequest
+) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if result.message.get("content"):
+        text = {"type": "output_text", "text": result.message["content"], "annotations": []}
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [text],
+            }
+        )
+    for call in result.message.get("tool_calls") or []:
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": call["id"],
+                "name": call["function"]["name"],
+                "arguments": call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
+    incomplete = result.finish_reason == "length"
+    usage = {
+        "input_tokens": result.prompt_tokens,
+        "output_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 0},
+    }
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "error": None,
+        "model": model,
+        "output": output,
+        "instructions": request.instructions,
+        "tools": request.tools or [],
+        "tool_choice": request.tool_choice or "auto",
+        "parallel_tool_calls": True,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "metadata": request.metadata or {},
+        "usage": usage,
+    }
+
+
+def sse_events(body: dict[str, Any]) -> Iterator[bytes]:
+    """The response as Responses API stream events, in the order the openai SDK expects."""
+    sequence = iter(range(1 << 30))
+
+    def event(kind: str, **data: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": next(sequence), **data}
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+    pending = body | {"status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=pending)
+    yield event("response.in_progress", response=pending)
+    for index, item in enumerate(body["output"]):
+        if item["type"] == "message":
+            yield event("response.output_item.added", output_index=index,
+                        item=item | {"status": "in_progress", "content": []})  # fmt: skip
+            part = item["content"][0]
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield event("response.content_part.added", **where, part=part | {"text": ""})
+            yield event("response.output_text.delta", **where, delta=part["text"], logprobs=[])
+            yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
+            yield event("response.content_part.done", **where, part=part)
+        else:
+            yield event("response.output_item.added", output_index=index,
+                        item=item | {"status": "in_progress", "arguments": ""})  # fmt: skip
+            where = {"item_id": item["id"], "output_index": index}
+            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **where,
+                        arguments=item["arguments"], name=item["name"])  # fmt: skip
+        yield event("response.output_item.done", output_index=index, item=item)
+    yield event("response.completed", response=body)

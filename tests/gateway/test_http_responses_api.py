@@ -1,0 +1,97 @@
+"""The openai SDK's Responses API (plain, streaming, tools, previous_response_id)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import Served
+
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two integers.",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+    },
+}
+
+
+def call_items(call_id: str, a: int, b: int, result: str) -> list[dict[str, Any]]:
+    arguments = json.dumps({"a": a, "b": b})
+    return [
+        {"type": "function_call", "call_id": call_id, "name": "add", "arguments": arguments},
+        {"type": "function_call_output", "call_id": call_id, "output": result},
+    ]
+
+
+FEW_SHOT: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 3 + 4?"},
+    *call_items("call_0", 3, 4, "7"),
+    {"role": "assistant", "content": "The answer is 7."},
+    {"role": "user", "content": "What is 10 + 5?"},
+    *call_items("call_1", 10, 5, "15"),
+    {"role": "assistant", "content": "The answer is 15."},
+    {"role": "user", "content": "What is 17 + 25?"},
+]
+
+
+def client_for(served: Served, **body: Any) -> tuple[openai.OpenAI, str]:
+    rollout_id = f"resp-{uuid.uuid4().hex[:8]}"
+    url = f"{served.url}/v1/rollouts/{rollout_id}/register"
+    reg = httpx.post(url, json=body, headers=served.admin_headers).json()
+    return openai.OpenAI(
+        base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0
+    ), rollout_id
+
+
+def trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
+    url = f"{served.url}/v1/rollouts/{rollout_id}/trajectory"
+    return httpx.get(url, headers=served.admin_headers).json()
+
+
+def test_a_tool_loop_with_previous_response_id_is_one_exact_segment(served: Served) -> None:
+    client, rollout_id = client_for(served, temperature=0.7, seed=1)
+    first = client.responses.create(model="m", input=FEW_SHOT, tools=[ADD], max_output_tokens=48)
+    calls = [item for item in first.output if item.type == "function_call"]
+    follow: list[dict[str, Any]] = [
+        {"type": "function_call_output", "call_id": c.call_id, "output": "42"} for c in calls
+    ] or [{"role": "user", "content": "Check that with the add tool."}]
+    second = client.responses.create(
+        model="m", input=follow, previous_response_id=first.id, tools=[ADD], max_output_tokens=48
+    )
+    recorded = trajectory(served, rollout_id)
+    assert recorded["segment_count"] == 1 and len(recorded["turns"]) == 2
+    turn0, turn1 = recorded["turns"]
+    assert first.usage.output_tokens == len(turn0["completion_ids"])
+    assert second.usage.output_tokens == len(turn1["completion_ids"])
+    prefix = turn0["prompt_ids"] + turn0["completion_ids"]
+    assert turn1["prompt_ids"][: len(prefix)] == prefix
+    assert [c.name for c in calls] == [c["function"]["name"] for c in turn0["tool_calls"]]
+
+
+def test_streaming_rebuilds_the_recorded_answer(served: Served) -> None:
+    client, rollout_id = client_for(served, temperature=0.7, seed=1)
+    with client.responses.stream(
+        model="m", input=FEW_SHOT, tools=[ADD], max_output_tokens=48
+    ) as stream:
+        final = stream.get_final_response()
+    turn = trajectory(served, rollout_id)["turns"][0]
+    assert final.output_text == (turn["content"] or "")
+    names = [item.name for item in final.output if item.type == "function_call"]
+    assert names == [c["function"]["name"] for c in turn["tool_calls"]]
+
+
+def test_unknown_previous_response_and_bad_items_are_422(served: Served) -> None:
+    client, _ = client_for(served)
+    with pytest.raises(openai.UnprocessableEntityError, match="previous_response_id"):
+        client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
+    with pytest.raises(openai.UnprocessableEntityError, match="not supported"):
+        client.responses.create(model="m", input=[{"type": "reasoning", "summary": []}])
