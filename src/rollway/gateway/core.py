@@ -5,10 +5,12 @@ In-process agents call this object directly; ``rollway.gateway.app`` is a thin H
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -224,23 +226,30 @@ class Gateway:
             merged["seed"] += state.turns_started
         return SamplingParams(**merged)
 
-    async def _generate(
-        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
-    ) -> tuple[GenerationResult, float]:
+    @contextlib.asynccontextmanager
+    async def engine_call(self, state: RolloutState, request_id: str) -> AsyncIterator[None]:
+        """Track a request as in flight (so cancel can abort it) and turn unexpected engine
+        failures into ``EngineError``; the caller's bad input stays a ``RequestError``."""
         state.in_flight.add(request_id)
-        started = time.perf_counter()
         try:
-            result = await self.engine.generate(prompt_ids, sampling, request_id)
+            yield
+        except RequestError:
+            raise
         except EngineError:
             self.metrics.engine_errors.inc()
-            raise
-        except RequestError:
             raise
         except Exception as exc:
             self.metrics.engine_errors.inc()
             raise EngineError(f"engine failed: {exc!r}") from exc
         finally:
             state.in_flight.discard(request_id)
+
+    async def _generate(
+        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
+    ) -> tuple[GenerationResult, float]:
+        started = time.perf_counter()
+        async with self.engine_call(state, request_id):
+            result = await self.engine.generate(prompt_ids, sampling, request_id)  # type: ignore[union-attr]
         latency = time.perf_counter() - started
         self.metrics.turn_latency.observe(latency)
         self.metrics.tokens.labels("prompt").inc(len(prompt_ids))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from rollway.errors import EngineError, RequestError, RolloutClosedError
+from rollway.errors import RolloutClosedError
 from rollway.gateway.chat_template import Message
 from rollway.gateway.protocol import ChatCompletionRequest
 from rollway.gateway.rollout import MessageKey, RolloutState, message_key, prompt_hash
@@ -30,18 +30,9 @@ async def chat_passthrough(
     sampling = gateway.effective_sampling(state, request)
     state.turns_started += 1
     request_id = f"{state.rollout_id}-{state.turns_started}"
-    state.in_flight.add(request_id)
     started = time.perf_counter()
-    try:
+    async with gateway.engine_call(state, request_id):
         answer = await gateway.engine.chat(messages, tools, sampling, request_id)  # type: ignore[union-attr]
-    except (EngineError, RequestError):
-        gateway.metrics.engine_errors.inc()
-        raise
-    except Exception as exc:
-        gateway.metrics.engine_errors.inc()
-        raise EngineError(f"engine failed: {exc!r}") from exc
-    finally:
-        state.in_flight.discard(request_id)
     latency = time.perf_counter() - started
     message = answer.message
     turn = Turn(
