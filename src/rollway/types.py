@@ -171,3 +171,29 @@ class RolloutRecord(_Wire):
     @property
     def success(self) -> bool:
         return self.status in ("completed", "truncated")
+
+
+RunStatus = Literal["running", "completed", "error", "timeout", "cancelled"]
+
+
+class AgentReport(_Wire):
+    """What an agent server reports about one rollout it ran: to the client's callback, to
+    the store (``agent-reports/<run_key>.json``) and from its status route. The trajectory is
+    not here: the gateway that recorded it hands it to the client."""
+
+    run_key: str = Field(description="The idempotency key the rollout was started with.")
+    rollout_id: str
+    agent: str
+    status: RunStatus
+    error_kind: ErrorKind | None = None
+    reason: str | None = None
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    reward: float | None = None
+    metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)
+    started_at: float
+    finished_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"

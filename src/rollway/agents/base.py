@@ -42,6 +42,12 @@ class AgentLoop(ABC):
     async def run(self, ctx: RolloutContext) -> RolloutResult:
         """Run one rollout of ``ctx.task``."""
 
+    async def stop(self, ctx: RolloutContext) -> None:
+        """The rollout is being stopped (timeout or cancel): end ``run`` promptly. By default
+        nothing: the gateway already refuses the rollout's next model call, and ``run`` is
+        cancelled after a grace period. Agents that work elsewhere (a server) say so here."""
+        return
+
 
 def _is_abstract(cls: type) -> bool:
     # ABCMeta computes __abstractmethods__ only after __init_subclass__ runs, so look ourselves.

@@ -5,12 +5,21 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from rollway.gateway.core import Gateway
+from rollway.gateway.core import ChatResult
 from rollway.types import RolloutMetrics, RolloutResult
+
+
+class ChatBackend(Protocol):
+    """Where a context's ``chat`` goes: the in-process ``Gateway`` itself, or the gateway over
+    HTTP (``rollway.agents.server.gateway_http.HttpChat``) on an agent server."""
+
+    model_name: str
+
+    async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +47,7 @@ class RolloutContext:
     task: dict[str, Any]
     tools: list[dict[str, Any]]
     rollout_id: str
-    gateway: Gateway
+    gateway: ChatBackend
     debug_path: Path | None = None
     metrics: RolloutMetrics = field(default_factory=RolloutMetrics)
     #: The rollout's OpenAI base URL and key, when the client serves its gateway over HTTP

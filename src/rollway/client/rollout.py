@@ -4,6 +4,7 @@ and a cancel signal, clean up on every path, score, retry infrastructure failure
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import logging
@@ -16,16 +17,15 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_ex
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
+from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.client.rewards import RewardFn, score
 from rollway.errors import RewardError, error_kind
 from rollway.gateway.core import Gateway
 from rollway.store.base import Store
 from rollway.types import (
-    ErrorKind,
     RolloutMetrics,
     RolloutRecord,
     RolloutResult,
-    Status,
     Trajectory,
 )
 
@@ -69,14 +69,6 @@ class RolloutSettings:
     debug: bool = False
     #: After a timeout or cancel, how long an agent may take to stop before it is cancelled.
     stop_grace_s: float = 2.0
-
-
-@dataclass
-class _Outcome:
-    status: Status
-    kind: ErrorKind | None = None
-    reason: str | None = None
-    result: RolloutResult | None = None
 
 
 class RolloutRunner:
@@ -138,13 +130,19 @@ class RolloutRunner:
         try:
             registration = self.gateway.register(rollout_id, register)
         except Exception as exc:
-            outcome = _Outcome("error", "infrastructure", f"register failed: {exc}")
+            outcome = AgentOutcome("error", "infrastructure", f"register failed: {exc}")
         else:
             try:
                 ctx = self._context(spec, rollout_id, registration.api_key)
-                outcome = await self._run_agent(ctx, cancel)
+                outcome = await run_agent(
+                    self.agent, ctx,
+                    cancel=cancel,
+                    timeout_s=self.settings.timeout,
+                    stop_grace_s=self.settings.stop_grace_s,
+                    on_stop=functools.partial(self.gateway.cancel, rollout_id),
+                )  # fmt: skip
             except Exception as exc:  # get_tools failed, say
-                outcome = _Outcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+                outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
         reward, reward_info = None, {}
         if outcome.status == "completed" and trajectory is not None:
@@ -153,7 +151,7 @@ class RolloutRunner:
             try:
                 reward, reward_info = await self._reward(spec, outcome.result, trajectory)
             except RewardError as exc:
-                outcome = _Outcome("error", "reward", str(exc))
+                outcome = AgentOutcome("error", "reward", str(exc))
         return RolloutRecord(
             exp_id=self.settings.exp_id,
             rollout_key=spec.rollout_key,
@@ -197,48 +195,6 @@ class RolloutRunner:
             spec.task, tools, rollout_id, self.gateway, debug_path,
             base_url=base_url, api_key=api_key,
         )  # fmt: skip
-
-    async def _run_agent(self, ctx: RolloutContext, cancel: asyncio.Event) -> _Outcome:
-        agent_task = asyncio.create_task(self.agent.run(ctx), name=ctx.rollout_id)
-        cancel_wait = asyncio.create_task(cancel.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {agent_task, cancel_wait},
-                timeout=self.settings.timeout,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            cancel_wait.cancel()
-            await self._stop(ctx.rollout_id, agent_task)
-        if agent_task not in done:
-            if cancel.is_set():
-                return _Outcome("cancelled", reason="cancelled by the caller")
-            return _Outcome("timeout", reason=f"timed out after {self.settings.timeout:g} s")
-        if agent_task.cancelled():
-            return _Outcome("cancelled", reason="the agent task was cancelled")
-        exc = agent_task.exception()
-        if exc is not None:
-            return _Outcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
-        result = agent_task.result()
-        if not isinstance(result, RolloutResult):
-            reason = (
-                f"run returned {type(result).__name__}; return ctx.complete(...) or ctx.error(...)"
-            )
-            return _Outcome("error", "agent", reason)
-        if result.error is not None:
-            return _Outcome("error", "agent", result.error, result)
-        return _Outcome("completed", result=result)
-
-    async def _stop(self, rollout_id: str, agent_task: asyncio.Task[Any]) -> None:
-        """Stop a running agent: abort its generation through the gateway first (so the
-        aborted turn is recorded and the agent sees the rollout closed), then cancel it."""
-        if agent_task.done():
-            return
-        await self.gateway.cancel(rollout_id)
-        await asyncio.wait({agent_task}, timeout=self.settings.stop_grace_s)
-        if not agent_task.done():
-            agent_task.cancel()
-        await asyncio.gather(agent_task, return_exceptions=True)
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
         """Abort in-flight generation, fetch the trajectory, unregister; errors are recorded."""

@@ -2,48 +2,34 @@
 
 from __future__ import annotations
 
-import functools
 import hmac
-import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from rollway.errors import (
-    AuthError,
-    InvalidFieldsError,
-    MalformedBodyError,
-    PayloadTooLargeError,
-    RollwayError,
-    http_status_for,
-)
+from rollway.errors import AuthError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.core import Gateway
 from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
-from rollway.gateway.responses import completion_body, error_body, logprobs_body, sse_events
+from rollway.gateway.responses import completion_body, logprobs_body, sse_events
 from rollway.gateway.responses_api import ResponsesRequest, response_body
 from rollway.gateway.responses_api import sse_events as responses_sse
-
-log = logging.getLogger(__name__)
-
-DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-class JSONResponse(Response):
-    media_type = "application/json"
-
-    def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+from rollway.webapp import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSONResponse,
+    bearer,
+    guarded,
+    read_json,
+    route_error,
+)
 
 
 def create_app(
@@ -55,47 +41,17 @@ def create_app(
 ) -> Starlette:
     """The HTTP app over ``gateway``; with ``close_engine`` the engine closes at shutdown."""
 
-    def guarded(handler: Handler) -> Handler:
-        @functools.wraps(handler)
-        async def wrapper(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RollwayError as exc:
-                return JSONResponse(error_body(exc), status_code=http_status_for(exc))
-            except Exception as exc:  # a bug must cost one request, never the server
-                log.exception("unhandled error on %s", request.url.path)
-                error = RollwayError(f"internal error: {type(exc).__name__}")
-                return JSONResponse(error_body(error), status_code=500)
-
-        return wrapper
-
     def require_admin(request: Request) -> None:
-        if not hmac.compare_digest(_bearer(request) or "", admin_key):
+        if not hmac.compare_digest(bearer(request) or "", admin_key):
             raise AuthError("this route needs the gateway's admin key")
 
-    async def read_json(request: Request) -> dict[str, Any]:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > max_body_bytes:
-            raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
-        body = bytearray()
-        async for piece in request.stream():
-            body += piece
-            if len(body) > max_body_bytes:
-                raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
-        if not body:
-            return {}
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise MalformedBodyError(f"body is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise InvalidFieldsError("body must be a JSON object", param="body")
-        return data
+    async def read_body(request: Request) -> dict[str, Any]:
+        return await read_json(request, max_body_bytes)
 
     async def register(request: Request) -> Response:
         require_admin(request)
         rollout_id = request.path_params["rollout_id"]
-        body = parse_model(RegisterRequest, await read_json(request))
+        body = parse_model(RegisterRequest, await read_body(request))
         registration = gateway.register(rollout_id, body)
         base_url = f"{str(request.base_url).rstrip('/')}/v1/rollouts/{rollout_id}"
         return JSONResponse(
@@ -104,8 +60,8 @@ def create_app(
 
     async def chat_completions(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        gateway.authorize(rollout_id, _bearer(request))
-        body = parse_model(ChatCompletionRequest, await read_json(request))
+        gateway.authorize(rollout_id, bearer(request))
+        body = parse_model(ChatCompletionRequest, await read_body(request))
         result = await gateway.chat(rollout_id, body)
         model = body.model or gateway.model_name
         logprobs = logprobs_body(result, gateway.renderer.decode_one) if body.logprobs else None
@@ -117,8 +73,8 @@ def create_app(
 
     async def messages(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        gateway.authorize(rollout_id, _bearer(request))
-        body = parse_model(MessagesRequest, await read_json(request))
+        gateway.authorize(rollout_id, bearer(request))
+        body = parse_model(MessagesRequest, await read_body(request))
         result = await gateway.chat(rollout_id, body.to_chat())
         model = body.model or gateway.model_name
         if body.stream:
@@ -128,8 +84,8 @@ def create_app(
 
     async def responses(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        gateway.authorize(rollout_id, _bearer(request))
-        body = parse_model(ResponsesRequest, await read_json(request))
+        gateway.authorize(rollout_id, bearer(request))
+        body = parse_model(ResponsesRequest, await read_body(request))
         history = gateway.response_history(rollout_id, body.previous_response_id)
         result = await gateway.chat(rollout_id, body.to_chat(history))
         response_id = f"resp_{uuid.uuid4().hex}"
@@ -141,7 +97,7 @@ def create_app(
 
     async def models(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
-        gateway.authorize(rollout_id, _bearer(request))
+        gateway.authorize(rollout_id, bearer(request))
         model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "rollway"}
         return JSONResponse({"object": "list", "data": [model]})
 
@@ -190,20 +146,6 @@ def create_app(
         Route("/metrics", guarded(metrics), methods=["GET"]),
     ]
 
-    async def route_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        body = {"error": {"message": exc.detail, "type": "invalid_request_error", "param": None}}
-        return JSONResponse(body, status_code=exc.status_code)
-
     return Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error}
     )
-
-
-def _bearer(request: Request) -> str | None:
-    """The key from ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic)."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return request.headers.get("x-api-key") or None

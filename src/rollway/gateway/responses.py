@@ -9,21 +9,9 @@ from typing import Any
 
 import orjson
 
-from rollway.errors import RollwayError
 from rollway.gateway.core import ChatResult
 
 _CONTENT_PIECE = 64
-
-
-def error_body(error: RollwayError) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.error_type,
-            "param": error.param,
-            "code": type(error).__name__,
-        }
-    }
 
 
 def completion_body(

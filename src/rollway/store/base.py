@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rollway.types import RolloutRecord
+from rollway.types import AgentReport, RolloutRecord
 
 
 @runtime_checkable
@@ -30,3 +30,12 @@ class Store(Protocol):
     def records(self) -> Iterator[RolloutRecord]: ...
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None: ...
+
+    # Agent servers leave their reports here, so a client that missed the callback (or
+    # restarted) finds them by polling ``report_exists`` (a HEAD, not a read).
+
+    def write_report(self, report: AgentReport) -> None: ...
+
+    def report_exists(self, run_key: str) -> bool: ...
+
+    def get_report(self, run_key: str) -> AgentReport | None: ...

@@ -5,6 +5,7 @@
     <root>/<exp_id>/index.jsonl                 one line per written record: key, status, reward
     <root>/<exp_id>/<name>.json                 summaries (groups, run)
     <root>/<exp_id>/debug/<rollout_id>.jsonl    per-rollout debug events, when enabled
+    <root>/<exp_id>/agent-reports/<run_key>.json  what remote agent servers reported
 
 The trajectory files are the source of truth; the index is a fast listing and tolerates a
 torn last line.
@@ -22,7 +23,7 @@ from typing import Any
 import orjson
 
 from rollway.errors import ConfigError
-from rollway.types import RolloutRecord
+from rollway.types import AgentReport, RolloutRecord
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -67,6 +68,24 @@ class FileStore:
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2)
         _atomic_write(self.path / f"{name}.json", payload)
+
+    def write_report(self, report: AgentReport) -> None:
+        path = self._report_path(report.run_key)
+        path.parent.mkdir(exist_ok=True)
+        _atomic_write(path, report.model_dump_json().encode())
+
+    def report_exists(self, run_key: str) -> bool:
+        return self._report_path(run_key).is_file()
+
+    def get_report(self, run_key: str) -> AgentReport | None:
+        path = self._report_path(run_key)
+        if not path.is_file():
+            return None
+        return AgentReport.model_validate_json(path.read_bytes())
+
+    def _report_path(self, run_key: str) -> Path:
+        check_name(run_key, "run key")
+        return self.path / "agent-reports" / f"{run_key}.json"
 
     def _record_path(self, rollout_key: str) -> Path:
         check_name(rollout_key, "rollout key")

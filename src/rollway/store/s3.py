@@ -5,8 +5,9 @@ for S3, GCS and Azure with the same calls, configured from the standard ``AWS_*`
 environment variables, and fast for many small objects.
 
 Layout as in ``file.py``, under ``<uri>/<exp_id>/``: ``config.json``, ``trajectories/<key>.json``,
-summaries. Each record is one PUT, which object stores make visible all at once (never half
-written). There is no append, so no ``index.jsonl``: listing ``trajectories/`` serves resume.
+``agent-reports/<run_key>.json``, summaries. Each record is one PUT, which object stores make
+visible all at once (never half written). There is no append, so no ``index.jsonl``: listing
+``trajectories/`` serves resume.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import orjson
 
 from rollway.errors import ConfigError
 from rollway.store.file import check_name
-from rollway.types import RolloutRecord
+from rollway.types import AgentReport, RolloutRecord
 
 
 class ObjectStore:
@@ -46,19 +47,22 @@ class ObjectStore:
         self._put(self._record_path(record.rollout_key), record.model_dump_json().encode())
 
     def get(self, rollout_key: str) -> RolloutRecord | None:
-        try:
-            data = self._obstore.get(self._store, self._record_path(rollout_key)).bytes()
-        except FileNotFoundError:
-            return None
-        return RolloutRecord.model_validate_json(bytes(data))
+        data = self._get(self._record_path(rollout_key))
+        return None if data is None else RolloutRecord.model_validate_json(data)
 
     def exists(self, rollout_key: str) -> bool:
         """A HEAD request: whether the rollout's record is there, without reading it."""
-        try:
-            self._obstore.head(self._store, self._record_path(rollout_key))
-        except FileNotFoundError:
-            return False
-        return True
+        return self._head(self._record_path(rollout_key))
+
+    def write_report(self, report: AgentReport) -> None:
+        self._put(self._report_path(report.run_key), report.model_dump_json().encode())
+
+    def report_exists(self, run_key: str) -> bool:
+        return self._head(self._report_path(run_key))
+
+    def get_report(self, run_key: str) -> AgentReport | None:
+        data = self._get(self._report_path(run_key))
+        return None if data is None else AgentReport.model_validate_json(data)
 
     def records(self) -> Iterator[RolloutRecord]:
         paths = sorted(
@@ -76,6 +80,24 @@ class ObjectStore:
 
     def _put(self, path: str, data: bytes) -> None:
         self._obstore.put(self._store, path, data)
+
+    def _get(self, path: str) -> bytes | None:
+        try:
+            return bytes(self._obstore.get(self._store, path).bytes())
+        except FileNotFoundError:
+            return None
+
+    def _head(self, path: str) -> bool:
+        try:
+            self._obstore.head(self._store, path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @staticmethod
+    def _report_path(run_key: str) -> str:
+        check_name(run_key, "run key")
+        return f"agent-reports/{run_key}.json"
 
     @staticmethod
     def _record_path(rollout_key: str) -> str:

@@ -1,0 +1,81 @@
+"""Run one agent on one rollout under a timeout and a cancel signal, and say how it ended.
+
+Shared by the client (in-process agents) and the agent server (agents served over HTTP), so
+both classify outcomes the same way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.context import RolloutContext
+from rollway.errors import error_kind
+from rollway.types import ErrorKind, RolloutResult, Status
+
+
+@dataclass
+class AgentOutcome:
+    status: Status
+    kind: ErrorKind | None = None
+    reason: str | None = None
+    result: RolloutResult | None = None
+
+
+async def run_agent(
+    agent: AgentLoop,
+    ctx: RolloutContext,
+    *,
+    cancel: asyncio.Event,
+    timeout_s: float | None,
+    stop_grace_s: float,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+) -> AgentOutcome:
+    """Run ``agent`` until it returns, ``timeout_s`` passes or ``cancel`` is set. A stopped agent
+    gets ``on_stop`` (abort its generation), then ``agent.stop(ctx)``, then ``stop_grace_s`` to
+    return before its task is cancelled; it is never left running."""
+    agent_task = asyncio.create_task(agent.run(ctx), name=ctx.rollout_id)
+    cancel_wait = asyncio.create_task(cancel.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {agent_task, cancel_wait}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        cancel_wait.cancel()
+        await _stop(agent, ctx, agent_task, stop_grace_s, on_stop)
+    if agent_task not in done:
+        if cancel.is_set():
+            return AgentOutcome("cancelled", reason="cancelled by the caller")
+        return AgentOutcome("timeout", reason=f"timed out after {timeout_s:g} s")
+    if agent_task.cancelled():
+        return AgentOutcome("cancelled", reason="the agent task was cancelled")
+    exc = agent_task.exception()
+    if exc is not None:
+        return AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+    result = agent_task.result()
+    if not isinstance(result, RolloutResult):
+        reason = f"run returned {type(result).__name__}; return ctx.complete(...) or ctx.error(...)"
+        return AgentOutcome("error", "agent", reason)
+    if result.error is not None:
+        return AgentOutcome("error", "agent", result.error, result)
+    return AgentOutcome("completed", result=result)
+
+
+async def _stop(
+    agent: AgentLoop,
+    ctx: RolloutContext,
+    agent_task: asyncio.Task[Any],
+    grace_s: float,
+    on_stop: Callable[[], Awaitable[None]] | None,
+) -> None:
+    if agent_task.done():
+        return
+    if on_stop is not None:
+        await on_stop()
+    await agent.stop(ctx)
+    await asyncio.wait({agent_task}, timeout=grace_s)
+    if not agent_task.done():
+        agent_task.cancel()
+    await asyncio.gather(agent_task, return_exceptions=True)

@@ -1,0 +1,101 @@
+"""What every rollway HTTP app shares: an orjson response, a guard that turns errors into
+OpenAI-shaped bodies (and never lets a bug take the server down), bounded JSON body reading,
+the caller's key, and 404/405 bodies in the same shape."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rollway.errors import (
+    InvalidFieldsError,
+    MalformedBodyError,
+    PayloadTooLargeError,
+    RollwayError,
+    http_status_for,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class JSONResponse(Response):
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_body(error: RollwayError) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.error_type,
+            "param": error.param,
+            "code": type(error).__name__,
+        }
+    }
+
+
+def guarded(handler: Handler) -> Handler:
+    """Known errors become their status and body; anything else costs one request (500)."""
+
+    @functools.wraps(handler)
+    async def wrapper(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except RollwayError as exc:
+            return JSONResponse(error_body(exc), status_code=http_status_for(exc))
+        except Exception as exc:
+            log.exception("unhandled error on %s", request.url.path)
+            error = RollwayError(f"internal error: {type(exc).__name__}")
+            return JSONResponse(error_body(error), status_code=500)
+
+    return wrapper
+
+
+async def read_json(request: Request, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+    """The body as a JSON object ({} when empty), refusing bodies over ``max_body_bytes``
+    before reading them all."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > max_body_bytes:
+            raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
+    if not body:
+        return {}
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedBodyError(f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidFieldsError("body must be a JSON object", param="body")
+    return data
+
+
+def bearer(request: Request) -> str | None:
+    """The key from ``Authorization: Bearer`` (OpenAI clients) or ``x-api-key`` (Anthropic)."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
+
+
+async def route_error(request: Request, exc: Exception) -> Response:
+    """Unknown paths and wrong methods answer in the same error shape as everything else."""
+    assert isinstance(exc, HTTPException)
+    body = {"error": {"message": exc.detail, "type": "invalid_request_error", "param": None}}
+    return JSONResponse(body, status_code=exc.status_code)
