@@ -20,6 +20,9 @@ from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 
+# Agent servers and callback receivers, for the agent server and the client tests.
+pytest_plugins = ["tests.agents.server.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[EmbeddedEngine]:

@@ -18,6 +18,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
     └── InfrastructureError         a transient failure; the client retries  (503)
+        └── OverloadedError         at capacity now; try again later         (429)
 
 Rollout outcomes use the same categories: an ``error`` outcome has a kind of ``agent``,
 ``engine``, ``reward`` or ``infrastructure`` (see ``error_kind``).
@@ -99,6 +100,17 @@ class InfrastructureError(RollwayError):
     error_type = "infrastructure_error"
 
 
+class OverloadedError(InfrastructureError):
+    """A server is at its concurrency cap; ``retry_after_s`` says when to come back."""
+
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, param: str | None = None, retry_after_s: float = 1.0) -> None:
+        super().__init__(message, param)
+        self.args = (message, param, retry_after_s)
+        self.retry_after_s = retry_after_s
+
+
 HTTP_STATUS: dict[type[RollwayError], int] = {
     RollwayError: 500,
     ConfigError: 500,
@@ -115,6 +127,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     AgentError: 500,
     RewardError: 500,
     InfrastructureError: 503,
+    OverloadedError: 429,
 }
 
 
@@ -136,3 +149,19 @@ def error_kind(error: BaseException) -> str:
     if isinstance(error, InfrastructureError):
         return "infrastructure"
     return "agent"
+
+
+def error_from_body(status: int, body: object) -> RollwayError:
+    """The error a rollway server answered with, rebuilt from its body (``error.code`` names
+    the class); a body from anything else becomes a ``RequestError`` for a 4xx and an
+    ``InfrastructureError`` otherwise."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        message = str(error.get("message") or f"HTTP {status}")
+        param = error.get("param") if isinstance(error.get("param"), str) else None
+        cls = {c.__name__: c for c in HTTP_STATUS}.get(str(error.get("code")))
+        if cls is not None:
+            return cls(message, param)
+    else:
+        message = f"HTTP {status}: {str(body)[:200]}"
+    return RequestError(message) if 400 <= status < 500 else InfrastructureError(message)

@@ -72,7 +72,7 @@ def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> N
     record = item.result
     assert record.status == "timeout" and "0.3" in record.reason
     assert record.trajectory.turns[0].finish_reason == "abort"
-    assert client.gateway.engine._waiting == {}
+    assert client.gateway.gateway.engine._waiting == {}
 
 
 def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) -> None:
@@ -83,7 +83,7 @@ def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) 
     record = future.result(timeout=10)
     assert record.status == "cancelled" and future.cancelled and future.done()
     assert future.cancel() is False and future.elapsed() < 10
-    assert client.gateway.engine._waiting == {}
+    assert client.gateway.gateway.engine._waiting == {}
 
 
 def test_a_hanging_or_raising_agent_costs_only_its_own_rollout(make_client: MakeClient) -> None:

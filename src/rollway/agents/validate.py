@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollway.agents.base import AgentLoop
+from rollway.agents.registry import load_agent
+from rollway.errors import AgentError
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,18 @@ def validate(agent: type[AgentLoop] | AgentLoop) -> list[Issue]:
     except Exception as exc:
         return [Issue("E104", "error", f"the agent cannot be built without arguments: {exc!r}")]
     return _check_tools(instance)
+
+
+def ready_agent(agent: AgentLoop | type[AgentLoop] | str) -> AgentLoop:
+    """An agent instance that passed ``validate`` (a ``"module:Class"`` string is loaded first);
+    else ``AgentError`` listing the problems."""
+    if isinstance(agent, str):
+        agent = load_agent(agent)
+    errors = [i for i in validate(agent) if i.severity == "error"]
+    if errors:
+        listed = "; ".join(f"{i.code} {i.message}" for i in errors)
+        raise AgentError(f"agent is not ready: {listed}")
+    return agent if isinstance(agent, AgentLoop) else agent()
 
 
 def _check_tools(agent: AgentLoop) -> list[Issue]:

@@ -8,7 +8,7 @@ import os
 import typer
 
 from rollway import logs
-from rollway.cli import demo, export, gateway, model, run, sim_server, validate
+from rollway.cli import demo, export, gateway, model, run, serve_agent, sim_server, validate
 from rollway.errors import RollwayError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
@@ -16,6 +16,7 @@ app.command("run")(run.run)
 app.command("validate")(validate.validate)
 app.command("export")(export.export)
 app.command("gateway")(gateway.serve)
+app.command("serve-agent")(serve_agent.serve)
 app.command("sim-server")(sim_server.serve)
 app.command("demo")(demo.run)
 app.add_typer(model.app, name="model")

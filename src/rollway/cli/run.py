@@ -13,14 +13,19 @@ from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target, load_agent
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.client import RolloutClient
+from rollway.client.remote_agent import RemoteAgent
 from rollway.client.rewards import RewardFn
 from rollway.errors import ConfigError
+from rollway.gateway.remote import RemoteGateway
 
 
 def run(
     tasks: Annotated[Path, typer.Option(help="JSONL file, one task object per line.")],
     agent: Annotated[
-        str | None, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")
+        str | None,
+        typer.Argument(
+            help="module:Class, path/to/file.py:Class, a name, or an agent server's http(s) URL."
+        ),
     ] = None,
     cmd: Annotated[
         str | None, typer.Option(help="Run this program as the agent, in a sandbox, instead.")
@@ -40,19 +45,41 @@ def run(
     temperature: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Run seed; rollouts derive theirs.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip rollouts already in the store.")] = True,
+    agent_key: Annotated[
+        str | None, typer.Option(envvar="ROLLWAY_AGENT_KEY", help="The agent server's key.")
+    ] = None,
+    http_host: Annotated[
+        str, typer.Option(help="Serve the gateway and callbacks here (0.0.0.0 for other hosts).")
+    ] = "127.0.0.1",
+    gateway: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ROLLWAY_GATEWAY",
+            help="Use this `rollway gateway` (http://host:port) instead of --engine.",
+        ),
+    ] = None,
+    gateway_key: Annotated[
+        str | None, typer.Option(envvar="ROLLWAY_ADMIN_KEY", help="That gateway's admin key.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Cap per model call.")] = None,
+    public_url: Annotated[
+        str | None, typer.Option(help="How agent servers reach this client, if not http_host.")
+    ] = None,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
     if (agent is None) == (cmd is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
-    chosen: AgentLoop = ProgramAgent(cmd) if cmd else load_agent(agent or "")()
+    chosen = _agent(agent, cmd, agent_key)
     exp = exp_id or f"{chosen.name}-{tasks.stem}"
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed
+    if max_tokens is not None:
+        sampling["max_tokens"] = max_tokens
     with RolloutClient(
         chosen,
-        engine,
+        RemoteGateway(gateway, admin_key=gateway_key or "") if gateway else engine,
         model=model,
         store=out,
         exp_id=exp,
@@ -60,11 +87,22 @@ def run(
         max_concurrent=concurrency,
         timeout=timeout,
         show_progress=True,
+        http_host=http_host,
+        public_url=public_url,
         **sampling,
     ) as client:
         for _ in client.run_batch(rows, group_size, resume=resume):
             pass
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
+
+
+def _agent(agent: str | None, cmd: str | None, agent_key: str | None) -> AgentLoop:
+    if cmd:
+        return ProgramAgent(cmd)
+    assert agent is not None
+    if agent.startswith(("http://", "https://")):
+        return RemoteAgent(agent, api_key=agent_key or "")
+    return load_agent(agent)()
 
 
 def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:

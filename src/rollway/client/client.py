@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import os
 import secrets
 import time
 import uuid
@@ -14,22 +15,25 @@ from types import TracebackType
 from typing import Any
 
 from aiolimiter import AsyncLimiter
+from starlette.applications import Starlette
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.registry import load_agent
-from rollway.agents.validate import validate
+from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.callbacks import CallbackInbox
 from rollway.client.future import RolloutFuture
+from rollway.client.gateways import GatewayHandle, LocalGateway
 from rollway.client.loop import LoopThread
 from rollway.client.progress import BatchProgress, summary_table
+from rollway.client.remote_agent import PollPolicy, RemoteAgent, RemoteSettings
 from rollway.client.rewards import RewardFn
 from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
-from rollway.errors import AgentError
 from rollway.gateway.app import create_app
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
 from rollway.gateway.protocol import RegisterRequest, parse_model
+from rollway.gateway.remote import RemoteGateway
 from rollway.gateway.server import LoopServer
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
@@ -37,14 +41,21 @@ from rollway.types import RolloutRecord
 
 
 class RolloutClient:
-    """Runs ``agent`` on tasks. ``engine`` is ``"embedded"``, ``"sim"``, an engine object or a
-    ready ``Gateway``; ``**sampling`` (temperature, top_p, max_tokens, ...) is fixed for every
-    rollout. Close it (or use ``with``) to stop its loop and engine."""
+    """Runs ``agent`` on tasks. ``engine`` is ``"embedded"``, ``"sim"``, an engine spec or
+    object, a ready ``Gateway``, or a ``RemoteGateway`` (a shared ``rollway gateway`` server);
+    ``**sampling`` (temperature, top_p, max_tokens, ...) is fixed for every rollout.
+    Close it (or use ``with``) to stop its loop and engine.
+
+    ``agent`` may be an agent server's URL (``"http://host:port"``, key in ``agent_key`` or
+    ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route on
+    ``http_host`` (advertised as ``public_url`` when agent servers reach it by another name),
+    and a rollout ends when its report arrives by callback or, with ``callback=False`` or when
+    the callback is lost, when ``poll`` finds it in the store."""
 
     def __init__(
         self,
         agent: AgentLoop | type[AgentLoop] | str,
-        engine: str | Engine | ChatEngine | Gateway = "embedded",
+        engine: str | Engine | ChatEngine | Gateway | RemoteGateway = "embedded",
         *,
         model: str | None = None,
         store: str | Store = "rollway-runs",
@@ -61,14 +72,25 @@ class RolloutClient:
         show_progress: bool = False,
         debug: bool = False,
         serve_http: bool | None = None,
+        http_host: str = "127.0.0.1",
+        public_url: str | None = None,
+        agent_key: str | None = None,
+        callback: bool = True,
+        poll: PollPolicy | None = None,
         **sampling: Any,
     ) -> None:
-        self.agent = _ready_agent(agent)
+        self.agent = _agent(agent, agent_key, poll)
         parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
         self.exp_id = exp_id or self.agent.name
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
         self._owns_engine = isinstance(engine, str)
-        self.gateway = engine if isinstance(engine, Gateway) else build_gateway(engine, model=model)
+        self.gateway: GatewayHandle = (
+            engine
+            if isinstance(engine, RemoteGateway)
+            else LocalGateway(
+                engine if isinstance(engine, Gateway) else build_gateway(engine, model=model)
+            )
+        )
         self.settings = RolloutSettings(
             exp_id=self.exp_id,
             sampling=sampling,
@@ -89,12 +111,12 @@ class RolloutClient:
         self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit else None
         self._loop = LoopThread()
         self._live: set[RolloutFuture] = set()
-        # Out-of-process agents (programs) reach the gateway over HTTP on loopback.
-        self._http: LoopServer | None = None
-        if serve_http if serve_http is not None else getattr(self.agent, "needs_http", False):
-            app = create_app(self.gateway, admin_key=secrets.token_hex(16), close_engine=False)
-            self._http = LoopServer(app)
-            self._runner.gateway_url = self._loop.call(self._http.start())
+        inbox = CallbackInbox() if callback and isinstance(self.agent, RemoteAgent) else None
+        if isinstance(self.agent, RemoteAgent):
+            self.agent.bind(self.store, inbox, self._remote_settings())
+        if serve_http is None:
+            serve_http = getattr(self.agent, "needs_http", False)
+        self._http = self._serve(serve_http, inbox, http_host, public_url)
 
     # -- single rollouts ---------------------------------------------------------------------
 
@@ -108,7 +130,6 @@ class RolloutClient:
             sampling = {**self.settings.sampling, **overrides}
             settings = dataclasses.replace(self.settings, sampling=sampling)
             runner = RolloutRunner(self.agent, self.gateway, self.store, settings, self.reward_fn)
-            runner.gateway_url = self._runner.gateway_url
         return self._submit(spec, runner)
 
     async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
@@ -173,8 +194,12 @@ class RolloutClient:
         self._cancel_and_wait(list(self._live))
         if self._http is not None:
             self._loop.call(self._http.stop())
-        if self._owns_engine:
-            self._loop.call(self.gateway.engine.close())
+        if isinstance(self.agent, RemoteAgent):
+            self._loop.call(self.agent.aclose())
+        if isinstance(self.gateway, RemoteGateway):
+            self._loop.call(self.gateway.close())
+        elif self._owns_engine:
+            self._loop.call(self.gateway.gateway.engine.close())
         self._loop.close()
 
     def __enter__(self) -> RolloutClient:
@@ -236,10 +261,39 @@ class RolloutClient:
         if self.show_progress:
             BatchProgress(0, show=False).console.print(summary_table(summary))
 
+    def _serve(
+        self, gateway: bool, inbox: CallbackInbox | None, host: str, public_url: str | None
+    ) -> LoopServer | None:
+        """Serve what out-of-process parties need: the in-process gateway (programs, agent
+        servers) and the callback route (agent servers). None when nothing is needed."""
+        routes = [inbox.route()] if inbox is not None else []
+        local = self.gateway if isinstance(self.gateway, LocalGateway) else None
+        if gateway and local is not None:
+            app = create_app(
+                local.gateway, admin_key=secrets.token_hex(16), close_engine=False,
+                extra_routes=routes,
+            )  # fmt: skip
+        elif routes:
+            app = Starlette(routes=routes)
+        else:
+            return None
+        server = LoopServer(app, host=host)
+        bound = self._loop.call(server.start())
+        url = public_url.rstrip("/") if public_url else bound
+        if gateway and local is not None:
+            local.url = url
+        if inbox is not None:
+            inbox.url = url
+        return server
+
+    def _remote_settings(self) -> RemoteSettings:
+        s = self.settings
+        return RemoteSettings(s.exp_id, s.sampling, s.timeout, s.max_turns, s.max_seq_len, s.debug)
+
     def _config(self, n_tasks: int, group_size: int) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
-            "agent": f"{type(self.agent).__module__}:{type(self.agent).__qualname__}",
+            "agent": _agent_spec(self.agent),
             "agent_name": self.agent.name,
             "model": self.gateway.model_name,
             "tasks": n_tasks,
@@ -249,12 +303,16 @@ class RolloutClient:
         }
 
 
-def _ready_agent(agent: AgentLoop | type[AgentLoop] | str) -> AgentLoop:
-    """An agent instance that passed ``validate``; else ``AgentError`` listing the problems."""
-    if isinstance(agent, str):
-        agent = load_agent(agent)
-    errors = [i for i in validate(agent) if i.severity == "error"]
-    if errors:
-        listed = "; ".join(f"{i.code} {i.message}" for i in errors)
-        raise AgentError(f"agent is not ready: {listed}")
-    return agent if isinstance(agent, AgentLoop) else agent()
+def _agent(
+    agent: AgentLoop | type[AgentLoop] | str, key: str | None, poll: PollPolicy | None
+) -> AgentLoop:
+    """An agent ready to run: ``http(s)://...`` is an agent server, else a validated loop."""
+    if isinstance(agent, str) and agent.startswith(("http://", "https://")):
+        return RemoteAgent(agent, api_key=key or os.environ.get("ROLLWAY_AGENT_KEY", ""), poll=poll)
+    return ready_agent(agent)
+
+
+def _agent_spec(agent: AgentLoop) -> str:
+    if isinstance(agent, RemoteAgent):
+        return agent.url
+    return f"{type(agent).__module__}:{type(agent).__qualname__}"

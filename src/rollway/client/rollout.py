@@ -1,5 +1,6 @@
 """One rollout from start to its one recorded outcome: register, run the agent under a timeout
-and a cancel signal, clean up on every path, score, retry infrastructure failures, store."""
+and a cancel signal, clean up on every path, score, retry infrastructure failures, store, and
+only then unregister."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_ex
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
+from rollway.client.gateways import GatewayHandle
 from rollway.client.rewards import RewardFn, score
-from rollway.errors import RewardError, error_kind
-from rollway.gateway.core import Gateway
+from rollway.errors import RewardError, RolloutClosedError, UnknownRolloutError, error_kind
+from rollway.gateway.core import Registration
 from rollway.store.base import Store
 from rollway.types import (
     RolloutMetrics,
@@ -75,15 +77,13 @@ class RolloutRunner:
     def __init__(
         self,
         agent: AgentLoop,
-        gateway: Gateway,
+        gateway: GatewayHandle,
         store: Store,
         settings: RolloutSettings,
         reward_fn: RewardFn | None = None,
     ) -> None:
         self.agent, self.gateway, self.store = agent, gateway, store
         self.settings, self.reward_fn = settings, reward_fn
-        #: Where the gateway listens over HTTP, when the client serves it.
-        self.gateway_url: str | None = None
 
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
@@ -97,23 +97,44 @@ class RolloutRunner:
             retry_error_callback=lambda state: state.outcome.result(),
         )
         attempts = itertools.count(1)
+        opened: list[str] = []
 
         async def attempt() -> RolloutRecord:
-            return await self._attempt(spec, next(attempts), cancel, started_at)
+            number = next(attempts)
+            opened.append(self._rollout_id(spec, number))
+            return await self._attempt(spec, number, cancel, started_at)
 
         record = await retrying(attempt)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
         await asyncio.to_thread(self.store.write, record)
+        # Only now: a client that dies before the write finds the rollout still on a shared
+        # gateway when it restarts, and re-attaches instead of running it again.
+        await self._unregister(opened)
         log.debug(
             "rollout finished",
             extra={"rollout_id": record.rollout_id, "stage": "finish", "status": record.status},
         )
         return record
 
+    def _rollout_id(self, spec: RolloutSpec, attempt: int) -> str:
+        return f"{self.settings.exp_id}.{spec.rollout_key}.{attempt}"
+
+    async def _unregister(self, rollout_ids: list[str]) -> None:
+        for rollout_id in rollout_ids:
+            try:
+                await self.gateway.unregister(rollout_id)
+            except UnknownRolloutError:
+                pass  # registration itself failed
+            except Exception as exc:
+                log.warning(
+                    "unregister failed: %r", exc,
+                    extra={"rollout_id": rollout_id, "stage": "unregister"},
+                )  # fmt: skip
+
     async def _attempt(
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
-        rollout_id = f"{self.settings.exp_id}.{spec.rollout_key}.{attempt}"
+        rollout_id = self._rollout_id(spec, attempt)
         register = {
             **self._seeded(self.settings.sampling, spec),
             "max_turns": self.settings.max_turns,
@@ -128,7 +149,7 @@ class RolloutRunner:
         ctx: RolloutContext | None = None
         trajectory, cleanup_errors = None, []
         try:
-            registration = self.gateway.register(rollout_id, register)
+            registration = await self._register(rollout_id, register)
         except Exception as exc:
             outcome = AgentOutcome("error", "infrastructure", f"register failed: {exc}")
         else:
@@ -174,6 +195,16 @@ class RolloutRunner:
             trajectory=trajectory,
         )
 
+    async def _register(self, rollout_id: str, params: dict[str, Any]) -> Registration:
+        # Agents that can re-attach (served ones) pick up a rollout a dead client left open
+        # on a shared gateway; for the rest it is stale (its agent died with the client).
+        reuse = getattr(self.agent, "reattaches", False)
+        try:
+            return await self.gateway.register(rollout_id, params, reuse=reuse)
+        except RolloutClosedError:
+            await self.gateway.unregister(rollout_id)
+            return await self.gateway.register(rollout_id, params)
+
     @staticmethod
     def _seeded(sampling: dict[str, Any], spec: RolloutSpec) -> dict[str, Any]:
         """Give each rollout its own seed derived from the run's, so a group's samples differ
@@ -190,24 +221,21 @@ class RolloutRunner:
             debug_dir.mkdir(parents=True, exist_ok=True)
             debug_path = debug_dir / f"{rollout_id}.jsonl"
         tools = self.agent.get_tools(spec.task)
-        base_url = f"{self.gateway_url}/v1/rollouts/{rollout_id}" if self.gateway_url else None
         return RolloutContext(
             spec.task, tools, rollout_id, self.gateway, debug_path,
-            base_url=base_url, api_key=api_key,
+            base_url=self.gateway.base_url(rollout_id), api_key=api_key,
         )  # fmt: skip
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
-        """Abort in-flight generation, fetch the trajectory, unregister; errors are recorded."""
+        """Abort in-flight generation and fetch the trajectory; errors are recorded."""
         errors: list[str] = []
         trajectory = None
-        for stage in ("cancel", "trajectory", "unregister"):
+        for stage in ("cancel", "fetch_trajectory"):
             try:
                 if stage == "cancel":
                     await self.gateway.cancel(rollout_id)
-                elif stage == "trajectory":
-                    trajectory = self.gateway.trajectory(rollout_id)
                 else:
-                    await self.gateway.unregister(rollout_id)
+                    trajectory = await self.gateway.trajectory(rollout_id)
             except Exception as exc:
                 errors.append(f"{stage}: {type(exc).__name__}: {exc}")
                 log.warning("cleanup failed", extra={"rollout_id": rollout_id, "stage": stage})

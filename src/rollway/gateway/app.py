@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -12,7 +12,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from rollway.errors import AuthError
 from rollway.gateway.anthropic import MessagesRequest, message_body
@@ -38,8 +38,10 @@ def create_app(
     admin_key: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_engine: bool = True,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The HTTP app over ``gateway``; with ``close_engine`` the engine closes at shutdown."""
+    """The HTTP app over ``gateway``; with ``close_engine`` the engine closes at shutdown.
+    ``extra_routes`` ride on the same server (the client's callback route)."""
 
     def require_admin(request: Request) -> None:
         if not hmac.compare_digest(bearer(request) or "", admin_key):
@@ -52,7 +54,8 @@ def create_app(
         require_admin(request)
         rollout_id = request.path_params["rollout_id"]
         body = parse_model(RegisterRequest, await read_body(request))
-        registration = gateway.register(rollout_id, body)
+        reuse = request.query_params.get("reuse", "").lower() in ("1", "true")
+        registration = gateway.register(rollout_id, body, reuse=reuse)
         base_url = f"{str(request.base_url).rstrip('/')}/v1/rollouts/{rollout_id}"
         return JSONResponse(
             {"rollout_id": rollout_id, "base_url": base_url, "api_key": registration.api_key}
@@ -117,7 +120,7 @@ def create_app(
         return JSONResponse({"unregistered": True})
 
     async def health(request: Request) -> Response:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", "model": gateway.model_name})
 
     async def metrics(request: Request) -> Response:
         require_admin(request)
@@ -144,6 +147,7 @@ def create_app(
         Route(f"{prefix}/unregister", guarded(unregister), methods=["POST"]),
         Route("/health", guarded(health), methods=["GET"]),
         Route("/metrics", guarded(metrics), methods=["GET"]),
+        *extra_routes,
     ]
 
     return Starlette(

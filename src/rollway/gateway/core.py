@@ -79,12 +79,22 @@ class Gateway:
         self._rollouts: dict[str, RolloutState] = {}
         self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
 
-    def register(self, rollout_id: str, request: RegisterRequest | dict[str, Any]) -> Registration:
+    def register(
+        self,
+        rollout_id: str,
+        request: RegisterRequest | dict[str, Any],
+        *,
+        reuse: bool = False,
+    ) -> Registration:
+        """Open a rollout and return its key. An id already open is an error, unless ``reuse``:
+        then its existing key comes back (a restarted client re-attaching to its rollout)."""
         if isinstance(request, dict):
             request = parse_model(RegisterRequest, request)
         if not rollout_id or "/" in rollout_id:
             raise RequestError(f"invalid rollout id {rollout_id!r}", param="rollout_id")
         if rollout_id in self._rollouts:
+            if reuse:
+                return Registration(rollout_id, self._rollouts[rollout_id].api_key)
             raise RolloutClosedError(f"rollout {rollout_id!r} is already registered")
         state = RolloutState(
             rollout_id=rollout_id,

@@ -1,0 +1,115 @@
+"""The agent server's HTTP layer: thin handlers over ``AgentService``.
+
+POST /v1/rollout/init            start a rollout (202 with the agent's tools)
+GET  /v1/rollout/{id}            its status, and its report once finished
+POST /v1/rollout/{id}/cancel     stop it (it still reports, as ``cancelled``)
+GET  /v1/health                  agent, tools, load (needs the key)
+GET  /health                     liveness (no key)
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.server.protocol import InitRequest
+from rollway.agents.server.service import AgentService, Run, ServiceConfig
+from rollway.agents.validate import ready_agent
+from rollway.errors import AuthError, InvalidFieldsError, OverloadedError
+from rollway.gateway.protocol import parse_model
+from rollway.webapp import JSONResponse, bearer, error_body, guarded, read_json, route_error
+
+
+def create_app(
+    agent: AgentLoop | type[AgentLoop] | str,
+    *,
+    api_key: str,
+    config: ServiceConfig | None = None,
+) -> Starlette:
+    """Serve ``agent`` (validated now: an invalid agent raises ``AgentError`` and nothing is
+    served). ``app.state.service`` is the core, for tests and embedding."""
+    service = AgentService(ready_agent(agent), config)
+
+    def require_key(request: Request) -> None:
+        if not hmac.compare_digest(bearer(request) or "", api_key):
+            raise AuthError("wrong or missing agent server key")
+
+    async def init(request: Request) -> Response:
+        require_key(request)
+        body = await read_json(request)
+        header_key = request.headers.get("idempotency-key")
+        if header_key:
+            if body.get("idempotency_key") not in (None, header_key):
+                raise InvalidFieldsError(
+                    "idempotency_key differs from the Idempotency-Key header",
+                    param="idempotency_key",
+                )
+            body["idempotency_key"] = header_key
+        try:
+            run, created = await service.start(parse_model(InitRequest, body))
+        except OverloadedError as exc:
+            headers = {"Retry-After": f"{max(1, round(exc.retry_after_s))}"}
+            return JSONResponse(error_body(exc), status_code=429, headers=headers)
+        return JSONResponse({**_status(run), "tools": run.tools, "created": created}, 202)
+
+    async def status(request: Request) -> Response:
+        require_key(request)
+        return JSONResponse(_status(service.get(request.path_params["rollout_id"])))
+
+    async def cancel(request: Request) -> Response:
+        require_key(request)
+        run = service.cancel(request.path_params["rollout_id"])
+        return JSONResponse(_status(run), 200 if run.report.finished else 202)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def health_detail(request: Request) -> Response:
+        require_key(request)
+        return JSONResponse(
+            {
+                "status": "ok",
+                "agent": service.agent.name,
+                "tools": service.agent.get_default_tools(),
+                "running": service.running,
+                "max_concurrent": service.config.max_concurrent,
+                "runs_started": service.runs_started,
+            }
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await service.close()
+
+    routes = [
+        Route("/v1/rollout/init", guarded(init), methods=["POST"]),
+        Route("/v1/rollout/{rollout_id}", guarded(status), methods=["GET"]),
+        Route("/v1/rollout/{rollout_id}/cancel", guarded(cancel), methods=["POST"]),
+        Route("/v1/health", guarded(health_detail), methods=["GET"]),
+        Route("/health", guarded(health), methods=["GET"]),
+    ]
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error}
+    )
+    app.state.service = service
+    return app
+
+
+def _status(run: Run) -> dict[str, Any]:
+    return {
+        "rollout_id": run.init.rollout_id,
+        "run_key": run.key,
+        "status": run.report.status,
+        "callback": run.callback,
+        "report": run.report.model_dump(mode="json") if run.report.finished else None,
+    }

@@ -1,0 +1,81 @@
+"""Deliver a finished rollout's report to the client's callback route, with bounded retries.
+
+Connection failures and 5xx answers are retried with exponential backoff; a 4xx means the
+client does not want it (restarted, or the rollout was given up) and is not retried. Either way
+the report is already in the store, so an undeliverable callback loses nothing."""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import aiohttp
+from tenacity import (
+    AsyncRetrying,
+    RetryError,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from rollway.types import AgentReport
+
+log = logging.getLogger(__name__)
+
+Delivery = Literal["pending", "delivered", "refused", "failed", "none"]
+
+
+class _Retryable(Exception):
+    pass
+
+
+async def deliver_report(
+    session: aiohttp.ClientSession,
+    callback_url: str,
+    callback_key: str | None,
+    report: AgentReport,
+    *,
+    attempts: int = 5,
+    wait_s: float = 0.5,
+) -> Delivery:
+    url = f"{callback_url.rstrip('/')}/v1/rollout/completed"
+    headers = {"Content-Type": "application/json"}
+    if callback_key:
+        headers["Authorization"] = f"Bearer {callback_key}"
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(max(1, attempts)),
+        wait=wait_exponential(multiplier=wait_s, max=30),
+        retry=retry_if_exception_type(_Retryable),
+    )
+    try:
+        async for attempt in retrying:
+            with attempt:
+                status = await _post(session, url, headers, report.model_dump_json())
+    except RetryError as exc:
+        log.warning(
+            "callback undeliverable: %r",
+            exc.last_attempt.exception(),
+            extra={"rollout_id": report.rollout_id, "stage": "callback"},
+        )
+        return "failed"
+    if status >= 400:
+        log.warning(
+            "callback refused with %d",
+            status,
+            extra={"rollout_id": report.rollout_id, "stage": "callback"},
+        )
+        return "refused"
+    return "delivered"
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, headers: dict[str, str], data: str
+) -> int:
+    try:
+        async with session.post(url, data=data, headers=headers) as response:
+            await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise _Retryable(repr(exc)) from exc
+    if response.status >= 500:
+        raise _Retryable(f"HTTP {response.status}")
+    return response.status

@@ -1,0 +1,46 @@
+"""``rollway serve-agent``: serve an AgentLoop over HTTP for clients on other machines."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from rollway.agents.server import ServiceConfig, create_app
+
+
+def serve(
+    agent: Annotated[str, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")],
+    host: Annotated[str, typer.Option(envvar="ROLLWAY_HOST")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="ROLLWAY_PORT")] = 8100,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ROLLWAY_OUT",
+            help="Where reports go (the clients' results root: a folder or s3://bucket/prefix).",
+        ),
+    ] = None,
+    max_concurrent: Annotated[int, typer.Option(min=1, help="Rollouts at once (429 beyond).")] = 64,
+    ttl: Annotated[float, typer.Option(help="Seconds a finished rollout stays in memory.")] = 3600,
+    debug_dir: Annotated[
+        Path | None, typer.Option(help="Per-rollout debug JSONL, for inits that ask for it.")
+    ] = None,
+) -> None:
+    """Serve AGENT; the key is ROLLWAY_AGENT_KEY, or generated and printed. The agent is
+    validated first: an invalid agent is refused and nothing is served."""
+    api_key = os.environ.get("ROLLWAY_AGENT_KEY")
+    generated = api_key is None
+    api_key = api_key or f"ag-{secrets.token_urlsafe(24)}"
+    config = ServiceConfig(
+        store=store, max_concurrent=max_concurrent, ttl_s=ttl, debug_dir=debug_dir
+    )
+    app = create_app(agent, api_key=api_key, config=config)
+    name = app.state.service.agent.name
+    typer.echo(f"rollway agent server for {name!r} on http://{host}:{port}")
+    if generated:
+        typer.echo(f"agent key: {api_key}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,57 @@
+"""The gateway as the client's rollouts see it: one async surface over the in-process
+``Gateway`` (``LocalGateway``) and a served one (``rollway.gateway.remote.RemoteGateway``)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rollway.gateway.core import ChatResult, Gateway, Registration
+from rollway.types import Trajectory
+
+
+class GatewayHandle(Protocol):
+    model_name: str
+
+    def base_url(self, rollout_id: str) -> str | None:
+        """The rollout's OpenAI base URL, or None when the gateway is not served over HTTP."""
+        ...
+
+    async def register(
+        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+    ) -> Registration: ...
+
+    async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
+
+    async def trajectory(self, rollout_id: str) -> Trajectory: ...
+
+    async def cancel(self, rollout_id: str) -> None: ...
+
+    async def unregister(self, rollout_id: str) -> None: ...
+
+
+class LocalGateway:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.model_name = gateway.model_name
+        #: Where the client serves it over HTTP, once it does.
+        self.url: str | None = None
+
+    def base_url(self, rollout_id: str) -> str | None:
+        return f"{self.url}/v1/rollouts/{rollout_id}" if self.url else None
+
+    async def register(
+        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+    ) -> Registration:
+        return self.gateway.register(rollout_id, params, reuse=reuse)
+
+    async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
+        return await self.gateway.chat(rollout_id, request)
+
+    async def trajectory(self, rollout_id: str) -> Trajectory:
+        return self.gateway.trajectory(rollout_id)
+
+    async def cancel(self, rollout_id: str) -> None:
+        await self.gateway.cancel(rollout_id)
+
+    async def unregister(self, rollout_id: str) -> None:
+        await self.gateway.unregister(rollout_id)

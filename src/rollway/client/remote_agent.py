@@ -1,0 +1,252 @@
+"""An agent served elsewhere (``rollway serve-agent``), driven like an in-process one.
+
+``RemoteAgent.run`` starts the rollout on the agent server (which talks to this client's
+gateway over HTTP) and waits for its report: by callback, or else by polling the store with
+exponential backoff (HEAD requests), with an occasional status call so an agent server that
+lost the rollout (restarted) is noticed. The init carries an idempotency key derived from the
+rollout id and its gateway key, so a repeated init never starts a second run."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.context import RolloutContext
+from rollway.client.callbacks import CallbackInbox
+from rollway.errors import (
+    AgentError,
+    ConfigError,
+    EngineError,
+    InfrastructureError,
+    OverloadedError,
+    RollwayError,
+    error_from_body,
+)
+from rollway.store.base import Store
+from rollway.types import AgentReport, RolloutResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PollPolicy:
+    """How a rollout waits for its report when no callback comes."""
+
+    initial_s: float = 0.5
+    max_s: float = 10.0
+    factor: float = 2.0
+    #: How often to ask the agent server whether it still knows the rollout.
+    status_every_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class RemoteSettings:
+    """What every init carries besides the rollout itself (set by the client)."""
+
+    exp_id: str
+    sampling: dict[str, Any]
+    timeout_s: float | None
+    max_turns: int | None
+    max_seq_len: int | None
+    debug: bool
+
+
+def run_key(rollout_id: str, api_key: str) -> str:
+    """One rollout at one gateway registration: a client that restarts against the same
+    (durable) gateway derives the same key and re-attaches instead of starting again."""
+    return f"{rollout_id}-{hashlib.sha256(api_key.encode()).hexdigest()[:12]}"
+
+
+class RemoteAgent(AgentLoop):
+    name = "remote"
+    needs_http = True
+    #: A rollout left open on a shared gateway by a client that died is picked up, not rerun.
+    reattaches = True
+
+    def __init__(self, url: str, *, api_key: str, poll: PollPolicy | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.poll = poll or PollPolicy()
+        info = _health(self.url, api_key)
+        self.name = str(info["agent"])  # type: ignore[misc]  # per instance: the served agent
+        self.default_tools: list[dict[str, Any]] = list(info.get("tools") or [])
+        self._store: Store | None = None
+        self._inbox: CallbackInbox | None = None
+        self._settings: RemoteSettings | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def bind(self, store: Store, inbox: CallbackInbox | None, settings: RemoteSettings) -> None:
+        """Called by the client: where reports land, the callback route, what inits carry."""
+        self._store, self._inbox, self._settings = store, inbox, settings
+
+    def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.default_tools
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        if ctx.base_url is None or ctx.api_key is None or self._settings is None:
+            raise AgentError("a remote agent needs a client that serves its gateway over HTTP")
+        key = run_key(ctx.rollout_id, ctx.api_key)
+        waiter = self._inbox.expect(key) if self._inbox is not None else None
+        try:
+            await self._init(ctx, key)
+            report = await self._wait(ctx.rollout_id, key, waiter)
+        finally:
+            if self._inbox is not None:
+                self._inbox.forget(key)
+        ctx.metrics = report.metrics
+        return _result(report)
+
+    async def stop(self, ctx: RolloutContext) -> None:
+        """Tell the agent server to stop the rollout now (best effort)."""
+        try:
+            await self._call("POST", f"/v1/rollout/{ctx.rollout_id}/cancel")
+        except Exception as exc:
+            log.warning("cancel not delivered: %r", exc, extra={"rollout_id": ctx.rollout_id})
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _init(self, ctx: RolloutContext, key: str) -> None:
+        settings = self._settings
+        assert settings is not None and ctx.base_url is not None
+        timeout_s = settings.timeout_s
+        body = {
+            "rollout_id": ctx.rollout_id,
+            "exp_id": settings.exp_id,
+            "base_url": ctx.base_url,
+            "api_key": ctx.api_key,
+            "model": ctx.gateway.model_name,
+            "task": ctx.task,
+            "sampling": settings.sampling,
+            # A little longer than the client's own timeout: the client decides the outcome.
+            "limits": {
+                "timeout_s": timeout_s + 5.0 if timeout_s else None,
+                "max_turns": settings.max_turns,
+                "max_seq_len": settings.max_seq_len,
+            },
+            "callback_url": self._inbox.url if self._inbox else None,
+            "callback_key": self._inbox.key if self._inbox else None,
+            "idempotency_key": key,
+            "debug": settings.debug,
+        }
+        connect_failures = 0
+        while True:  # bounded by the client's timeout and cancel, which cancel this task
+            try:
+                await self._call("POST", "/v1/rollout/init", body)
+                ctx.log_event("start_agent", agent_server=self.url, run_key=key)
+                return
+            except OverloadedError as exc:
+                await asyncio.sleep(exc.retry_after_s)
+            except aiohttp.ClientConnectionError as exc:
+                connect_failures += 1
+                if connect_failures >= 3:
+                    message = f"agent server {self.url} unreachable: {exc}"
+                    raise InfrastructureError(message) from exc
+                await asyncio.sleep(self.poll.initial_s * 2**connect_failures)
+
+    async def _wait(
+        self, rollout_id: str, key: str, waiter: asyncio.Future[AgentReport] | None
+    ) -> AgentReport:
+        assert self._store is not None
+        interval = self.poll.initial_s
+        last_status = time.monotonic()
+        while True:
+            if waiter is not None:
+                await asyncio.wait({waiter}, timeout=interval)
+                if waiter.done():
+                    return waiter.result()
+            else:
+                await asyncio.sleep(interval)
+            if await asyncio.to_thread(self._store.report_exists, key):
+                report = await asyncio.to_thread(self._store.get_report, key)
+                if report is not None:
+                    return report
+            if time.monotonic() - last_status >= self.poll.status_every_s:
+                last_status = time.monotonic()
+                report = await self._check_status(rollout_id, key)
+                if report is not None:
+                    return report
+            interval = min(interval * self.poll.factor, self.poll.max_s)
+
+    async def _check_status(self, rollout_id: str, key: str) -> AgentReport | None:
+        """The report if the agent server has it (a server without a store); an
+        ``InfrastructureError`` if it no longer knows the rollout."""
+        try:
+            status = await self._call("GET", f"/v1/rollout/{rollout_id}")
+        except aiohttp.ClientConnectionError as exc:
+            log.warning("agent server unreachable: %r", exc, extra={"rollout_id": rollout_id})
+            return None
+        except InfrastructureError:
+            return None
+        except RollwayError as exc:
+            raise InfrastructureError(f"agent server lost rollout {rollout_id}: {exc}") from exc
+        if status.get("run_key") != key:
+            raise InfrastructureError(f"agent server runs {rollout_id} under another key")
+        report = status.get("report")
+        return AgentReport.model_validate(report) if report else None
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        if self._session is None or self._session.closed:
+            timeout = aiohttp.ClientTimeout(total=60, sock_connect=10)
+            headers = {"Authorization": f"Bearer {self.api_key}"}
+            self._session = aiohttp.ClientSession(timeout=timeout, headers=headers)
+        data = orjson.dumps(body) if body is not None else None
+        headers = {"Content-Type": "application/json"} if body is not None else None
+        async with self._session.request(
+            method, f"{self.url}{path}", data=data, headers=headers
+        ) as response:
+            raw = await response.read()
+            retry_after = response.headers.get("Retry-After", "1")
+        answer = orjson.loads(raw) if raw else {}
+        if response.status == 429:
+            seconds = float(retry_after) if retry_after.replace(".", "").isdigit() else 1.0
+            raise OverloadedError("agent server at capacity", retry_after_s=seconds)
+        if response.status >= 400:
+            raise error_from_body(response.status, answer)
+        return answer
+
+
+def _result(report: AgentReport) -> RolloutResult:
+    """The agent server's outcome as the client's runner expects it from ``run``."""
+    if report.status == "completed":
+        return RolloutResult(report.messages, report.finish_reason or "stop", report.reward)
+    reason = report.reason or report.status
+    if report.status == "error" and report.error_kind == "engine":
+        raise EngineError(reason)
+    if report.status == "error" and report.error_kind == "infrastructure":
+        raise InfrastructureError(reason)
+    if report.status == "cancelled":
+        raise InfrastructureError(f"cancelled on the agent server: {reason}")
+    return RolloutResult(report.messages, "error", None, reason)
+
+
+def _health(url: str, api_key: str) -> dict[str, Any]:
+    """Who is served there; fails early, naming the problem, when the server or key is wrong."""
+    try:
+        response = httpx.get(
+            f"{url.rstrip('/')}/v1/health",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=10,
+        )
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"no agent server at {url}: {exc}") from exc
+    if response.status_code == 401:
+        raise ConfigError(f"the agent server at {url} refused the key")
+    if response.status_code != 200:
+        raise ConfigError(f"the agent server at {url} answered {response.status_code}")
+    info = response.json()
+    if not isinstance(info, dict) or not info.get("agent"):
+        raise ConfigError(f"{url} does not look like a rollway agent server")
+    return info

@@ -1,0 +1,148 @@
+"""A gateway served elsewhere (``rollway gateway``), used over HTTP.
+
+``HttpChat`` is one rollout's chat through the gateway's chat-completions route (what agent
+servers use); ``RemoteGateway`` drives the admin routes (register, trajectory, cancel,
+unregister) so a client, or many clients and Ray workers, can share one long-lived gateway, and
+a client that restarts finds its rollouts still recorded there. The gateway's errors come back
+as the same rollway errors the in-process gateway raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from rollway.errors import ConfigError, InfrastructureError, error_from_body
+from rollway.gateway.core import ChatResult, Registration
+from rollway.types import Trajectory
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A pooled session for gateway calls (open it on the loop that will use it)."""
+    connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=60)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+    )
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    key: str,
+    body: dict[str, Any] | None = None,
+) -> Any:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    data = orjson.dumps(body) if body is not None else None
+    try:
+        async with session.request(method, url, data=data, headers=headers) as response:
+            status, raw = response.status, await response.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise InfrastructureError(f"gateway unreachable at {url}: {exc!r}") from exc
+    try:
+        answer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        answer = raw.decode(errors="replace")
+    if status != 200:
+        raise error_from_body(status, answer)
+    return answer
+
+
+def _chat_result(body: dict[str, Any]) -> ChatResult:
+    choice, usage = body["choices"][0], body.get("usage") or {}
+    return ChatResult(
+        message=choice["message"],
+        finish_reason=choice["finish_reason"],
+        prompt_tokens=usage.get("prompt_tokens", 0),
+        completion_tokens=usage.get("completion_tokens", 0),
+        completion_ids=[],
+        logprobs=[],
+        turn_index=None,
+    )
+
+
+class HttpChat:
+    """One rollout's ``chat`` over HTTP, with the rollout's own key."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, base_url: str, api_key: str, model_name: str
+    ) -> None:
+        self.session, self.api_key, self.model_name = session, api_key, model_name
+        self.url = f"{base_url.rstrip('/')}/chat/completions"
+
+    async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
+        return _chat_result(await _request(self.session, "POST", self.url, self.api_key, request))
+
+
+class RemoteGateway:
+    """Checks the address and admin key at construction (a clear error, before any rollout)."""
+
+    def __init__(self, url: str, *, admin_key: str) -> None:
+        self.url = url.rstrip("/")
+        self.admin_key = admin_key
+        self.model_name = _check(self.url, admin_key)
+        self._keys: dict[str, str] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    def base_url(self, rollout_id: str) -> str:
+        return f"{self.url}/v1/rollouts/{rollout_id}"
+
+    async def register(
+        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+    ) -> Registration:
+        url = f"{self.base_url(rollout_id)}/register" + ("?reuse=true" if reuse else "")
+        answer = await self._admin("POST", url, params)
+        self._keys[rollout_id] = answer["api_key"]
+        return Registration(rollout_id, answer["api_key"])
+
+    async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
+        key = self._keys.get(rollout_id)
+        if key is None:
+            raise InfrastructureError(f"rollout {rollout_id!r} was not registered here")
+        url = f"{self.base_url(rollout_id)}/chat/completions"
+        return _chat_result(await _request(self.session(), "POST", url, key, request))
+
+    async def trajectory(self, rollout_id: str) -> Trajectory:
+        answer = await self._admin("GET", f"{self.base_url(rollout_id)}/trajectory")
+        return Trajectory.model_validate(answer)
+
+    async def cancel(self, rollout_id: str) -> None:
+        await self._admin("POST", f"{self.base_url(rollout_id)}/cancel")
+
+    async def unregister(self, rollout_id: str) -> None:
+        await self._admin("POST", f"{self.base_url(rollout_id)}/unregister")
+        self._keys.pop(rollout_id, None)
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = new_session()
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _admin(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
+        return await _request(self.session(), method, url, self.admin_key, body)
+
+
+def _check(url: str, admin_key: str) -> str:
+    """The served model's name; ``ConfigError`` naming what is wrong otherwise."""
+    try:
+        health = httpx.get(f"{url}/health", timeout=10)
+        metrics = httpx.get(
+            f"{url}/metrics", headers={"Authorization": f"Bearer {admin_key}"}, timeout=10
+        )
+    except httpx.HTTPError as exc:
+        raise ConfigError(f"no gateway at {url}: {exc}") from exc
+    if metrics.status_code == 401:
+        raise ConfigError(f"the gateway at {url} refused the admin key")
+    try:
+        model = health.json().get("model")
+    except (ValueError, AttributeError):
+        model = None
+    if health.status_code != 200 or metrics.status_code != 200 or not model:
+        raise ConfigError(f"{url} does not look like a rollway gateway")
+    return str(model)
