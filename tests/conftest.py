@@ -20,8 +20,8 @@ from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 
-# Agent servers and callback receivers, for the agent server and the client tests.
-pytest_plugins = ["tests.agents.server.fixtures"]
+# Agent servers and callback receivers; an S3 server on loopback.
+pytest_plugins = ["tests.agents.server.fixtures", "tests.store.s3_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -62,6 +62,7 @@ def run(
         str | None, typer.Option(envvar="ROLLWAY_ADMIN_KEY", help="That gateway's admin key.")
     ] = None,
     max_tokens: Annotated[int | None, typer.Option(min=1, help="Cap per model call.")] = None,
+    http_port: Annotated[int, typer.Option(help="Port for that (0: any free port).")] = 0,
     public_url: Annotated[
         str | None, typer.Option(help="How agent servers reach this client, if not http_host.")
     ] = None,
@@ -88,6 +89,7 @@ def run(
         timeout=timeout,
         show_progress=True,
         http_host=http_host,
+        http_port=http_port,
         public_url=public_url,
         **sampling,
     ) as client:

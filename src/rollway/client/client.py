@@ -48,9 +48,9 @@ class RolloutClient:
 
     ``agent`` may be an agent server's URL (``"http://host:port"``, key in ``agent_key`` or
     ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route on
-    ``http_host`` (advertised as ``public_url`` when agent servers reach it by another name),
-    and a rollout ends when its report arrives by callback or, with ``callback=False`` or when
-    the callback is lost, when ``poll`` finds it in the store."""
+    ``http_host``:``http_port`` (advertised as ``public_url`` when agent servers reach it by
+    another name), and a rollout ends when its report arrives by callback or, with
+    ``callback=False`` or when the callback is lost, when ``poll`` finds it in the store."""
 
     def __init__(
         self,
@@ -73,6 +73,7 @@ class RolloutClient:
         debug: bool = False,
         serve_http: bool | None = None,
         http_host: str = "127.0.0.1",
+        http_port: int = 0,
         public_url: str | None = None,
         agent_key: str | None = None,
         callback: bool = True,
@@ -116,7 +117,7 @@ class RolloutClient:
             self.agent.bind(self.store, inbox, self._remote_settings())
         if serve_http is None:
             serve_http = getattr(self.agent, "needs_http", False)
-        self._http = self._serve(serve_http, inbox, http_host, public_url)
+        self._http = self._serve(serve_http, inbox, (http_host, http_port), public_url)
 
     # -- single rollouts ---------------------------------------------------------------------
 
@@ -262,7 +263,11 @@ class RolloutClient:
             BatchProgress(0, show=False).console.print(summary_table(summary))
 
     def _serve(
-        self, gateway: bool, inbox: CallbackInbox | None, host: str, public_url: str | None
+        self,
+        gateway: bool,
+        inbox: CallbackInbox | None,
+        bind: tuple[str, int],
+        public_url: str | None,
     ) -> LoopServer | None:
         """Serve what out-of-process parties need: the in-process gateway (programs, agent
         servers) and the callback route (agent servers). None when nothing is needed."""
@@ -277,7 +282,7 @@ class RolloutClient:
             app = Starlette(routes=routes)
         else:
             return None
-        server = LoopServer(app, host=host)
+        server = LoopServer(app, host=bind[0], port=bind[1])
         bound = self._loop.call(server.start())
         url = public_url.rstrip("/") if public_url else bound
         if gateway and local is not None:
