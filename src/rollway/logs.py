@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 #: ``extra`` keys rollway attaches to log records, in the order they are printed.
 FIELDS = ("rollout_id", "stage", "status")
@@ -17,10 +18,20 @@ class KeyValueFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         fields = [f"{k}={getattr(record, k)}" for k in FIELDS if hasattr(record, k)]
-        return " ".join([line, *fields])
+        more = getattr(record, "fields", {})
+        return " ".join([line, *fields, *(f"{k}={v}" for k, v in more.items())])
 
 
-def configure(level: str) -> None:
+def log_stage(
+    logger: logging.Logger, stage: str, rollout_id: str, level: int = logging.DEBUG, **fields: Any
+) -> None:
+    """One line per stage of a rollout (``stage=create_sandbox rollout_id=...``), at DEBUG by
+    default: ``ROLLWAY_LOG_LEVEL=DEBUG`` follows each rollout through its stages."""
+    extra = {"rollout_id": rollout_id, "stage": stage, "fields": fields}
+    logger.log(level, stage.replace("_", " "), extra=extra)
+
+
+def configure(level: int | str) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(KeyValueFormatter())
     logging.basicConfig(level=level, handlers=[handler])

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
+import pytest
 from examples.calculator.agent import check_answer
 
 from rollway.agents.program import ProgramAgent
@@ -12,10 +14,12 @@ from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import ChatRenderer, Gateway
+from rollway.logs import KeyValueFormatter
 from rollway.sandbox import SandboxLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_AGENT = [sys.executable, str(ROOT / "examples" / "openai_agent" / "agent.py")]
+AGENTS_SDK_AGENT = [sys.executable, str(ROOT / "examples" / "openai_agents_sdk" / "agent.py")]
 TASK = {"task_id": "p1", "question": "What is 11 + 14?", "answer": 25}
 
 
@@ -46,8 +50,60 @@ def test_an_openai_sdk_program_is_recorded_token_exactly(
     assert record.reward == (1.0 if check_answer(TASK, final) else 0.0)
 
 
+def test_an_openai_agents_sdk_program_runs_unmodified_over_the_responses_route(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    record = run_one(gateway, ProgramAgent(AGENTS_SDK_AGENT), tmp_path, seed=1)
+    assert record.status == "completed", record.reason
+    trajectory = record.trajectory
+    assert 1 <= len(trajectory.turns) <= 4  # Runner.run(max_turns=4)
+    first = trajectory.turns[0]
+    # The SDK's instructions and the worked example reached the model as chat messages.
+    prompt = renderer.tokenizer.decode(first.prompt_ids)
+    assert "Use the tools to compute" in prompt and "What is 3 + 4?" in prompt
+    assert "What is 11 + 14?" in prompt
+    for sample in trajectory.samples:
+        sampled = [i for i, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
+        turns = [t for t in trajectory.turns if t.segment == sample.segment]
+        assert sampled == [i for t in turns for i in t.completion_ids]
+    final = trajectory.turns[-1].content or ""
+    assert record.reward == (1.0 if check_answer(TASK, final) else 0.0)
+
+
 def sim_gateway(renderer: ChatRenderer) -> Gateway:
     return Gateway(SimEngine(SimConfig()), renderer, model_name="sim")
+
+
+def test_each_stage_of_a_program_rollout_is_a_log_line_with_its_rollout_id(
+    renderer: ChatRenderer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    quiet = script(tmp_path, "print('done')")
+    with caplog.at_level(logging.DEBUG, logger="rollway"):
+        record = run_one(sim_gateway(renderer), ProgramAgent(quiet), tmp_path)
+    stages = [
+        (r.stage, r.rollout_id)
+        for r in caplog.records
+        if getattr(r, "stage", None) and getattr(r, "rollout_id", None) == record.rollout_id
+    ]
+    assert [s for s, _ in stages] == [
+        "register", "create_sandbox", "start_agent", "wait", "teardown", "complete",
+        "fetch_trajectory", "finish",
+    ]  # fmt: skip
+    line = KeyValueFormatter().format(next(r for r in caplog.records if r.stage == "wait"))
+    assert f"rollout_id={record.rollout_id} stage=wait exit_code=0 timed_out=False" in line
+
+
+def test_the_run_summary_counts_what_a_program_agent_sampled(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    with RolloutClient(ProgramAgent(OPENAI_AGENT), sim_gateway(renderer), store=str(tmp_path)) as c:
+        (item,) = c.run_batch([TASK])
+        summary = c.last_summary
+    assert item.result.status == "completed" and item.result.metrics.llm_calls == 0
+    sampled = sum(len(t.completion_ids) for t in item.result.trajectory.turns)
+    assert sampled > 0 and summary is not None
+    assert summary["tokens_per_s"] == pytest.approx(sampled / summary["wall_s"])
 
 
 def test_a_crashing_program_is_an_agent_error_with_its_stderr(

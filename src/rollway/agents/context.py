@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,7 +11,10 @@ from typing import Any, Protocol
 import orjson
 
 from rollway.gateway.core import ChatResult
+from rollway.logs import log_stage
 from rollway.types import RolloutMetrics, RolloutResult
+
+log = logging.getLogger(__name__)
 
 
 class ChatBackend(Protocol):
@@ -93,7 +97,9 @@ class RolloutContext:
         self.metrics.tool_latency_ms += latency_ms
 
     def log_event(self, kind: str, **data: Any) -> None:
-        """Append an event to the rollout's debug JSONL (when debug output is on)."""
+        """Log a stage of the rollout (a DEBUG line with ``stage=kind rollout_id=...``) and
+        append it to the rollout's debug JSONL (when debug output is on)."""
+        log_stage(log, kind, self.rollout_id, **data)
         if self.debug_path is None:
             return
         line = {"t": time.time(), "rollout_id": self.rollout_id, "kind": kind, **data}

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rollway.agents.base import AgentLoop
@@ -41,7 +42,10 @@ class ProgramAgent(AgentLoop):
         env: dict[str, str] | None = None,
         sandbox: Callable[[SandboxLimits], Sandbox] = LocalSandbox,
     ) -> None:
-        self.command = shlex.split(command) if isinstance(command, str) else list(command)
+        words = shlex.split(command) if isinstance(command, str) else list(command)
+        # The command runs in a fresh working directory: a relative path to a file that
+        # exists here (``python examples/agent.py``) must keep naming that file there.
+        self.command = [_absolute_if_file(word) for word in words]
         self.limits = limits or SandboxLimits()
         self.env = env or {}
         self.make_sandbox = sandbox
@@ -49,6 +53,7 @@ class ProgramAgent(AgentLoop):
     async def run(self, ctx: RolloutContext) -> RolloutResult:
         if ctx.base_url is None or ctx.api_key is None:
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
+        ctx.log_event("create_sandbox", sandbox=type(self).__name__)
         async with self.make_sandbox(self.limits) as box:
             task_file = box.workdir / "task.json"
             result_file = box.workdir / "result.json"
@@ -61,6 +66,7 @@ class ProgramAgent(AgentLoop):
             outcome = await box.wait()
             ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
             written = _read_result(result_file)
+        ctx.log_event("teardown")
         if outcome.timed_out:
             return ctx.error(f"program exceeded its {self.limits.wall_timeout_s} s wall clock")
         if outcome.exit_code != 0:
@@ -86,6 +92,11 @@ class ProgramAgent(AgentLoop):
             "ROLLWAY_RESULT_FILE": str(result_file),
             **self.env,
         }
+
+
+def _absolute_if_file(word: str) -> str:
+    path = Path(word)
+    return str(path.resolve()) if not path.is_absolute() and path.is_file() else word
 
 
 def _read_result(path: Any) -> dict[str, Any]:

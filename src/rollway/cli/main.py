@@ -23,9 +23,11 @@ app.add_typer(model.app, name="model")
 
 
 def main() -> None:
-    logs.configure(os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING"))
+    level = logging.getLevelName(os.environ.get("ROLLWAY_LOG_LEVEL", "WARNING").upper())
+    logs.configure(level if isinstance(level, int) else logging.WARNING)
     # Batch status lines are part of a run's output, whatever the level of the rest.
-    logging.getLogger("rollway.client").setLevel(logging.INFO)
+    client = logging.getLogger("rollway.client")
+    client.setLevel(min(logging.INFO, logging.getLogger().level))
     try:
         app()
     except RollwayError as exc:

@@ -111,7 +111,7 @@ class RunSummary:
 def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
     rewards = [r.reward for r in records if r.reward is not None]
     latencies = sorted(t.latency_ms for r in records if r.trajectory for t in r.trajectory.turns)
-    tokens = sum(r.metrics.response_tokens for r in records)
+    tokens = sum(_sampled_tokens(r) for r in records)
     return RunSummary(
         by_status=dict(Counter(r.status for r in records)),
         mean_reward=statistics.fmean(rewards) if rewards else None,
@@ -121,6 +121,15 @@ def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
         wall_s=wall_s,
         errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
     )
+
+
+def _sampled_tokens(record: RolloutRecord) -> int:
+    """What the engine sampled, from the trajectory (program and remote agents count no tokens
+    themselves); the agent's own count where the engine gives no token ids."""
+    trajectory = record.trajectory
+    if trajectory is not None and trajectory.has_token_ids:
+        return sum(len(turn.completion_ids) for turn in trajectory.turns)
+    return record.metrics.response_tokens
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:

@@ -99,6 +99,7 @@ class RemoteAgent(AgentLoop):
         try:
             await self._init(ctx, key)
             report = await self._wait(ctx.rollout_id, key, waiter)
+            ctx.log_event("wait", status=report.status)
         finally:
             if self._inbox is not None:
                 self._inbox.forget(key)

@@ -23,6 +23,7 @@ from rollway.client.gateways import GatewayHandle
 from rollway.client.rewards import RewardFn, score
 from rollway.errors import RewardError, RolloutClosedError, UnknownRolloutError, error_kind
 from rollway.gateway.core import Registration
+from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.types import (
     RolloutMetrics,
@@ -110,10 +111,10 @@ class RolloutRunner:
         # Only now: a client that dies before the write finds the rollout still on a shared
         # gateway when it restarts, and re-attaches instead of running it again.
         await self._unregister(opened)
-        log.debug(
-            "rollout finished",
-            extra={"rollout_id": record.rollout_id, "stage": "finish", "status": record.status},
-        )
+        log_stage(
+            log, "finish", record.rollout_id,
+            status=record.status, attempts=record.attempts, reward=record.reward,
+        )  # fmt: skip
         return record
 
     def _rollout_id(self, spec: RolloutSpec, attempt: int) -> str:
@@ -150,6 +151,7 @@ class RolloutRunner:
         trajectory, cleanup_errors = None, []
         try:
             registration = await self._register(rollout_id, register)
+            log_stage(log, "register", rollout_id)
         except Exception as exc:
             outcome = AgentOutcome("error", "infrastructure", f"register failed: {exc}")
         else:
@@ -236,6 +238,7 @@ class RolloutRunner:
                     await self.gateway.cancel(rollout_id)
                 else:
                     trajectory = await self.gateway.trajectory(rollout_id)
+                    log_stage(log, stage, rollout_id, turns=len(trajectory.turns))
             except Exception as exc:
                 errors.append(f"{stage}: {type(exc).__name__}: {exc}")
                 log.warning("cleanup failed", extra={"rollout_id": rollout_id, "stage": stage})

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.chat_template import Message
@@ -36,6 +36,26 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     user: str | None = None
     truncation: str | None = None
+    # Accepted and ignored: they change nothing for a self-hosted policy without hidden
+    # reasoning or server-side caches (agent frameworks send them by default).
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=0)
+    background: bool = Field(default=False, le=False)
+    #: Only plain text output: ``{"format": {"type": "text"}}``, with any ``verbosity``.
+    text: dict[str, Any] | None = None
+
+    @field_validator("text")
+    @classmethod
+    def _plain_text_only(cls, text: dict[str, Any] | None) -> dict[str, Any] | None:
+        kind = ((text or {}).get("format") or {}).get("type", "text")
+        if kind != "text":
+            raise ValueError(f"text.format {kind!r} is not supported (plain text only)")
+        return text
 
     def to_chat(self, history: list[Message]) -> dict[str, Any]:
         messages: list[Message] = list(history)

@@ -28,6 +28,7 @@ from rollway.errors import (
     UnknownRolloutError,
 )
 from rollway.gateway.remote import HttpChat, new_session
+from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import AgentReport
@@ -146,7 +147,7 @@ class AgentService:
     async def _execute(self, run: Run) -> None:
         init = run.init
         extra = {"rollout_id": init.rollout_id}
-        log.info("rollout started", extra={**extra, "stage": "start_agent"})
+        log_stage(log, "start_agent", init.rollout_id, logging.INFO, run_key=run.key)
         try:
             outcome = await self._run_agent(run)
         except Exception as exc:  # a bug here must still end in a report
@@ -158,7 +159,7 @@ class AgentService:
         callback_url, callback_key = run.init.callback_url, run.init.callback_key
         run.callback = "pending" if callback_url else "none"
         run.report, run.finished_at = report, time.monotonic()
-        log.info("rollout finished", extra={**extra, "stage": "finish", "status": outcome.status})
+        log_stage(log, "finish", init.rollout_id, logging.INFO, status=outcome.status)
         if callback_url:
             run.callback = await deliver_report(
                 self.session(), callback_url, callback_key, report,
