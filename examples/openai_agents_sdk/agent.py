@@ -53,10 +53,7 @@ FEW_SHOT = [
 ]
 
 
-async def main() -> None:
-    set_tracing_disabled(True)  # this machine has no way to the tracing service
-    with open(os.environ["ROLLWAY_TASK_FILE"]) as f:
-        task = json.load(f)
+async def solve(question: str) -> str:
     agent = Agent(
         name="calculator",
         instructions="Use the tools to compute, then state the answer.",
@@ -64,12 +61,19 @@ async def main() -> None:
         model=os.environ.get("OPENAI_MODEL", "gpt-4.1-mini"),
         model_settings=ModelSettings(max_tokens=48),
     )
-    question = [*FEW_SHOT, {"role": "user", "content": task["question"]}]
+    items = [*FEW_SHOT, {"role": "user", "content": question}]
     try:
-        result = await Runner.run(agent, input=question, max_turns=4)
-        final = str(result.final_output or "")
+        result = await Runner.run(agent, input=items, max_turns=4)
     except AgentsException as exc:  # too many turns, a malformed tool call, ...
-        final = f"no answer: {type(exc).__name__}"
+        return f"no answer: {type(exc).__name__}"
+    return str(result.final_output or "")
+
+
+def main() -> None:
+    set_tracing_disabled(True)  # this machine has no way to the tracing service
+    with open(os.environ["ROLLWAY_TASK_FILE"]) as f:
+        task = json.load(f)
+    final = asyncio.run(solve(task["question"]))
     numbers = re.findall(r"-?\d+(?:\.\d+)?", final)
     correct = bool(numbers) and float(numbers[-1]) == float(task["answer"])
     with open(os.environ["ROLLWAY_RESULT_FILE"], "w") as f:
@@ -77,4 +81,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

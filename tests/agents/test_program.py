@@ -15,7 +15,7 @@ from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import ChatRenderer, Gateway
 from rollway.logs import KeyValueFormatter
-from rollway.sandbox import SandboxLimits
+from rollway.sandbox import NamespaceSandbox, SandboxLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_AGENT = [sys.executable, str(ROOT / "examples" / "openai_agent" / "agent.py")]
@@ -104,6 +104,15 @@ def test_the_run_summary_counts_what_a_program_agent_sampled(
     sampled = sum(len(t.completion_ids) for t in item.result.trajectory.turns)
     assert sampled > 0 and summary is not None
     assert summary["tokens_per_s"] == pytest.approx(sampled / summary["wall_s"])
+
+
+def test_in_a_namespace_sandbox_the_gateway_is_the_only_way_out(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    agent = ProgramAgent(OPENAI_AGENT, sandbox=NamespaceSandbox)
+    record = run_one(sim_gateway(renderer), agent, tmp_path)
+    assert record.status == "completed", record.reason
+    assert record.trajectory is not None and len(record.trajectory.turns) >= 1
 
 
 def test_a_crashing_program_is_an_agent_error_with_its_stderr(

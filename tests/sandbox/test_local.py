@@ -1,18 +1,27 @@
-"""The local sandbox with real processes: output, limits, timeouts, and nothing left behind."""
+"""The local and namespace sandboxes with real processes: output, limits, timeouts, and nothing
+left behind (both), network and process isolation (namespace)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from rollway.sandbox import LocalSandbox, SandboxLimits
+from rollway.sandbox import SANDBOXES, LocalSandbox, NamespaceSandbox, SandboxLimits
+from rollway.sandbox.base import Sandbox
 
 PY = sys.executable
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+@pytest.fixture(params=sorted(SANDBOXES))
+def make(request: pytest.FixtureRequest) -> type[Sandbox]:
+    """Each sandbox kind in turn (the namespace one on this Linux machine kind always)."""
+    return SANDBOXES[request.param]
 
 
 def is_gone(pid: int) -> bool:
@@ -24,8 +33,8 @@ def is_gone(pid: int) -> bool:
     return "State:\tZ" in state
 
 
-async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir() -> None:
-    async with LocalSandbox() as box:
+async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir(make: type[Sandbox]) -> None:
+    async with make() as box:
         script = "import os,sys; print(os.environ['TASK'], sys.stdin.read(), os.getcwd())"
         await box.start([PY, "-c", script], {**ENV, "TASK": "t1"}, stdin=b"hello")
         result = await box.wait()
@@ -35,16 +44,16 @@ async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir() -> None:
     assert not workdir.exists()  # destroyed with the sandbox
 
 
-async def test_exit_codes_and_stderr_are_recorded() -> None:
-    async with LocalSandbox() as box:
+async def test_exit_codes_and_stderr_are_recorded(make: type[Sandbox]) -> None:
+    async with make() as box:
         await box.start([PY, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"], ENV)
         result = await box.wait()
     assert result.exit_code == 3 and result.stderr == "boom"
     assert box.poll() == result
 
 
-async def test_output_is_bounded_and_the_child_never_blocks() -> None:
-    async with LocalSandbox(SandboxLimits(output_bytes=1000)) as box:
+async def test_output_is_bounded_and_the_child_never_blocks(make: type[Sandbox]) -> None:
+    async with make(SandboxLimits(output_bytes=1000)) as box:
         await box.start([PY, "-c", "print('x' * 5_000_000)"], ENV)
         result = await box.wait()
     assert result.exit_code == 0 and len(result.stdout) == 1000 and result.stdout_truncated
@@ -77,8 +86,8 @@ time.sleep(600)
     assert len(recorded) == 4 and all(is_gone(p) for p in recorded)
 
 
-async def test_destroy_mid_run_leaves_no_process() -> None:
-    box = LocalSandbox()
+async def test_destroy_mid_run_leaves_no_process(make: type[Sandbox]) -> None:
+    box = make()
     await box.start([PY, "-c", "import os,time; os.fork(); time.sleep(600)"], ENV)
     group = box._process.pid
     assert box.poll() is None
@@ -110,9 +119,55 @@ async def test_destroy_mid_run_leaves_no_process() -> None:
     ],
 )
 async def test_resource_limits_are_enforced(
-    limits: SandboxLimits, script: str, expect: int
+    make: type[Sandbox], limits: SandboxLimits, script: str, expect: int
 ) -> None:
-    async with LocalSandbox(limits) as box:
+    async with make(limits) as box:
         await box.start([PY, "-c", script], ENV)
         result = await box.wait()
     assert result.exit_code == expect, result.stderr[-500:]
+
+
+async def test_a_namespace_sandbox_times_out_and_leaves_no_process() -> None:
+    script = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); os.fork();"
+        " time.sleep(600)"
+    )
+    async with NamespaceSandbox(SandboxLimits(wall_timeout_s=1.0)) as box:
+        await box.start([PY, "-c", script], ENV)
+        result = await box.wait()
+        group = box._process.pid
+    assert result.timed_out
+    with pytest.raises(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
+async def test_a_namespace_sandbox_has_no_network_and_sees_no_other_process() -> None:
+    script = """
+import os, socket
+print(len([p for p in os.listdir('/proc') if p.isdigit()]))
+try:
+    os.kill(PARENT, 0)
+    print("parent visible")
+except ProcessLookupError:
+    print("parent hidden")
+for host in ("127.0.0.1", "1.1.1.1"):
+    try:
+        socket.create_connection((host, PORT), timeout=2)
+        print("reached", host)
+    except OSError:
+        print("unreachable", host)
+"""
+    with socket.socket() as listener:  # a service on the host's loopback
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = script.replace("PARENT", str(os.getpid())).replace("PORT", str(port))
+        for kind, expect in ((LocalSandbox, "reached"), (NamespaceSandbox, "unreachable")):
+            async with kind() as box:
+                await box.start([PY, "-c", code], ENV)
+                result = await box.wait()
+            lines = result.stdout.split("\n")
+            assert lines[2] == f"{expect} 127.0.0.1", (kind, result.stderr)
+            if kind is NamespaceSandbox:
+                # the relay and the program; the caller is out of sight
+                assert lines[:2] == ["2", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"

@@ -58,6 +58,8 @@ class RolloutContext:
     #: (program agents and other out-of-process callers use these).
     base_url: str | None = None
     api_key: str | None = None
+    #: The gateway's Unix socket, for sandboxes whose only way out is a relay to it.
+    gateway_socket: str | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatReply:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...)."""

@@ -90,6 +90,7 @@ class ProgramAgent(AgentLoop):
             "ROLLWAY_ROLLOUT_ID": ctx.rollout_id,
             "ROLLWAY_TASK_FILE": str(task_file),
             "ROLLWAY_RESULT_FILE": str(result_file),
+            **({"ROLLWAY_GATEWAY_SOCKET": ctx.gateway_socket} if ctx.gateway_socket else {}),
             **self.env,
         }
 

@@ -17,6 +17,7 @@ from rollway.client.remote_agent import RemoteAgent
 from rollway.client.rewards import RewardFn
 from rollway.errors import ConfigError
 from rollway.gateway.remote import RemoteGateway
+from rollway.sandbox import sandbox_factory
 
 
 def run(
@@ -30,6 +31,9 @@ def run(
     cmd: Annotated[
         str | None, typer.Option(help="Run this program as the agent, in a sandbox, instead.")
     ] = None,
+    sandbox: Annotated[
+        str, typer.Option(help="For --cmd: local | namespace (no network but the gateway).")
+    ] = "local",
     group_size: Annotated[int, typer.Option(min=1, help="Rollouts per task.")] = 1,
     limit: Annotated[int | None, typer.Option(min=1, help="Use the first N tasks.")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Rollouts at once.")] = 16,
@@ -71,7 +75,7 @@ def run(
     rows = _read_tasks(tasks, limit)
     if (agent is None) == (cmd is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
-    chosen = _agent(agent, cmd, agent_key)
+    chosen = _agent(agent, cmd, agent_key, sandbox)
     exp = exp_id or f"{chosen.name}-{tasks.stem}"
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
@@ -98,9 +102,9 @@ def run(
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
 
 
-def _agent(agent: str | None, cmd: str | None, agent_key: str | None) -> AgentLoop:
+def _agent(agent: str | None, cmd: str | None, agent_key: str | None, sandbox: str) -> AgentLoop:
     if cmd:
-        return ProgramAgent(cmd)
+        return ProgramAgent(cmd, sandbox=sandbox_factory(sandbox))
     assert agent is not None
     if agent.startswith(("http://", "https://")):
         return RemoteAgent(agent, api_key=agent_key or "")

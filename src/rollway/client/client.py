@@ -8,6 +8,8 @@ import concurrent.futures
 import dataclasses
 import os
 import secrets
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -195,6 +197,7 @@ class RolloutClient:
         self._cancel_and_wait(list(self._live))
         if self._http is not None:
             self._loop.call(self._http.stop())
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
         if isinstance(self.agent, RemoteAgent):
             self._loop.call(self.agent.aclose())
         if isinstance(self.gateway, RemoteGateway):
@@ -282,11 +285,14 @@ class RolloutClient:
             app = Starlette(routes=routes)
         else:
             return None
-        server = LoopServer(app, host=bind[0], port=bind[1])
+        # A Unix socket too, for sandboxes whose only way out is a relay to it.
+        self._socket_dir = tempfile.mkdtemp(prefix="rollway-gw-")
+        unix_path = os.path.join(self._socket_dir, "gateway.sock")
+        server = LoopServer(app, host=bind[0], port=bind[1], unix_path=unix_path)
         bound = self._loop.call(server.start())
         url = public_url.rstrip("/") if public_url else bound
         if gateway and local is not None:
-            local.url = url
+            local.url, local.socket_path = url, unix_path
         if inbox is not None:
             inbox.url = url
         return server

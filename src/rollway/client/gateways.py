@@ -11,6 +11,8 @@ from rollway.types import Trajectory
 
 class GatewayHandle(Protocol):
     model_name: str
+    #: The gateway's Unix socket on this machine, if it has one (network-isolated sandboxes).
+    socket_path: str | None
 
     def base_url(self, rollout_id: str) -> str | None:
         """The rollout's OpenAI base URL, or None when the gateway is not served over HTTP."""
@@ -33,8 +35,9 @@ class LocalGateway:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.model_name = gateway.model_name
-        #: Where the client serves it over HTTP, once it does.
+        #: Where the client serves it over HTTP (and a Unix socket), once it does.
         self.url: str | None = None
+        self.socket_path: str | None = None
 
     def base_url(self, rollout_id: str) -> str | None:
         return f"{self.url}/v1/rollouts/{rollout_id}" if self.url else None

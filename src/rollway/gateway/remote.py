@@ -83,6 +83,7 @@ class RemoteGateway:
         self.url = url.rstrip("/")
         self.admin_key = admin_key
         self.model_name = _check(self.url, admin_key)
+        self.socket_path: str | None = None
         self._keys: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import threading
 import time
@@ -60,18 +62,31 @@ class LoopServer:
     already owns the objects the app uses: ``url = await server.start()``, ``await server.stop()``.
     """
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        unix_path: str | None = None,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         bound_host, bound_port = self._socket.getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
+        self._sockets = [self._socket]
+        #: Also served on this Unix socket (the way out of network-isolated sandboxes).
+        self.unix_path = unix_path
+        if unix_path is not None:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.bind(unix_path)
+            self._sockets.append(unix)
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> str:
-        self._task = asyncio.create_task(self._server.serve(sockets=[self._socket]))
+        self._task = asyncio.create_task(self._server.serve(sockets=self._sockets))
         while not self._server.started:  # uvicorn offers no started event: poll it
             if self._task.done():
                 await self._task
@@ -83,4 +98,8 @@ class LoopServer:
         if self._task is not None:
             self._server.should_exit = True
             await self._task
-        self._socket.close()
+        for sock in self._sockets:
+            sock.close()
+        if self.unix_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix_path)
