@@ -12,6 +12,7 @@ beyond the rlimits, kernel attack surface.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import subprocess
@@ -64,12 +65,4 @@ class NamespaceSandbox(LocalSandbox):
             code = int((self.workdir / _STATUS_FILE).read_text())
         except (FileNotFoundError, ValueError):
             return result
-        return SandboxResult(
-            exit_code=code,
-            stdout=result.stdout,
-            stderr=result.stderr,
-            timed_out=result.timed_out,
-            wall_s=result.wall_s,
-            stdout_truncated=result.stdout_truncated,
-            stderr_truncated=result.stderr_truncated,
-        )
+        return dataclasses.replace(result, exit_code=code)
