@@ -131,6 +131,9 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
 }
 
 
+_BY_NAME = {cls.__name__: cls for cls in HTTP_STATUS}
+
+
 def http_status_for(error: RollwayError) -> int:
     """The HTTP status for an error: its own class's entry, else its nearest ancestor's."""
     for cls in type(error).__mro__:
@@ -159,7 +162,7 @@ def error_from_body(status: int, body: object) -> RollwayError:
     if isinstance(error, dict):
         message = str(error.get("message") or f"HTTP {status}")
         param = error.get("param") if isinstance(error.get("param"), str) else None
-        cls = {c.__name__: c for c in HTTP_STATUS}.get(str(error.get("code")))
+        cls = _BY_NAME.get(str(error.get("code")))
         if cls is not None:
             return cls(message, param)
     else:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 from typing import Annotated
 
 import typer
 import uvicorn
 
-from rollway.cli.options import EngineOption, ModelOption
+from rollway.cli.options import EngineOption, ModelOption, key_from_env
 from rollway.gateway import build_gateway, create_app
 
 
@@ -20,9 +18,7 @@ def serve(
     port: Annotated[int, typer.Option(envvar="ROLLWAY_PORT")] = 8000,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
-    admin_key = os.environ.get("ROLLWAY_ADMIN_KEY")
-    generated = admin_key is None
-    admin_key = admin_key or f"ak-{secrets.token_urlsafe(24)}"
+    admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
     app = create_app(build_gateway(engine, model=model), admin_key=admin_key)
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:

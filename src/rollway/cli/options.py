@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import secrets
 from typing import Annotated
 
 import typer
@@ -15,3 +17,9 @@ ModelOption = Annotated[
         "--model", envvar="ROLLWAY_MODEL", help="Local HF model folder (default: SmolLM2)."
     ),
 ]
+
+
+def key_from_env(variable: str, prefix: str) -> tuple[str, bool]:
+    """The key in ``variable``, or a fresh one and True (print it: nobody else knows it)."""
+    given = os.environ.get(variable)
+    return (given, False) if given else (f"{prefix}-{secrets.token_urlsafe(24)}", True)

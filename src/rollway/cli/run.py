@@ -10,10 +10,10 @@ import typer
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
-from rollway.agents.registry import import_target, load_agent
+from rollway.agents.registry import import_target
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.client import RolloutClient
-from rollway.client.remote_agent import RemoteAgent
+from rollway.client.client import resolve_agent
 from rollway.client.rewards import RewardFn
 from rollway.errors import ConfigError
 from rollway.gateway.remote import RemoteGateway
@@ -106,9 +106,7 @@ def _agent(agent: str | None, cmd: str | None, agent_key: str | None, sandbox: s
     if cmd:
         return ProgramAgent(cmd, sandbox=sandbox_factory(sandbox))
     assert agent is not None
-    if agent.startswith(("http://", "https://")):
-        return RemoteAgent(agent, api_key=agent_key or "")
-    return load_agent(agent)()
+    return resolve_agent(agent, agent_key)
 
 
 def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:

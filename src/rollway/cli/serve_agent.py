@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +9,7 @@ import typer
 import uvicorn
 
 from rollway.agents.server import ServiceConfig, create_app
+from rollway.cli.options import key_from_env
 
 
 def serve(
@@ -32,9 +31,7 @@ def serve(
 ) -> None:
     """Serve AGENT; the key is ROLLWAY_AGENT_KEY, or generated and printed. The agent is
     validated first: an invalid agent is refused and nothing is served."""
-    api_key = os.environ.get("ROLLWAY_AGENT_KEY")
-    generated = api_key is None
-    api_key = api_key or f"ag-{secrets.token_urlsafe(24)}"
+    api_key, generated = key_from_env("ROLLWAY_AGENT_KEY", "ag")
     config = ServiceConfig(
         store=store, max_concurrent=max_concurrent, ttl_s=ttl, debug_dir=debug_dir
     )

@@ -8,8 +8,6 @@ import concurrent.futures
 import dataclasses
 import os
 import secrets
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -27,7 +25,7 @@ from rollway.client.future import RolloutFuture
 from rollway.client.gateways import GatewayHandle, LocalGateway
 from rollway.client.loop import LoopThread
 from rollway.client.progress import BatchProgress, summary_table
-from rollway.client.remote_agent import PollPolicy, RemoteAgent, RemoteSettings
+from rollway.client.remote_agent import PollPolicy, RemoteAgent
 from rollway.client.rewards import RewardFn
 from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
@@ -82,7 +80,7 @@ class RolloutClient:
         poll: PollPolicy | None = None,
         **sampling: Any,
     ) -> None:
-        self.agent = _agent(agent, agent_key, poll)
+        self.agent = resolve_agent(agent, agent_key, poll)
         parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
         self.exp_id = exp_id or self.agent.name
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
@@ -116,7 +114,7 @@ class RolloutClient:
         self._live: set[RolloutFuture] = set()
         inbox = CallbackInbox() if callback and isinstance(self.agent, RemoteAgent) else None
         if isinstance(self.agent, RemoteAgent):
-            self.agent.bind(self.store, inbox, self._remote_settings())
+            self.agent.bind(self.store, inbox, self.settings)
         if serve_http is None:
             serve_http = getattr(self.agent, "needs_http", False)
         self._http = self._serve(serve_http, inbox, (http_host, http_port), public_url)
@@ -197,7 +195,6 @@ class RolloutClient:
         self._cancel_and_wait(list(self._live))
         if self._http is not None:
             self._loop.call(self._http.stop())
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
         if isinstance(self.agent, RemoteAgent):
             self._loop.call(self.agent.aclose())
         if isinstance(self.gateway, RemoteGateway):
@@ -275,8 +272,8 @@ class RolloutClient:
         """Serve what out-of-process parties need: the in-process gateway (programs, agent
         servers) and the callback route (agent servers). None when nothing is needed."""
         routes = [inbox.route()] if inbox is not None else []
-        local = self.gateway if isinstance(self.gateway, LocalGateway) else None
-        if gateway and local is not None:
+        local = self.gateway if gateway and isinstance(self.gateway, LocalGateway) else None
+        if local is not None:
             app = create_app(
                 local.gateway, admin_key=secrets.token_hex(16), close_engine=False,
                 extra_routes=routes,
@@ -285,21 +282,15 @@ class RolloutClient:
             app = Starlette(routes=routes)
         else:
             return None
-        # A Unix socket too, for sandboxes whose only way out is a relay to it.
-        self._socket_dir = tempfile.mkdtemp(prefix="rollway-gw-")
-        unix_path = os.path.join(self._socket_dir, "gateway.sock")
-        server = LoopServer(app, host=bind[0], port=bind[1], unix_path=unix_path)
+        # The gateway on a Unix socket too, for sandboxes whose only way out is a relay to it.
+        server = LoopServer(app, host=bind[0], port=bind[1], unix_socket=local is not None)
         bound = self._loop.call(server.start())
         url = public_url.rstrip("/") if public_url else bound
-        if gateway and local is not None:
-            local.url, local.socket_path = url, unix_path
+        if local is not None:
+            local.url, local.socket_path = url, server.unix_path
         if inbox is not None:
             inbox.url = url
         return server
-
-    def _remote_settings(self) -> RemoteSettings:
-        s = self.settings
-        return RemoteSettings(s.exp_id, s.sampling, s.timeout, s.max_turns, s.max_seq_len, s.debug)
 
     def _config(self, n_tasks: int, group_size: int) -> dict[str, Any]:
         return {
@@ -314,8 +305,10 @@ class RolloutClient:
         }
 
 
-def _agent(
-    agent: AgentLoop | type[AgentLoop] | str, key: str | None, poll: PollPolicy | None
+def resolve_agent(
+    agent: AgentLoop | type[AgentLoop] | str,
+    key: str | None = None,
+    poll: PollPolicy | None = None,
 ) -> AgentLoop:
     """An agent ready to run: ``http(s)://...`` is an agent server, else a validated loop."""
     if isinstance(agent, str) and agent.startswith(("http://", "https://")):

@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.client.callbacks import CallbackInbox
+from rollway.client.rollout import RolloutSettings
 from rollway.errors import (
     AgentError,
     ConfigError,
@@ -29,10 +29,10 @@ from rollway.errors import (
     InfrastructureError,
     OverloadedError,
     RollwayError,
-    error_from_body,
 )
 from rollway.store.base import Store
 from rollway.types import AgentReport, RolloutResult
+from rollway.webclient import new_session, request_json
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +46,6 @@ class PollPolicy:
     factor: float = 2.0
     #: How often to ask the agent server whether it still knows the rollout.
     status_every_s: float = 15.0
-
-
-@dataclass(frozen=True)
-class RemoteSettings:
-    """What every init carries besides the rollout itself (set by the client)."""
-
-    exp_id: str
-    sampling: dict[str, Any]
-    timeout_s: float | None
-    max_turns: int | None
-    max_seq_len: int | None
-    debug: bool
 
 
 def run_key(rollout_id: str, api_key: str) -> str:
@@ -81,10 +69,10 @@ class RemoteAgent(AgentLoop):
         self.default_tools: list[dict[str, Any]] = list(info.get("tools") or [])
         self._store: Store | None = None
         self._inbox: CallbackInbox | None = None
-        self._settings: RemoteSettings | None = None
+        self._settings: RolloutSettings | None = None
         self._session: aiohttp.ClientSession | None = None
 
-    def bind(self, store: Store, inbox: CallbackInbox | None, settings: RemoteSettings) -> None:
+    def bind(self, store: Store, inbox: CallbackInbox | None, settings: RolloutSettings) -> None:
         """Called by the client: where reports land, the callback route, what inits carry."""
         self._store, self._inbox, self._settings = store, inbox, settings
 
@@ -122,7 +110,7 @@ class RemoteAgent(AgentLoop):
     async def _init(self, ctx: RolloutContext, key: str) -> None:
         settings = self._settings
         assert settings is not None and ctx.base_url is not None
-        timeout_s = settings.timeout_s
+        timeout_s = settings.timeout
         body = {
             "rollout_id": ctx.rollout_id,
             "exp_id": settings.exp_id,
@@ -150,11 +138,10 @@ class RemoteAgent(AgentLoop):
                 return
             except OverloadedError as exc:
                 await asyncio.sleep(exc.retry_after_s)
-            except aiohttp.ClientConnectionError as exc:
+            except InfrastructureError:
                 connect_failures += 1
                 if connect_failures >= 3:
-                    message = f"agent server {self.url} unreachable: {exc}"
-                    raise InfrastructureError(message) from exc
+                    raise
                 await asyncio.sleep(self.poll.initial_s * 2**connect_failures)
 
     async def _wait(
@@ -186,10 +173,8 @@ class RemoteAgent(AgentLoop):
         ``InfrastructureError`` if it no longer knows the rollout."""
         try:
             status = await self._call("GET", f"/v1/rollout/{rollout_id}")
-        except aiohttp.ClientConnectionError as exc:
+        except InfrastructureError as exc:  # unreachable or busy for now: keep waiting
             log.warning("agent server unreachable: %r", exc, extra={"rollout_id": rollout_id})
-            return None
-        except InfrastructureError:
             return None
         except RollwayError as exc:
             raise InfrastructureError(f"agent server lost rollout {rollout_id}: {exc}") from exc
@@ -200,23 +185,8 @@ class RemoteAgent(AgentLoop):
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         if self._session is None or self._session.closed:
-            timeout = aiohttp.ClientTimeout(total=60, sock_connect=10)
-            headers = {"Authorization": f"Bearer {self.api_key}"}
-            self._session = aiohttp.ClientSession(timeout=timeout, headers=headers)
-        data = orjson.dumps(body) if body is not None else None
-        headers = {"Content-Type": "application/json"} if body is not None else None
-        async with self._session.request(
-            method, f"{self.url}{path}", data=data, headers=headers
-        ) as response:
-            raw = await response.read()
-            retry_after = response.headers.get("Retry-After", "1")
-        answer = orjson.loads(raw) if raw else {}
-        if response.status == 429:
-            seconds = float(retry_after) if retry_after.replace(".", "").isdigit() else 1.0
-            raise OverloadedError("agent server at capacity", retry_after_s=seconds)
-        if response.status >= 400:
-            raise error_from_body(response.status, answer)
-        return answer
+            self._session = new_session(total_s=60)
+        return await request_json(self._session, method, f"{self.url}{path}", self.api_key, body)
 
 
 def _result(report: AgentReport) -> RolloutResult:

@@ -12,42 +12,11 @@ from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 
-from rollway.errors import ConfigError, InfrastructureError, error_from_body
+from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.core import ChatResult, Registration
 from rollway.types import Trajectory
-
-
-def new_session() -> aiohttp.ClientSession:
-    """A pooled session for gateway calls (open it on the loop that will use it)."""
-    connector = aiohttp.TCPConnector(limit=4096, keepalive_timeout=60)
-    return aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
-    )
-
-
-async def _request(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    key: str,
-    body: dict[str, Any] | None = None,
-) -> Any:
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    data = orjson.dumps(body) if body is not None else None
-    try:
-        async with session.request(method, url, data=data, headers=headers) as response:
-            status, raw = response.status, await response.read()
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        raise InfrastructureError(f"gateway unreachable at {url}: {exc!r}") from exc
-    try:
-        answer = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        answer = raw.decode(errors="replace")
-    if status != 200:
-        raise error_from_body(status, answer)
-    return answer
+from rollway.webclient import new_session, request_json
 
 
 def _chat_result(body: dict[str, Any]) -> ChatResult:
@@ -73,7 +42,8 @@ class HttpChat:
         self.url = f"{base_url.rstrip('/')}/chat/completions"
 
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
-        return _chat_result(await _request(self.session, "POST", self.url, self.api_key, request))
+        answer = await request_json(self.session, "POST", self.url, self.api_key, request)
+        return _chat_result(answer)
 
 
 class RemoteGateway:
@@ -103,7 +73,7 @@ class RemoteGateway:
         if key is None:
             raise InfrastructureError(f"rollout {rollout_id!r} was not registered here")
         url = f"{self.base_url(rollout_id)}/chat/completions"
-        return _chat_result(await _request(self.session(), "POST", url, key, request))
+        return _chat_result(await request_json(self.session(), "POST", url, key, request))
 
     async def trajectory(self, rollout_id: str) -> Trajectory:
         answer = await self._admin("GET", f"{self.base_url(rollout_id)}/trajectory")
@@ -126,7 +96,7 @@ class RemoteGateway:
             await self._session.close()
 
     async def _admin(self, method: str, url: str, body: dict[str, Any] | None = None) -> Any:
-        return await _request(self.session(), method, url, self.admin_key, body)
+        return await request_json(self.session(), method, url, self.admin_key, body)
 
 
 def _check(url: str, admin_key: str) -> str:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from types import TracebackType
@@ -67,7 +68,7 @@ class LoopServer:
         app: ASGIApp,
         host: str = "127.0.0.1",
         port: int = 0,
-        unix_path: str | None = None,
+        unix_socket: bool = False,
     ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -75,11 +76,13 @@ class LoopServer:
         bound_host, bound_port = self._socket.getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
         self._sockets = [self._socket]
-        #: Also served on this Unix socket (the way out of network-isolated sandboxes).
-        self.unix_path = unix_path
-        if unix_path is not None:
+        #: With ``unix_socket``, also served on this Unix socket (in a private folder removed at
+        #: ``stop``): the way out of network-isolated sandboxes.
+        self.unix_path: str | None = None
+        if unix_socket:
+            self.unix_path = os.path.join(tempfile.mkdtemp(prefix="rollway-gw-"), "gateway.sock")
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            unix.bind(unix_path)
+            unix.bind(self.unix_path)
             self._sockets.append(unix)
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
@@ -101,5 +104,4 @@ class LoopServer:
         for sock in self._sockets:
             sock.close()
         if self.unix_path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.unix_path)
+            shutil.rmtree(os.path.dirname(self.unix_path), ignore_errors=True)

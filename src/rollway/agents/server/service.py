@@ -27,11 +27,12 @@ from rollway.errors import (
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.gateway.remote import HttpChat, new_session
+from rollway.gateway.remote import HttpChat
 from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import AgentReport
+from rollway.webclient import new_session
 
 log = logging.getLogger(__name__)
 
