@@ -145,6 +145,23 @@ class RolloutMetrics(_Wire):
     max_context: int = 0
 
 
+class TrajectoryStats(_Wire):
+    """What a run summary needs of a trajectory, for records that travel without it."""
+
+    turns: int
+    sampled_tokens: int | None = Field(description="None where the engine gave no token ids.")
+    turn_latency_ms: list[float]
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> TrajectoryStats:
+        sampled = sum(len(turn.completion_ids) for turn in trajectory.turns)
+        return cls(
+            turns=len(trajectory.turns),
+            sampled_tokens=sampled if trajectory.has_token_ids else None,
+            turn_latency_ms=[turn.latency_ms for turn in trajectory.turns],
+        )
+
+
 class RolloutRecord(_Wire):
     """The one recorded outcome of one rollout, as the store keeps it."""
 
@@ -166,11 +183,23 @@ class RolloutRecord(_Wire):
     metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)
     task: dict[str, Any] = Field(default_factory=dict)
     cleanup_errors: list[str] = Field(default_factory=list)
+    run_id: str | None = Field(default=None, description="The batch (or invoke) it was run in.")
     trajectory: Trajectory | None = None
+    trajectory_stats: TrajectoryStats | None = Field(
+        default=None, description="Set on light copies, whose trajectory stays in the store."
+    )
 
     @property
     def success(self) -> bool:
         return self.status in ("completed", "truncated")
+
+    def light(self) -> RolloutRecord:
+        """This record without its trajectory (kept in the store), with the trajectory's
+        figures: what a Ray worker sends back to the driver."""
+        if self.trajectory is None:
+            return self
+        stats = TrajectoryStats.of(self.trajectory)
+        return self.model_copy(update={"trajectory": None, "trajectory_stats": stats})
 
 
 RunStatus = Literal["running", "completed", "error", "timeout", "cancelled"]

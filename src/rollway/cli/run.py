@@ -16,6 +16,7 @@ from rollway.client import RolloutClient
 from rollway.client.client import resolve_agent
 from rollway.client.rewards import RewardFn
 from rollway.errors import ConfigError
+from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote import RemoteGateway
 from rollway.sandbox import sandbox_factory
 
@@ -70,6 +71,20 @@ def run(
     public_url: Annotated[
         str | None, typer.Option(help="How agent servers reach this client, if not http_host.")
     ] = None,
+    executor: Annotated[
+        str, typer.Option(help="Where rollouts run: local (this process) or ray (a cluster).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="For --executor ray: the cluster (auto, ray://HOST:10001); default: "
+            "$RAY_ADDRESS, else a local one started for this run."
+        ),
+    ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="For --executor ray: worker actors (default: cluster CPUs)."),
+    ] = None,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
@@ -95,11 +110,20 @@ def run(
         http_host=http_host,
         http_port=http_port,
         public_url=public_url,
+        executor=_executor(executor, ray_address, workers),
         **sampling,
     ) as client:
         for _ in client.run_batch(rows, group_size, resume=resume):
             pass
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
+
+
+def _executor(name: str, ray_address: str | None, workers: int | None) -> str | Executor:
+    if name != "ray":
+        if ray_address or workers:
+            raise ConfigError("--ray-address and --workers go with --executor ray")
+        return name
+    return RayExecutor(address=ray_address, num_workers=workers)
 
 
 def _agent(agent: str | None, cmd: str | None, agent_key: str | None, sandbox: str) -> AgentLoop:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.client.rollout import RolloutSpec, task_key
-from rollway.types import RolloutRecord
+from rollway.types import RolloutRecord, TrajectoryStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,9 @@ class BatchItem:
         return cls(record.success, record, error, index, elapsed, from_store)
 
 
-def plan(tasks: Sequence[dict[str, Any]], group_size: int, exp_id: str) -> list[RolloutSpec]:
+def plan(
+    tasks: Sequence[dict[str, Any]], group_size: int, exp_id: str, run_id: str | None = None
+) -> list[RolloutSpec]:
     """``group_size`` specs per task, sharing a group id; keys stable across reruns."""
     if group_size < 1:
         raise ValueError("group_size must be at least 1")
@@ -42,7 +44,8 @@ def plan(tasks: Sequence[dict[str, Any]], group_size: int, exp_id: str) -> list[
             key = f"{key}-{index}"
         seen.add(key)
         for sample in range(group_size):
-            specs.append(RolloutSpec(task, index, key, f"{exp_id}:{key}", index, sample))
+            group = f"{exp_id}:{key}"
+            specs.append(RolloutSpec(task, index, key, group, index, sample, run_id=run_id))
     return specs
 
 
@@ -110,8 +113,13 @@ class RunSummary:
 
 def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
     rewards = [r.reward for r in records if r.reward is not None]
-    latencies = sorted(t.latency_ms for r in records if r.trajectory for t in r.trajectory.turns)
-    tokens = sum(_sampled_tokens(r) for r in records)
+    stats = [_stats(r) for r in records]
+    latencies = sorted(ms for s in stats if s is not None for ms in s.turn_latency_ms)
+    tokens = sum(
+        s.sampled_tokens if s is not None and s.sampled_tokens is not None
+        else r.metrics.response_tokens
+        for r, s in zip(records, stats, strict=True)
+    )  # fmt: skip
     return RunSummary(
         by_status=dict(Counter(r.status for r in records)),
         mean_reward=statistics.fmean(rewards) if rewards else None,
@@ -123,13 +131,13 @@ def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
     )
 
 
-def _sampled_tokens(record: RolloutRecord) -> int:
-    """What the engine sampled, from the trajectory (program and remote agents count no tokens
-    themselves); the agent's own count where the engine gives no token ids."""
-    trajectory = record.trajectory
-    if trajectory is not None and trajectory.has_token_ids:
-        return sum(len(turn.completion_ids) for turn in trajectory.turns)
-    return record.metrics.response_tokens
+def _stats(record: RolloutRecord) -> TrajectoryStats | None:
+    """Sampled tokens come from the trajectory (program and remote agents count no tokens
+    themselves), or its figures on a light record; the agent's own count where the engine
+    gives no token ids."""
+    if record.trajectory is not None:
+        return TrajectoryStats.of(record.trajectory)
+    return record.trajectory_stats
 
 
 def _percentile(ordered: list[float], q: float) -> float | None:

@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import os
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -15,26 +14,22 @@ from types import TracebackType
 from typing import Any
 
 from aiolimiter import AsyncLimiter
-from starlette.applications import Starlette
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
-from rollway.client.callbacks import CallbackInbox
 from rollway.client.future import RolloutFuture
-from rollway.client.gateways import GatewayHandle, LocalGateway
+from rollway.client.gateways import GatewayHandle
 from rollway.client.loop import LoopThread
 from rollway.client.progress import BatchProgress, summary_table
 from rollway.client.remote_agent import PollPolicy, RemoteAgent
 from rollway.client.rewards import RewardFn
-from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec, task_key
+from rollway.client.rollout import RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
-from rollway.gateway.app import create_app
+from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
-from rollway.gateway.factory import build_gateway
 from rollway.gateway.protocol import RegisterRequest, parse_model
 from rollway.gateway.remote import RemoteGateway
-from rollway.gateway.server import LoopServer
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord
@@ -71,6 +66,7 @@ class RolloutClient:
         max_seq_len: int | None = None,
         show_progress: bool = False,
         debug: bool = False,
+        executor: str | Executor = "local",
         serve_http: bool | None = None,
         http_host: str = "127.0.0.1",
         http_port: int = 0,
@@ -84,14 +80,6 @@ class RolloutClient:
         parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
         self.exp_id = exp_id or self.agent.name
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
-        self._owns_engine = isinstance(engine, str)
-        self.gateway: GatewayHandle = (
-            engine
-            if isinstance(engine, RemoteGateway)
-            else LocalGateway(
-                engine if isinstance(engine, Gateway) else build_gateway(engine, model=model)
-            )
-        )
         self.settings = RolloutSettings(
             exp_id=self.exp_id,
             sampling=sampling,
@@ -106,32 +94,53 @@ class RolloutClient:
         self.reward_fn = reward
         self.show_progress = show_progress
         self.last_summary: dict[str, Any] | None = None
-        self._runner = RolloutRunner(self.agent, self.gateway, self.store, self.settings, reward)
+        # The cap and the rate limit live here, ahead of every executor: with Ray they hold
+        # across the whole cluster, not per worker.
         self._slots = asyncio.Semaphore(max_concurrent)
         # Capacity 1 spaces starts evenly (no burst): at most tps_limit in any second.
         self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit else None
-        self._loop = LoopThread()
         self._live: set[RolloutFuture] = set()
-        inbox = CallbackInbox() if callback and isinstance(self.agent, RemoteAgent) else None
-        if isinstance(self.agent, RemoteAgent):
-            self.agent.bind(self.store, inbox, self.settings)
-        if serve_http is None:
-            serve_http = getattr(self.agent, "needs_http", False)
-        self._http = self._serve(serve_http, inbox, (http_host, http_port), public_url)
+        self.executor = executor_from(executor)
+        setup = WorkerSetup(
+            agent=self.agent,
+            engine=engine,
+            model=model,
+            store=self.store,
+            settings=self.settings,
+            reward=reward,
+            serve_http=serve_http,
+            http_host=http_host,
+            http_port=http_port,
+            public_url=public_url,
+            callback=callback,
+        )
+        self._loop = LoopThread()
+        try:
+            self.executor.start(setup, self._loop)
+        except BaseException:
+            self._loop.close()
+            raise
+
+    @property
+    def gateway(self) -> GatewayHandle:
+        """The gateway rollouts run through (in this process: the local executor's)."""
+        if not isinstance(self.executor, LocalExecutor):
+            raise AttributeError("with a Ray executor each worker has its own gateway handle")
+        return self.executor.gateway
 
     # -- single rollouts ---------------------------------------------------------------------
 
     def invoke(self, task: dict[str, Any], **overrides: Any) -> RolloutFuture:
         """Start one rollout of ``task``; ``overrides`` change sampling for it alone."""
-        key = f"{task_key(task)}-{uuid.uuid4().hex[:8]}"
-        spec = RolloutSpec(task, 0, key, f"{self.exp_id}:{key}", 0, 0)
-        runner = self._runner
+        run = uuid.uuid4().hex
+        key = f"{task_key(task)}-{run[:8]}"
+        spec = RolloutSpec(task, 0, key, f"{self.exp_id}:{key}", 0, 0, run_id=run)
+        settings = self.settings
         if overrides:
             parse_model(RegisterRequest, overrides)
             sampling = {**self.settings.sampling, **overrides}
             settings = dataclasses.replace(self.settings, sampling=sampling)
-            runner = RolloutRunner(self.agent, self.gateway, self.store, settings, self.reward_fn)
-        return self._submit(spec, runner)
+        return self._submit(spec, settings)
 
     async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
         return await self.invoke(task, **overrides)
@@ -145,7 +154,7 @@ class RolloutClient:
         Stopping the iteration early cancels what is still running."""
         started = time.monotonic()
         done, todo = self._prepare(list(tasks), group_size, resume)
-        futures = {self._submit(spec, self._runner): index for index, spec in todo}
+        futures = {self._submit(spec, self.settings): index for index, spec in todo}
         records = [item.result for item in done]
         with BatchProgress(len(done) + len(todo), show=self.show_progress) as progress:
             try:
@@ -169,7 +178,7 @@ class RolloutClient:
         """``run_batch`` as an async iterator."""
         started = time.monotonic()
         done, todo = self._prepare(list(tasks), group_size, resume)
-        futures = {self._submit(spec, self._runner): index for index, spec in todo}
+        futures = {self._submit(spec, self.settings): index for index, spec in todo}
         records = [item.result for item in done]
         try:
             for item in done:
@@ -193,15 +202,10 @@ class RolloutClient:
         if self._loop.loop.is_closed():
             return
         self._cancel_and_wait(list(self._live))
-        if self._http is not None:
-            self._loop.call(self._http.stop())
-        if isinstance(self.agent, RemoteAgent):
-            self._loop.call(self.agent.aclose())
-        if isinstance(self.gateway, RemoteGateway):
-            self._loop.call(self.gateway.close())
-        elif self._owns_engine:
-            self._loop.call(self.gateway.gateway.engine.close())
-        self._loop.close()
+        try:
+            self.executor.close(self._loop)
+        finally:
+            self._loop.close()
 
     def __enter__(self) -> RolloutClient:
         return self
@@ -216,26 +220,26 @@ class RolloutClient:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _submit(self, spec: RolloutSpec, runner: RolloutRunner) -> RolloutFuture:
+    def _submit(self, spec: RolloutSpec, settings: RolloutSettings) -> RolloutFuture:
         cancel = asyncio.Event()
-        cf = self._loop.submit(self._run_limited(spec, runner, cancel))
+        cf = self._loop.submit(self._run_limited(spec, settings, cancel))
         future = RolloutFuture(cf, cancel, self._loop.loop)
         self._live.add(future)
         cf.add_done_callback(lambda _: self._live.discard(future))
         return future
 
     async def _run_limited(
-        self, spec: RolloutSpec, runner: RolloutRunner, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
     ) -> RolloutRecord:
         async with self._slots:
             if self._starts is not None and not cancel.is_set():
                 await self._starts.acquire()
-            return await runner.run(spec, cancel)
+            return await self.executor.run(spec, settings, cancel)
 
     def _prepare(
         self, tasks: list[dict[str, Any]], group_size: int, resume: bool
     ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
-        specs = plan(tasks, group_size, self.exp_id)
+        specs = plan(tasks, group_size, self.exp_id, run_id=uuid.uuid4().hex)
         self.store.write_config(self._config(len(tasks), group_size))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
@@ -262,42 +266,13 @@ class RolloutClient:
         if self.show_progress:
             BatchProgress(0, show=False).console.print(summary_table(summary))
 
-    def _serve(
-        self,
-        gateway: bool,
-        inbox: CallbackInbox | None,
-        bind: tuple[str, int],
-        public_url: str | None,
-    ) -> LoopServer | None:
-        """Serve what out-of-process parties need: the in-process gateway (programs, agent
-        servers) and the callback route (agent servers). None when nothing is needed."""
-        routes = [inbox.route()] if inbox is not None else []
-        local = self.gateway if gateway and isinstance(self.gateway, LocalGateway) else None
-        if local is not None:
-            app = create_app(
-                local.gateway, admin_key=secrets.token_hex(16), close_engine=False,
-                extra_routes=routes,
-            )  # fmt: skip
-        elif routes:
-            app = Starlette(routes=routes)
-        else:
-            return None
-        # The gateway on a Unix socket too, for sandboxes whose only way out is a relay to it.
-        server = LoopServer(app, host=bind[0], port=bind[1], unix_socket=local is not None)
-        bound = self._loop.call(server.start())
-        url = public_url.rstrip("/") if public_url else bound
-        if local is not None:
-            local.url, local.socket_path = url, server.unix_path
-        if inbox is not None:
-            inbox.url = url
-        return server
-
     def _config(self, n_tasks: int, group_size: int) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
             "agent": _agent_spec(self.agent),
             "agent_name": self.agent.name,
-            "model": self.gateway.model_name,
+            "model": self.executor.model_name,
+            **self.executor.describe(),
             "tasks": n_tasks,
             "group_size": group_size,
             **{k: v for k, v in dataclasses.asdict(self.settings).items() if k != "exp_id"},

@@ -72,6 +72,11 @@ class RemoteAgent(AgentLoop):
         self._settings: RolloutSettings | None = None
         self._session: aiohttp.ClientSession | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to Ray workers unbound: each binds its own store, callback route, session.
+        unbound = {"_store": None, "_inbox": None, "_settings": None, "_session": None}
+        return {**self.__dict__, **unbound}
+
     def bind(self, store: Store, inbox: CallbackInbox | None, settings: RolloutSettings) -> None:
         """Called by the client: where reports land, the callback route, what inits carry."""
         self._store, self._inbox, self._settings = store, inbox, settings

@@ -26,9 +26,11 @@ from rollway.gateway.core import Registration
 from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.types import (
+    ErrorKind,
     RolloutMetrics,
     RolloutRecord,
     RolloutResult,
+    Status,
     Trajectory,
 )
 
@@ -45,6 +47,10 @@ class RolloutSpec:
     group_id: str
     group_index: int
     sample_index: int
+    #: Above 1 when a rollout is run again after its worker died: gateway ids stay unique.
+    first_attempt: int = 1
+    #: The batch (or single invoke) it belongs to; its record says so.
+    run_id: str | None = None
 
     @property
     def rollout_key(self) -> str:
@@ -74,6 +80,43 @@ class RolloutSettings:
     stop_grace_s: float = 2.0
 
 
+def attempt_id(settings: RolloutSettings, spec: RolloutSpec, attempt: int) -> str:
+    """The gateway's id for one attempt of a rollout."""
+    return f"{settings.exp_id}.{spec.rollout_key}.{attempt}"
+
+
+def make_record(
+    spec: RolloutSpec,
+    settings: RolloutSettings,
+    status: Status,
+    error_kind: ErrorKind | None,
+    reason: str | None,
+    *,
+    attempts: int,
+    started_at: float,
+    **fields: Any,
+) -> RolloutRecord:
+    """A rollout's record; ``fields`` holds the rest (reward, trajectory, elapsed_s, ...)."""
+    return RolloutRecord(
+        exp_id=settings.exp_id,
+        rollout_key=spec.rollout_key,
+        rollout_id=attempt_id(settings, spec, attempts),
+        task_index=spec.task_index,
+        group_id=spec.group_id,
+        group_index=spec.group_index,
+        sample_index=spec.sample_index,
+        status=status,
+        error_kind=error_kind,
+        reason=reason,
+        attempts=attempts,
+        started_at=started_at,
+        elapsed_s=fields.pop("elapsed_s", 0.0),
+        task=spec.task,
+        run_id=spec.run_id,
+        **fields,
+    )
+
+
 class RolloutRunner:
     def __init__(
         self,
@@ -97,12 +140,13 @@ class RolloutRunner:
             ),
             retry_error_callback=lambda state: state.outcome.result(),
         )
-        attempts = itertools.count(1)
-        opened: list[str] = []
+        attempts = itertools.count(spec.first_attempt)
+        # A worker that died may have left earlier attempts open on a shared gateway.
+        opened = [attempt_id(self.settings, spec, n) for n in range(1, spec.first_attempt)]
 
         async def attempt() -> RolloutRecord:
             number = next(attempts)
-            opened.append(self._rollout_id(spec, number))
+            opened.append(attempt_id(self.settings, spec, number))
             return await self._attempt(spec, number, cancel, started_at)
 
         record = await retrying(attempt)
@@ -116,9 +160,6 @@ class RolloutRunner:
             status=record.status, attempts=record.attempts, reward=record.reward,
         )  # fmt: skip
         return record
-
-    def _rollout_id(self, spec: RolloutSpec, attempt: int) -> str:
-        return f"{self.settings.exp_id}.{spec.rollout_key}.{attempt}"
 
     async def _unregister(self, rollout_ids: list[str]) -> None:
         for rollout_id in rollout_ids:
@@ -135,7 +176,7 @@ class RolloutRunner:
     async def _attempt(
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
-        rollout_id = self._rollout_id(spec, attempt)
+        rollout_id = attempt_id(self.settings, spec, attempt)
         register = {
             **self._seeded(self.settings.sampling, spec),
             "max_turns": self.settings.max_turns,
@@ -175,27 +216,16 @@ class RolloutRunner:
                 reward, reward_info = await self._reward(spec, outcome.result, trajectory)
             except RewardError as exc:
                 outcome = AgentOutcome("error", "reward", str(exc))
-        return RolloutRecord(
-            exp_id=self.settings.exp_id,
-            rollout_key=spec.rollout_key,
-            rollout_id=rollout_id,
-            task_index=spec.task_index,
-            group_id=spec.group_id,
-            group_index=spec.group_index,
-            sample_index=spec.sample_index,
-            status=outcome.status,
-            error_kind=outcome.kind,
-            reason=outcome.reason,
-            reward=reward,
-            reward_info=reward_info,
+        return make_record(
+            spec, self.settings, outcome.status, outcome.kind, outcome.reason,
             attempts=attempt,
             started_at=started_at,
-            elapsed_s=0.0,
+            reward=reward,
+            reward_info=reward_info,
             metrics=ctx.metrics if ctx is not None else RolloutMetrics(),
-            task=spec.task,
             cleanup_errors=cleanup_errors,
             trajectory=trajectory,
-        )
+        )  # fmt: skip
 
     async def _register(self, rollout_id: str, params: dict[str, Any]) -> Registration:
         # Agents that can re-attach (served ones) pick up a rollout a dead client left open

@@ -57,6 +57,10 @@ class RemoteGateway:
         self._keys: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Shipped to Ray workers: the address and key, not this process's connections.
+        return {**self.__dict__, "_keys": {}, "_session": None}
+
     def base_url(self, rollout_id: str) -> str:
         return f"{self.url}/v1/rollouts/{rollout_id}"
 

@@ -38,7 +38,7 @@ class FileStore:
     def __init__(self, root: str | Path, exp_id: str) -> None:
         check_name(exp_id, "experiment id")
         self.exp_id = exp_id
-        self.path = Path(root) / exp_id
+        self.path = Path(root).absolute() / exp_id  # the same folder from any worker
         self._trajectories = self.path / "trajectories"
         self._trajectories.mkdir(parents=True, exist_ok=True)
         self.debug_dir: Path | None = self.path / "debug"

@@ -12,7 +12,9 @@ visible all at once (never half written). There is no append, so no ``index.json
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import os
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,16 @@ from rollway.errors import ConfigError
 from rollway.store.file import check_name
 from rollway.types import AgentReport, RolloutRecord
 
+#: Environment variables that configure object stores (endpoint, region, credentials).
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+
 
 class ObjectStore:
-    def __init__(self, uri: str, exp_id: str) -> None:
+    """``env``: the configuring environment variables; default: this process's. A store
+    pickled to a Ray worker is rebuilt there from the same ones, so workers write where the
+    client reads whatever their own environment says."""
+
+    def __init__(self, uri: str, exp_id: str, env: Mapping[str, str] | None = None) -> None:
         try:
             import obstore
             from obstore.store import from_url
@@ -33,12 +42,20 @@ class ObjectStore:
         check_name(exp_id, "experiment id")
         self._obstore = obstore
         self.exp_id = exp_id
+        self._base_uri = uri
         self.uri = f"{uri.rstrip('/')}/{exp_id}"
         self.debug_dir: Path | None = None
+        if env is None:
+            env = {k: v for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)}
+        self._env = dict(env)
         try:
-            self._store = from_url(self.uri)
+            with _environment(self._env):  # obstore reads its configuration from there
+                self._store = from_url(self.uri)
         except Exception as exc:
             raise ConfigError(f"cannot open {self.uri}: {exc}") from exc
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ObjectStore, (self._base_uri, self.exp_id, self._env))
 
     def write_config(self, config: dict[str, Any]) -> None:
         self._put("config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
@@ -103,3 +120,18 @@ class ObjectStore:
     def _record_path(rollout_key: str) -> str:
         check_name(rollout_key, "rollout key")
         return f"trajectories/{rollout_key}.json"
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    """``values`` set in the environment for the duration, then as they were."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,143 @@
+"""Rollouts on Ray: throughput for 1, 2 and 4 worker actors, and the driver's memory.
+
+Each worker runs its own in-process gateway over the simulated engine (a load generator:
+``sim://`` with a fixed latency per turn), so the figures are rollway's own cost: the agent
+loop, the gateway (template, tokenization, recording), the store write and the Ray hop.
+The local executor runs the same batch as the baseline.
+
+Memory: a fresh driver process runs 10,000 rollouts and reports how much its resident memory
+grew, with the Ray executor (light records; trajectories stay in the store) and with the local
+executor (whole records in memory) for comparison.
+
+Usage: python benchmarks/ray_scaling.py [--rollouts N] [--memory-rollouts N] [--cpus N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.client import RolloutClient
+from rollway.executors import RayExecutor
+from rollway.types import RolloutResult
+
+TURNS = 3
+ENGINE = "sim://?latency_s=0.05&output_len=16"
+
+
+class ThreeTurnAgent(AgentLoop):
+    """Three model calls per rollout, each seeing the whole conversation so far."""
+
+    name = "three-turn"
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.task["q"]}]
+        for turn in range(TURNS):
+            reply = await ctx.chat(messages)
+            messages += [reply.message, {"role": "user", "content": f"And step {turn + 2}?"}]
+        return ctx.complete(messages[:-1], reward=1.0)
+
+
+def tasks(count: int) -> list[dict[str, Any]]:
+    return [{"task_id": f"t{i}", "q": f"Question {i}: what is {i} + {i}?"} for i in range(count)]
+
+
+def throughput(executor: Any, rollouts: int, concurrency: int) -> dict[str, float]:
+    with (
+        tempfile.TemporaryDirectory() as store,
+        RolloutClient(
+            ThreeTurnAgent, ENGINE, store=store, executor=executor, max_concurrent=concurrency
+        ) as client,
+    ):
+        started = time.perf_counter()
+        done = sum(1 for item in client.run_batch(tasks(rollouts)) if item.success)
+        wall = time.perf_counter() - started
+    return {"rollouts": done, "wall_s": wall, "rollouts_per_s": done / wall}
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory_child(kind: str, rollouts: int, cpus: int) -> None:
+    """In a fresh process: resident memory growth of a driver over ``rollouts``."""
+    executor: Any = "local"
+    if kind == "ray":
+        import ray
+
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        executor = RayExecutor(num_workers=2, resources_per_worker={"CPU": 1})
+    with (
+        tempfile.TemporaryDirectory() as store,
+        RolloutClient(
+            ThreeTurnAgent, ENGINE, store=store, executor=executor, max_concurrent=256
+        ) as client,
+    ):
+        before = rss_mb()
+        items = list(client.run_batch(tasks(rollouts)))  # the caller keeps every item
+        after = rss_mb()
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ok = sum(1 for item in items if item.success)
+    print(json.dumps({"ok": ok, "growth_mb": after - before, "peak_mb": peak}))
+
+
+def measure_memory(kind: str, rollouts: int, cpus: int) -> dict[str, float]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", kind,
+         "--memory-rollouts", str(rollouts), "--cpus", str(cpus)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rollouts", type=int, default=1500)
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--memory-rollouts", type=int, default=10_000)
+    parser.add_argument("--cpus", type=int, default=4, help="Logical CPUs for the Ray cluster.")
+    parser.add_argument("--memory-child", choices=["ray", "local"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        memory_child(args.memory_child, args.memory_rollouts, args.cpus)
+        return
+
+    import ray
+
+    print(f"{os.cpu_count()} cores; {args.rollouts} rollouts of {TURNS} turns, {ENGINE}")
+    local = throughput("local", args.rollouts, args.concurrency)
+    print(f"local executor       {local['rollouts_per_s']:8.1f} rollouts/s")
+    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    base = None
+    for workers in (1, 2, 4):
+        executor = RayExecutor(num_workers=workers, resources_per_worker={"CPU": 1})
+        result = throughput(executor, args.rollouts, args.concurrency)
+        base = base or result["rollouts_per_s"]
+        print(
+            f"ray, {workers} worker{'s' if workers > 1 else ' '}     "
+            f"{result['rollouts_per_s']:8.1f} rollouts/s   x{result['rollouts_per_s'] / base:.2f}"
+            f" vs 1 worker, x{result['rollouts_per_s'] / local['rollouts_per_s']:.2f} vs local"
+        )
+    ray.shutdown()
+
+    print(f"driver memory for {args.memory_rollouts} rollouts (resident growth, fresh process):")
+    for kind in ("ray", "local"):
+        mem = measure_memory(kind, args.memory_rollouts, args.cpus)
+        per = mem["growth_mb"] * 1024 / args.memory_rollouts
+        print(
+            f"  {kind:5s} executor  {mem['growth_mb']:7.1f} MB  ({per:.1f} KB per rollout, "
+            f"{mem['ok']} ok, peak RSS {mem['peak_mb']:.0f} MB)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+"""Where rollouts run: in this process (``local``, the default) or on a Ray cluster (``ray``).
+Ray is an optional extra, imported only when a ``RayExecutor`` starts."""
+
+from __future__ import annotations
+
+from rollway.errors import ConfigError
+from rollway.executors.base import Executor, WorkerSetup
+from rollway.executors.local import LocalExecutor
+from rollway.executors.ray_executor import RayExecutor
+
+EXECUTORS = ("local", "ray")
+
+
+def executor_from(executor: str | Executor) -> Executor:
+    """``"local"``, ``"ray"`` (a ``RayExecutor`` with its defaults) or a ready executor."""
+    if not isinstance(executor, str):
+        return executor
+    if executor == "local":
+        return LocalExecutor()
+    if executor == "ray":
+        return RayExecutor()
+    raise ConfigError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+
+
+__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "WorkerSetup", "executor_from"]

@@ -1,0 +1,65 @@
+"""The executor seam: where a client's rollouts run. The client keeps the batch, the futures,
+the concurrency cap and the rate limit; an executor runs one rollout at a time on request,
+in this process (``LocalExecutor``) or on a Ray cluster's workers (``RayExecutor``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rollway.agents.base import AgentLoop
+from rollway.client.loop import LoopThread
+from rollway.client.rewards import RewardFn
+from rollway.client.rollout import RolloutSettings, RolloutSpec
+from rollway.engines.base import ChatEngine, Engine
+from rollway.gateway.core import Gateway
+from rollway.gateway.remote import RemoteGateway
+from rollway.store.base import Store
+from rollway.types import RolloutRecord
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """Everything needed to run a client's rollouts somewhere: what the client was given. For
+    Ray it is pickled to every worker, so the engine is a spec string or a ``RemoteGateway``
+    there, not an object holding a model."""
+
+    agent: AgentLoop
+    engine: str | Engine | ChatEngine | Gateway | RemoteGateway
+    model: str | None
+    store: Store
+    settings: RolloutSettings
+    reward: RewardFn | None = None
+    #: Serve the gateway over HTTP (None: when the agent needs it).
+    serve_http: bool | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    public_url: str | None = None
+    #: Agent servers report by callback (else the store is polled).
+    callback: bool = True
+
+
+class Executor(Protocol):
+    #: The model the rollouts sample from, once started.
+    model_name: str
+
+    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+        """Get ready to run rollouts (called once, on the caller's thread); errors in the
+        setup surface here, before any rollout."""
+        ...
+
+    async def run(
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        """Run one rollout to its one recorded outcome (written to the store). Never raises
+        for the rollout's own failures: they are the record's status."""
+        ...
+
+    def close(self, loop: LoopThread) -> None:
+        """Release what ``start`` took (engines, servers, workers); nothing is running."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What goes into the run's config: which executor, how many workers."""
+        ...

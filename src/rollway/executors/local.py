@@ -1,0 +1,134 @@
+"""Rollouts in this process, on the client's event loop: the default executor, and what each
+Ray worker runs inside."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+from starlette.applications import Starlette
+
+from rollway.client.callbacks import CallbackInbox
+from rollway.client.gateways import GatewayHandle, LocalGateway
+from rollway.client.loop import LoopThread
+from rollway.client.remote_agent import RemoteAgent
+from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec
+from rollway.executors.base import WorkerSetup
+from rollway.gateway.app import create_app
+from rollway.gateway.core import Gateway
+from rollway.gateway.factory import build_gateway
+from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.server import LoopServer
+from rollway.types import RolloutRecord
+
+
+class LocalExecutor:
+    """Owns the gateway (in-process, or a ``RemoteGateway``), the HTTP server that programs and
+    agent servers reach it on, and the callback route for agent servers."""
+
+    def __init__(self) -> None:
+        self.model_name = ""
+        self._setup: WorkerSetup | None = None
+        self._gateway: GatewayHandle | None = None
+        self._inbox: CallbackInbox | None = None
+        self._http: LoopServer | None = None
+        self._runner: RolloutRunner | None = None
+
+    @property
+    def gateway(self) -> GatewayHandle:
+        if self._gateway is None:
+            raise RuntimeError("the executor has not started")
+        return self._gateway
+
+    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+        self.prepare(setup)
+        loop.call(self.serve())
+
+    def prepare(self, setup: WorkerSetup) -> None:
+        """The blocking part of starting (an embedded engine loads its model here)."""
+        engine = setup.engine
+        self._setup = setup
+        self._gateway = (
+            engine
+            if isinstance(engine, RemoteGateway)
+            else LocalGateway(
+                engine if isinstance(engine, Gateway) else build_gateway(engine, model=setup.model)
+            )
+        )
+        self.model_name = self._gateway.model_name
+        agent = setup.agent
+        if isinstance(agent, RemoteAgent):
+            self._inbox = CallbackInbox() if setup.callback else None
+            agent.bind(setup.store, self._inbox, setup.settings)
+        self._runner = RolloutRunner(
+            agent, self._gateway, setup.store, setup.settings, setup.reward
+        )
+
+    async def serve(self, advertise_host: str | None = None) -> None:
+        """Serve what out-of-process parties need: the in-process gateway (programs, agent
+        servers) and the callback route (agent servers). ``advertise_host`` replaces the bound
+        host in the URLs handed out (a Ray worker bound to 0.0.0.0 gives its node's IP)."""
+        setup = self._setup
+        assert setup is not None, "prepare first"
+        serve_gateway = setup.serve_http
+        if serve_gateway is None:
+            serve_gateway = getattr(setup.agent, "needs_http", False)
+        routes = [self._inbox.route()] if self._inbox is not None else []
+        local = self._gateway if serve_gateway and isinstance(self._gateway, LocalGateway) else None
+        if local is not None:
+            app = create_app(
+                local.gateway, admin_key=secrets.token_hex(16), close_engine=False,
+                extra_routes=routes,
+            )  # fmt: skip
+        elif routes:
+            app = Starlette(routes=routes)
+        else:
+            return
+        # The gateway on a Unix socket too, for sandboxes whose only way out is a relay to it.
+        server = LoopServer(
+            app, host=setup.http_host, port=setup.http_port, unix_socket=local is not None
+        )
+        bound = await server.start()
+        if setup.public_url:
+            url = setup.public_url.rstrip("/")
+        elif advertise_host:
+            url = f"http://{advertise_host}:{bound.rsplit(':', 1)[1]}"
+        else:
+            url = bound
+        if local is not None:
+            local.url, local.socket_path = url, server.unix_path
+        if self._inbox is not None:
+            self._inbox.url = url
+        self._http = server
+
+    async def run(
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        runner = self._runner
+        assert runner is not None and self._setup is not None, "start first"
+        if settings != runner.settings:  # sampling overrides of one invoke
+            runner = RolloutRunner(
+                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn
+            )
+        return await runner.run(spec, cancel)
+
+    def close(self, loop: LoopThread) -> None:
+        loop.call(self.aclose())
+
+    async def aclose(self) -> None:
+        setup = self._setup
+        if setup is None:
+            return
+        self._setup = None
+        if self._http is not None:
+            await self._http.stop()
+        if isinstance(setup.agent, RemoteAgent):
+            await setup.agent.aclose()
+        if isinstance(self._gateway, RemoteGateway):
+            await self._gateway.close()
+        elif isinstance(self._gateway, LocalGateway) and isinstance(setup.engine, str):
+            await self._gateway.gateway.engine.close()  # built here, from a spec
+
+    def describe(self) -> dict[str, Any]:
+        return {"executor": "local"}

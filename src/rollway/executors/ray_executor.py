@@ -1,0 +1,355 @@
+"""Rollouts on a Ray cluster: long-lived worker actors, each running many rollouts at once on
+its own event loop, fed by the driver (the client) one rollout at a time to the least-loaded
+live worker. The client's concurrency cap and rate limit sit in front of this, so they hold
+for the whole cluster.
+
+Records go to the shared store from the workers; the driver gets light copies (outcome,
+reward, figures; no trajectory). A worker that dies has its in-flight rollouts dispatched again
+(up to ``max_requeues`` times, then recorded as infrastructure errors); Ray restarts the actor
+(up to ``max_worker_restarts`` times). A rollout whose dead worker had already stored its
+record is not run again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rollway.client.loop import LoopThread
+from rollway.client.rollout import RolloutSettings, RolloutSpec, attempt_id, make_record
+from rollway.errors import ConfigError, InfrastructureError
+from rollway.executors.base import WorkerSetup
+from rollway.executors.worker import RolloutWorker
+from rollway.gateway.remote import RemoteGateway
+from rollway.logs import log_stage
+from rollway.store.base import Store
+from rollway.types import ErrorKind, RolloutRecord
+
+log = logging.getLogger(__name__)
+
+#: Modules that ``import_target`` loads from a file path: workers cannot import them by name,
+#: so their agents and reward functions travel by value.
+_FILE_MODULE_PREFIX = "rollway_agent_"
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "executor='ray' needs Ray, which is not installed: pip install 'rollway[ray]'"
+        ) from None
+    return ray
+
+
+class _WorkerLost(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Worker:
+    index: int
+    actor: Any
+    in_flight: int = 0
+    dispatched: int = 0
+    up: bool = True
+
+
+class RayExecutor:
+    """``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``; None starts a local
+    one unless Ray is already initialised). ``num_workers``: actors (default: the cluster's
+    CPUs over each worker's). ``resources_per_worker``: ``{"CPU": 1, "GPU": 0, "memory":
+    bytes, "<custom>": n}``. ``return_trajectories``: send whole records back to the driver
+    (default: light ones; the store has the trajectories)."""
+
+    def __init__(
+        self,
+        address: str | None = None,
+        num_workers: int | None = None,
+        resources_per_worker: dict[str, float] | None = None,
+        *,
+        max_requeues: int = 2,
+        max_worker_restarts: int = 3,
+        restart_timeout_s: float = 120.0,
+        start_timeout_s: float = 600.0,
+        return_trajectories: bool = False,
+        runtime_env: dict[str, Any] | None = None,
+        init_options: dict[str, Any] | None = None,
+    ) -> None:
+        if num_workers is not None and num_workers < 1:
+            raise ConfigError("num_workers must be at least 1")
+        self.address = address
+        self.num_workers = num_workers
+        self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
+        self.max_requeues = max_requeues
+        self.max_worker_restarts = max_worker_restarts
+        self.restart_timeout_s = restart_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.return_trajectories = return_trajectories
+        self.runtime_env = runtime_env
+        self.init_options = init_options or {}
+        self.model_name = ""
+        #: What each worker said when it started (pid, model), by worker index.
+        self.worker_info: list[dict[str, Any]] = []
+        self._workers: list[_Worker] = []
+        self._all_actors: list[Any] = []
+        self._changed = asyncio.Condition()
+        self._probes: set[asyncio.Task[None]] = set()
+        self._store: Store | None = None
+        self._all_workers: list[_Worker] = []
+        self._owns_ray = False
+        self._ray: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+        ray = self._ray = import_ray()
+        _check_shippable(setup, ray)
+        if not ray.is_initialized():
+            ray.init(address=self.address, **self.init_options)
+            self._owns_ray = True
+        self._store = setup.store
+        count = self.num_workers or self._default_workers(ray)
+        actor_class = ray.remote(RolloutWorker).options(**self._actor_options())
+        # By value, not ray.put: a restarted actor needs its arguments again.
+        self._workers = [
+            _Worker(i, actor_class.remote(setup, self.return_trajectories)) for i in range(count)
+        ]
+        self._all_workers = list(self._workers)
+        self._all_actors = [w.actor for w in self._workers]
+        try:
+            self.worker_info = ray.get(
+                [w.actor.ready.remote() for w in self._workers], timeout=self.start_timeout_s
+            )
+        except Exception as exc:
+            self._kill_actors()
+            raise ConfigError(f"Ray workers failed to start: {_cause(exc)}") from exc
+        self.model_name = self.worker_info[0]["model"]
+        log.info("%d Ray workers ready", count, extra={"stage": "start_workers"})
+
+    def close(self, loop: LoopThread) -> None:
+        if self._ray is None:
+            return
+        ray, self._ray = self._ray, None
+        for probe in list(self._probes):
+            loop.loop.call_soon_threadsafe(probe.cancel)
+        closing = [w.actor.close.remote() for w in self._workers]
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=30)
+        self._kill_actors(ray)
+        if self._owns_ray:
+            ray.shutdown()
+
+    def load(self) -> list[dict[str, Any]]:
+        """Per worker: whether it is up, rollouts in flight, rollouts dispatched to it."""
+        return [
+            {"worker": w.index, "up": w.up, "in_flight": w.in_flight, "dispatched": w.dispatched}
+            for w in self._all_workers
+        ]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "executor": "ray",
+            "workers": len(self._all_actors),
+            "resources_per_worker": self.resources_per_worker,
+        }
+
+    # -- running -----------------------------------------------------------------------------
+
+    async def run(
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        started_at, clock = time.time(), time.monotonic()
+        losses: list[str] = []
+        while True:
+            try:
+                return await self._dispatch(spec, settings, cancel)
+            except _WorkerLost as lost:
+                losses.append(lost.reason)
+            except InfrastructureError as exc:  # no worker alive, or the worker raised
+                return await self._record(spec, settings, "error", str(exc), started_at, clock)
+            # The worker may have stored the record before it died: that is the outcome.
+            stored = await asyncio.to_thread(self._store_or_fail().get, spec.rollout_key)
+            if stored is not None and stored.run_id is not None and stored.run_id == spec.run_id:
+                return stored if self.return_trajectories else stored.light()
+            if cancel.is_set():
+                reason = "cancelled while its Ray worker was lost"
+                return await self._record(spec, settings, "cancelled", reason, started_at, clock)
+            if len(losses) > self.max_requeues:
+                reason = f"its Ray worker died {len(losses)} times (last: {losses[-1]})"
+                return await self._record(spec, settings, "error", reason, started_at, clock)
+            spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
+
+    async def _dispatch(
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        """Run ``spec`` on the least-loaded live worker; ``_WorkerLost`` if it dies."""
+        worker = await self._pick()
+        worker.in_flight += 1
+        try:
+            return await self._run_on(worker, spec, settings, cancel)
+        except self._ray.exceptions.RayTaskError as exc:  # the worker raised: a bug, not a loss
+            raise InfrastructureError(f"Ray worker failed: {_cause(exc)}") from exc
+        except self._ray.exceptions.RayError as exc:
+            self._lost(worker)
+            log_stage(
+                log, "worker_lost", attempt_id(settings, spec, spec.first_attempt),
+                level=logging.WARNING, worker=worker.index, error=_cause(exc),
+            )  # fmt: skip
+            raise _WorkerLost(_cause(exc)) from exc
+        finally:
+            worker.in_flight -= 1
+
+    async def _run_on(
+        self, worker: _Worker, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        token = uuid.uuid4().hex
+        worker.dispatched += 1
+        result = asyncio.wrap_future(worker.actor.run.remote(token, spec, settings).future())
+        stop = asyncio.ensure_future(cancel.wait())
+        try:
+            done, _ = await asyncio.wait({result, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if result not in done:  # cancelled: the worker ends it and records "cancelled"
+                worker.actor.cancel.remote(token)
+            return await result
+        finally:
+            stop.cancel()
+
+    async def _pick(self) -> _Worker:
+        """The live worker with the fewest rollouts in flight; waits while all are restarting."""
+        async with self._changed:
+            while True:
+                alive = [w for w in self._workers if w.up]
+                if alive:
+                    return min(alive, key=lambda w: (w.in_flight, w.dispatched))
+                if not self._workers:
+                    raise InfrastructureError("no Ray worker is alive")
+                await self._changed.wait()
+
+    def _lost(self, worker: _Worker) -> None:
+        if not worker.up:
+            return
+        worker.up = False
+        probe = asyncio.ensure_future(self._probe(worker))
+        self._probes.add(probe)
+        probe.add_done_callback(self._probes.discard)
+
+    async def _probe(self, worker: _Worker) -> None:
+        """Wait for Ray to restart a lost worker; drop it when it is gone for good."""
+        ray = self._ray
+        deadline = time.monotonic() + self.restart_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ready = asyncio.wrap_future(worker.actor.ready.remote().future())
+                await asyncio.wait_for(ready, max(0.1, deadline - time.monotonic()))
+            except ray.exceptions.ActorDiedError:
+                break  # out of restarts
+            except (ray.exceptions.RayError, TimeoutError):
+                await asyncio.sleep(0.5)
+            else:
+                worker.up = True
+                break
+        async with self._changed:
+            if not worker.up:
+                self._workers.remove(worker)
+                log.error("Ray worker %d is gone", worker.index, extra={"stage": "worker_gone"})
+            self._changed.notify_all()
+
+    async def _record(
+        self,
+        spec: RolloutSpec,
+        settings: RolloutSettings,
+        status: Literal["error", "cancelled"],
+        reason: str,
+        started_at: float,
+        clock: float,
+    ) -> RolloutRecord:
+        """The driver's own record of a rollout no worker finished: an infrastructure error
+        (resume runs it again) or, when the caller cancelled it meanwhile, cancelled."""
+        kind: ErrorKind | None = "infrastructure" if status == "error" else None
+        record = make_record(
+            spec, settings, status, kind, reason,
+            attempts=spec.first_attempt, started_at=started_at,
+            elapsed_s=time.monotonic() - clock,
+        )  # fmt: skip
+        await asyncio.to_thread(self._store_or_fail().write, record)
+        return record
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _store_or_fail(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the executor has not started")
+        return self._store
+
+    def _actor_options(self) -> dict[str, Any]:
+        resources = dict(self.resources_per_worker)
+        options: dict[str, Any] = {
+            "num_cpus": resources.pop("CPU", 1),
+            "num_gpus": resources.pop("GPU", 0),
+            "max_restarts": self.max_worker_restarts,
+            "max_task_retries": 0,  # the driver re-dispatches, to the least-loaded worker
+            "max_concurrency": 100_000,  # rollouts are coroutines; the client caps them
+            "scheduling_strategy": "SPREAD",
+        }
+        if "memory" in resources:
+            options["memory"] = resources.pop("memory")
+        if resources:
+            options["resources"] = resources
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
+        return options
+
+    def _default_workers(self, ray: Any) -> int:
+        cpus = float(ray.cluster_resources().get("CPU", 1))
+        per_worker = float(self.resources_per_worker.get("CPU", 1)) or 1.0
+        return max(1, int(cpus // per_worker))
+
+    def _kill_actors(self, ray: Any = None) -> None:
+        ray = ray or self._ray
+        for actor in self._all_actors:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(actor)
+        self._all_actors, self._workers = [], []
+
+
+def _check_shippable(setup: WorkerSetup, ray: Any) -> None:
+    """Every part of the setup goes to every worker: say which one cannot, before starting."""
+    engine = setup.engine
+    if not isinstance(engine, str | RemoteGateway):
+        raise ConfigError(
+            "executor='ray' builds each worker's gateway from an engine spec ('sim', "
+            "'embedded', 'vllm://HOST:PORT', ...) or uses a shared RemoteGateway; "
+            f"a {type(engine).__name__} object stays in one process"
+        )
+    for name in (type(setup.agent).__module__, getattr(setup.reward, "__module__", None)):
+        if name and name.startswith(_FILE_MODULE_PREFIX) and name in sys.modules:
+            ray.cloudpickle.register_pickle_by_value(sys.modules[name])
+    parts = {
+        "agent": setup.agent,
+        "reward function": setup.reward,
+        "engine": engine,
+        "store": setup.store,
+        "settings": setup.settings,
+    }
+    for name, part in parts.items():
+        try:
+            ray.cloudpickle.loads(ray.cloudpickle.dumps(part))
+        except Exception as exc:
+            raise ConfigError(
+                f"executor='ray' sends the {name} to every worker, but it does not pickle: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _cause(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__

@@ -1,0 +1,70 @@
+"""The body of a Ray worker actor: a ``LocalExecutor`` running many rollouts at once on the
+actor's own event loop. Plain Python (no Ray import at module level); ``RayExecutor`` wraps it
+with ``ray.remote``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from rollway.client.rollout import RolloutSettings, RolloutSpec
+from rollway.executors.base import WorkerSetup
+from rollway.executors.local import LocalExecutor
+from rollway.types import RolloutRecord
+
+#: Hosts that mean "every interface": a worker bound there hands out its node's address.
+_ANY_HOST = ("0.0.0.0", "::")
+
+
+class RolloutWorker:
+    def __init__(self, setup: WorkerSetup, full_records: bool = False) -> None:
+        self._executor = LocalExecutor()
+        self._executor.prepare(setup)  # an embedded engine loads here, once per worker
+        self._setup = setup
+        self._full_records = full_records
+        self._serving: asyncio.Future[None] | None = None
+        self._cancels: dict[str, asyncio.Event] = {}
+        self._cancelled_early: set[str] = set()
+        self.runs_started = 0
+
+    async def ready(self) -> dict[str, Any]:
+        """Start serving (once) and say who this worker is."""
+        if self._serving is None:
+            advertise = None
+            if self._setup.http_host in _ANY_HOST:
+                import ray
+
+                advertise = ray.util.get_node_ip_address()
+            self._serving = asyncio.ensure_future(self._executor.serve(advertise))
+        await asyncio.shield(self._serving)
+        return {
+            "pid": os.getpid(),
+            "model": self._executor.model_name,
+            "in_flight": len(self._cancels),
+            "runs_started": self.runs_started,
+        }
+
+    async def run(self, token: str, spec: RolloutSpec, settings: RolloutSettings) -> RolloutRecord:
+        """One rollout to its record (in the store); the driver gets it light by default."""
+        cancel = self._cancels[token] = asyncio.Event()
+        if token in self._cancelled_early:
+            self._cancelled_early.discard(token)
+            cancel.set()
+        self.runs_started += 1
+        try:
+            await self.ready()
+            record = await self._executor.run(spec, settings, cancel)
+        finally:
+            self._cancels.pop(token, None)
+        return record if self._full_records else record.light()
+
+    async def cancel(self, token: str) -> None:
+        event = self._cancels.get(token)
+        if event is not None:
+            event.set()
+        elif len(self._cancelled_early) < 100_000:  # the cancel overtook its run
+            self._cancelled_early.add(token)
+
+    async def close(self) -> None:
+        await self._executor.aclose()

@@ -1,0 +1,58 @@
+"""Agents for Ray tests. Ray workers import this module by name (they share the driver's
+working directory); what they did is appended to a file named in the task, since class
+attributes do not cross processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.types import RolloutResult
+
+
+class ProbeAgent(AgentLoop):
+    """Waits ``wait`` s, asks the model once (unless ``chat`` is false), then completes with
+    the task's reward; with ``crash`` its worker process dies instead of answering."""
+
+    name = "probe"
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        task = ctx.task
+        note(task, "start", ctx.rollout_id)
+        try:
+            await asyncio.sleep(task.get("wait", 0))
+            if task.get("crash"):
+                os._exit(1)  # the whole worker, as a segfault or the OOM killer would
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Say hi."}]
+            if task.get("chat", True):
+                reply = await ctx.chat(messages)
+                messages.append(reply.message)
+            return ctx.complete(messages, reward=float(task.get("reward", 1.0)))
+        finally:
+            note(task, "end", ctx.rollout_id)
+
+
+def note(task: dict[str, Any], event: str, rollout_id: str) -> None:
+    if "log" in task:
+        with Path(task["log"]).open("a") as log:
+            log.write(f"{event} {time.time()} {os.getpid()} {rollout_id}\n")
+
+
+def events(path: Path) -> list[tuple[str, float, int, str]]:
+    """(event, time, pid, rollout_id) for every line the agents wrote."""
+    if not path.exists():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return [(event, float(at), int(pid), rid) for event, at, pid, rid in rows]
+
+
+def peak_concurrency(rows: list[tuple[str, float, int, str]]) -> int:
+    running = peak = 0
+    for event, *_ in sorted(rows, key=lambda row: (row[1], row[0] == "start")):
+        running += 1 if event == "start" else -1
+        peak = max(peak, running)
+    return peak

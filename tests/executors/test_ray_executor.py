@@ -1,0 +1,328 @@
+"""The Ray executor on a real local Ray cluster started here, with the embedded model in every
+worker: same outcomes as the local executor, limits across the cluster, workers killed
+mid-batch, cancellation and timeouts, a shared gateway, and what travels to workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+import ray
+
+from rollway.agents.registry import import_target, load_agent
+from rollway.client import BatchItem, RolloutClient
+from rollway.client.client import resolve_agent
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.errors import ConfigError
+from rollway.executors import RayExecutor
+from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway.remote import RemoteGateway
+from rollway.store import store_from_uri
+from tests.agents.server.fixtures import KEY, wait_until
+from tests.conftest import Served
+from tests.executors.agents import ProbeAgent, events, peak_concurrency
+
+CALCULATOR = "examples/calculator/agent.py:CalculatorAgent"
+CALC_TASKS = [
+    {"task_id": "add", "question": "What is 11 + 14?", "answer": 25},
+    {"task_id": "mul", "question": "What is 6 * 7?", "answer": 42},
+]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    # Logical CPUs: two workers of one CPU each, with room for restarts and probe tasks.
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def two_workers(**options: object) -> RayExecutor:
+    return RayExecutor(num_workers=2, resources_per_worker={"CPU": 1}, **options)  # type: ignore[arg-type]
+
+
+def run_in_thread(client: RolloutClient, tasks: list[dict], **kwargs: object) -> tuple:
+    items: list[BatchItem] = []
+    thread = threading.Thread(target=lambda: items.extend(client.run_batch(tasks, **kwargs)))
+    thread.start()
+    return thread, items
+
+
+def test_a_grouped_batch_on_ray_matches_the_local_executor_token_for_token(
+    ray_cluster: None, engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path: Path, s3_env: str
+) -> None:
+    sampling = {"seed": 7, "max_tokens": 16, "max_turns": 3}
+    local_gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    with RolloutClient(
+        CALCULATOR, local_gateway, store=str(tmp_path), exp_id="calc", **sampling
+    ) as client:
+        local = {i.result.rollout_key: i.result for i in client.run_batch(CALC_TASKS, 2)}
+
+    executor = two_workers()
+    with RolloutClient(
+        CALCULATOR, "embedded", store=s3_env, exp_id="calc", executor=executor, **sampling
+    ) as client:
+        items = list(client.run_batch(CALC_TASKS, group_size=2))
+        summary = client.last_summary
+    assert sorted(i.index for i in items) == [0, 1, 2, 3]
+    assert all(w["dispatched"] == 2 for w in executor.load())  # spread by load
+    stored = {r.rollout_key: r for r in store_from_uri(s3_env, "calc").records()}
+    assert set(stored) == set(local) == {i.result.rollout_key for i in items}
+    for item in items:
+        light = item.result
+        full, mine = stored[light.rollout_key], local[light.rollout_key]
+        # The driver got the outcome and figures; the trajectory is only in the store.
+        assert light.trajectory is None and full.trajectory is not None
+        assert (light.status, light.reward, light.group_id) == (
+            mine.status,
+            mine.reward,
+            mine.group_id,
+        )
+        assert (full.status, full.reward, full.attempts) == (mine.status, mine.reward, 1)
+        theirs, ours = full.trajectory.turns, mine.trajectory.turns
+        assert [t.prompt_ids for t in theirs] == [t.prompt_ids for t in ours]
+        assert [t.completion_ids for t in theirs] == [t.completion_ids for t in ours]
+        for a, b in zip(theirs, ours, strict=True):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=2e-3)
+        sampled = sum(len(t.completion_ids) for t in theirs)
+        assert light.trajectory_stats.sampled_tokens == sampled > 0
+        assert full.trajectory.samples[0].loss_mask == mine.trajectory.samples[0].loss_mask
+    assert summary["by_status"] == dict(Counter(r.status for r in local.values()))
+    assert summary["tokens_per_s"] > 0 and summary["turn_latency_p50_ms"] > 0
+
+
+def test_a_worker_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    log = tmp_path / "events"
+    tasks = [{"task_id": f"k{i}", "wait": 3.0, "log": str(log)} for i in range(8)]
+    executor = two_workers()
+    with RolloutClient(
+        ProbeAgent, "embedded", store=str(tmp_path), exp_id="kill", executor=executor,
+        max_concurrent=8, max_tokens=4, seed=1,
+    ) as client:  # fmt: skip
+        thread, items = run_in_thread(client, tasks)
+        wait_until(lambda: len(events(log)) == 8, timeout=60)
+        starts = Counter(pid for _, _, pid, _ in events(log))
+        victim = executor.worker_info[0]["pid"]
+        lost = starts[victim]
+        assert lost > 0 and len(starts) == 2
+        os.kill(victim, signal.SIGKILL)
+        thread.join(timeout=120)
+        after = client.invoke({"task_id": "after", "chat": False}).result(timeout=60)
+
+    assert after.status == "completed"  # the driver kept going
+    assert len(items) == 8 and all(i.result.status == "completed" for i in items)
+    assert Counter(i.result.attempts for i in items) == {1: 8 - lost, 2: lost}
+    # Every lost rollout ran once more, elsewhere or on the restarted worker; nothing else did.
+    rows = events(log)
+    assert sum(1 for row in rows if row[0] == "start") == 8 + lost
+    ended = [(pid, rollout_id) for event, _, pid, rollout_id in rows if event == "end"]
+    assert len(ended) == 8 and victim not in {pid for pid, _ in ended}
+    assert sorted(rid for _, rid in ended) == sorted(i.result.rollout_id for i in items)
+    # Exactly one record per rollout: one write each (the index gains a line per write).
+    index = (tmp_path / "kill" / "index.jsonl").read_text().splitlines()
+    assert len(index) == 9 and len(set(index)) == 9
+    run_ids = {i.result.run_id for i in items}
+    assert len(run_ids) == 1 and None not in run_ids
+
+
+def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    log = tmp_path / "events"
+    tasks = [
+        {"task_id": "crash", "crash": True, "wait": 2.0, "log": str(log)},
+        {"task_id": "ok1", "chat": False},
+        {"task_id": "ok2", "chat": False},
+    ]
+    executor = two_workers(max_requeues=1, max_worker_restarts=4)
+    with RolloutClient(
+        ProbeAgent, "embedded", store=str(tmp_path), exp_id="bound", executor=executor
+    ) as client:
+        items = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
+        after = client.invoke({"task_id": "after", "chat": False}).result(timeout=60)
+    crash = items["crash.0"]
+    assert (crash.status, crash.error_kind, crash.attempts) == ("error", "infrastructure", 2)
+    assert "Ray worker died 2 times" in crash.reason
+    assert sum(1 for row in events(log) if row[0] == "start") == 2  # the bound held
+    assert items["ok1.0"].status == items["ok2.0"].status == "completed"
+    assert after.status == "completed"
+    stored = store_from_uri(str(tmp_path), "bound").get("crash.0")
+    assert stored is not None and stored.reason == crash.reason
+
+
+def test_the_cap_and_the_rate_limit_hold_across_the_cluster(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    log = tmp_path / "events"
+    tasks = [{"task_id": f"c{i}", "wait": 0.8, "chat": False, "log": str(log)} for i in range(10)]
+    with RolloutClient(
+        ProbeAgent, "embedded", store=str(tmp_path), executor=two_workers(),
+        max_concurrent=3, tps_limit=5,
+    ) as client:  # fmt: skip
+        assert all(i.success for i in client.run_batch(tasks))
+    rows = events(log)
+    assert len({pid for *_, pid, _ in rows}) == 2  # both workers ran rollouts
+    assert peak_concurrency(rows) == 3
+    starts = sorted(at for event, at, _, _ in rows if event == "start")
+    assert max(sum(1 for s in starts if t <= s < t + 1.0) for t in starts) <= 6
+    assert starts[-1] - starts[0] >= 1.5
+
+
+def test_timeout_and_cancel_reach_rollouts_on_workers(ray_cluster: None, tmp_path: Path) -> None:
+    with RolloutClient(
+        ProbeAgent, "embedded", store=str(tmp_path), executor=two_workers(), timeout=1.0
+    ) as client:
+        timed_out = client.invoke({"task_id": "slow", "wait": 30})
+        cancelled = client.invoke({"task_id": "hang", "wait": 30})
+        cancelled.cancel()
+        assert cancelled.result(timeout=30).status == "cancelled"
+        record = timed_out.result(timeout=30)
+    assert record.status == "timeout" and "1" in record.reason
+    assert cancelled.result().reason
+
+
+def test_workers_share_one_gateway(ray_cluster: None, served: Served, tmp_path: Path) -> None:
+    shared = RemoteGateway(served.url, admin_key=served.admin_key)
+    tasks = [{"task_id": f"s{i}"} for i in range(3)]
+    with RolloutClient(
+        ProbeAgent, shared, store=str(tmp_path), exp_id="shared", executor=two_workers(),
+        max_tokens=4, seed=2,
+    ) as client:  # fmt: skip
+        items = list(client.run_batch(tasks, group_size=2))
+    assert len(items) == 6 and all(i.result.status == "completed" for i in items)
+    for record in store_from_uri(str(tmp_path), "shared").records():
+        (turn,) = record.trajectory.turns
+        assert record.trajectory.samples[0].response_ids[-len(turn.completion_ids) :] == (
+            turn.completion_ids
+        )
+    assert not [r for r in served.gateway._rollouts if r.startswith("shared.")]
+
+
+def test_everything_sent_to_workers_survives_pickling(
+    ray_cluster: None, served: Served, agent_server, s3_env: str, tmp_path: Path
+) -> None:
+    """Agents (a file-loaded class, a program in a sandbox, an agent server), a file-loaded
+    reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
+    from rollway.agents.program import ProgramAgent
+    from rollway.client.rollout import RolloutSettings
+    from rollway.executors.base import WorkerSetup
+    from rollway.executors.ray_executor import _check_shippable
+    from rollway.sandbox import sandbox_factory
+
+    calculator = load_agent(CALCULATOR)()
+    reward = import_target("examples/calculator/agent.py").reward  # type: ignore[attr-defined]
+    setup = WorkerSetup(
+        agent=calculator,
+        engine=RemoteGateway(served.url, admin_key=served.admin_key),
+        model=None,
+        store=store_from_uri(s3_env, "pickled"),
+        settings=RolloutSettings(exp_id="pickled", sampling={"seed": 3}, timeout=9.0),
+        reward=reward,
+    )
+    _check_shippable(setup, ray)
+    program = ProgramAgent("python agent.py", sandbox=sandbox_factory("namespace"))
+    server = agent_server()
+    remote = resolve_agent(server.url, KEY)
+    # The worker runs with the environment Ray started with: no AWS_* variables.
+    assert "AWS_ENDPOINT_URL" not in ray.get(_env_names.remote())
+
+    seen = ray.get(_inspect.remote(setup, program, remote))
+    assert seen["agent"] == ("calculator", ["add", "divide", "multiply", "subtract"])
+    assert seen["module_by_value"] is True
+    assert seen["reward"] == {"reward": 1.0, "final": "25"}
+    assert seen["store"] == ("pickled", False)  # an S3 HEAD from the worker, no env needed
+    assert seen["gateway"] == (served.url, served.gateway.model_name, {}, None)
+    assert seen["settings"] == {"seed": 3}
+    assert seen["program"] == (program.command, "NamespaceSandbox")
+    assert seen["remote"] == (server.url, None)
+
+
+@ray.remote
+def _env_names() -> list[str]:
+    return list(os.environ)
+
+
+@ray.remote
+def _inspect(setup, program, remote) -> dict:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    agent = setup.agent
+    tools = sorted(t["function"]["name"] for t in agent.get_tools({}))
+    messages = [{"role": "assistant", "content": "25"}]
+    trajectory = SimpleNamespace(messages=messages)
+    return {
+        "agent": (agent.name, tools),
+        # The agent's file was never imported here: its class came by value.
+        "module_by_value": type(agent).__module__ not in sys.modules,
+        "reward": setup.reward({"answer": 25}, trajectory),
+        "store": (setup.store.exp_id, setup.store.exists("nothing-here")),
+        "gateway": (
+            setup.engine.url,
+            setup.engine.model_name,
+            setup.engine._keys,
+            setup.engine._session,
+        ),
+        "settings": setup.settings.sampling,
+        "program": (program.command, program.make_sandbox.__name__),
+        "remote": (remote.url, remote._settings),
+    }
+
+
+def test_engine_objects_are_refused_for_ray_by_name(renderer: ChatRenderer, tmp_path) -> None:
+    from rollway.engines.sim import SimEngine
+
+    gateway = Gateway(SimEngine(), renderer, model_name="sim")
+    with pytest.raises(ConfigError, match="engine spec"):
+        RolloutClient(ProbeAgent, gateway, store=str(tmp_path), executor=RayExecutor())
+
+
+def test_without_ray_installed_the_error_says_how_to_get_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an absent package looks like
+    with pytest.raises(ConfigError, match=r"pip install 'rollway\[ray\]'"):
+        RolloutClient(ProbeAgent, "sim", store=str(tmp_path), executor="ray")
+    with pytest.raises(ConfigError, match="unknown executor 'dask'"):
+        RolloutClient(ProbeAgent, "sim", store=str(tmp_path), executor="dask")
+
+
+def test_rollway_run_on_a_ray_cluster_from_the_command_line(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    address = ray.get_runtime_context().gcs_address  # the cluster this module started
+    run = subprocess.run(
+        [sys.executable, "-m", "rollway", "run", f"{root}/{CALCULATOR}",
+         "--tasks", str(root / "examples/calculator/tasks.jsonl"), "--limit", "2",
+         "--group-size", "2", "--max-tokens", "8", "--seed", "1", "--out", str(tmp_path),
+         "--executor", "ray", "--ray-address", address, "--workers", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    exp = tmp_path / "calculator-tasks"
+    config = orjson.loads((exp / "config.json").read_bytes())
+    assert (config["executor"], config["workers"]) == ("ray", 2)
+    records = list(store_from_uri(str(tmp_path), "calculator-tasks").records())
+    assert len(records) == 4 and all(r.trajectory and r.trajectory.turns for r in records)
+    assert orjson.loads((exp / "summary.json").read_bytes())["total"] == 4
+    assert "rollway run summary" in run.stderr
+
+
+def test_the_ray_options_go_with_the_ray_executor(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-m", "rollway", "run", f"{root}/{CALCULATOR}",
+         "--tasks", str(root / "examples/calculator/tasks.jsonl"), "--workers", "2"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode != 0 and "--executor ray" in run.stderr
