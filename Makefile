@@ -36,6 +36,7 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
 	$(BIN)/python benchmarks/routing.py
+	$(BIN)/python benchmarks/ray_scaling.py
 
 clean:
 	rm -rf $(VENV)

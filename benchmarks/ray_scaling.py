@@ -83,11 +83,18 @@ def memory_child(kind: str, rollouts: int, cpus: int) -> None:
         ) as client,
     ):
         before = rss_mb()
-        items = list(client.run_batch(tasks(rollouts)))  # the caller keeps every item
+        tenth, items = before, []
+        for item in client.run_batch(tasks(rollouts)):
+            items.append(item)  # the caller keeps every item
+            if len(items) == rollouts // 10:
+                tenth = rss_mb()
         after = rss_mb()
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         ok = sum(1 for item in items if item.success)
-    print(json.dumps({"ok": ok, "growth_mb": after - before, "peak_mb": peak}))
+    # Per rollout past the first tenth: what each more rollout costs, without start-up growth.
+    marginal_kb = (after - tenth) * 1024 / (rollouts - rollouts // 10)
+    print(json.dumps({"ok": ok, "growth_mb": after - before, "marginal_kb": marginal_kb,
+                      "peak_mb": peak}))  # fmt: skip
 
 
 def measure_memory(kind: str, rollouts: int, cpus: int) -> dict[str, float]:
@@ -105,22 +112,35 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--memory-rollouts", type=int, default=10_000)
     parser.add_argument("--cpus", type=int, default=4, help="Logical CPUs for the Ray cluster.")
+    parser.add_argument("--memory-only", action="store_true", help="Skip the throughput runs.")
     parser.add_argument("--memory-child", choices=["ray", "local"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         memory_child(args.memory_child, args.memory_rollouts, args.cpus)
         return
+    if not args.memory_only:
+        scaling(args.rollouts, args.concurrency, args.cpus)
+    print(f"driver memory for {args.memory_rollouts} rollouts (resident growth, fresh process):")
+    for kind in ("ray", "local"):
+        mem = measure_memory(kind, args.memory_rollouts, args.cpus)
+        print(
+            f"  {kind:5s} executor  {mem['growth_mb']:7.1f} MB  ({mem['marginal_kb']:.1f} KB "
+            f"per further rollout, {mem['ok']} ok, peak RSS {mem['peak_mb']:.0f} MB)"
+        )
 
+
+def scaling(rollouts: int, concurrency: int, cpus: int) -> None:
+    """Rollouts/s: the local executor, then Ray with 1, 2 and 4 workers."""
     import ray
 
-    print(f"{os.cpu_count()} cores; {args.rollouts} rollouts of {TURNS} turns, {ENGINE}")
-    local = throughput("local", args.rollouts, args.concurrency)
+    print(f"{os.cpu_count()} cores; {rollouts} rollouts of {TURNS} turns, {ENGINE}")
+    local = throughput("local", rollouts, concurrency)
     print(f"local executor       {local['rollouts_per_s']:8.1f} rollouts/s")
-    ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     base = None
     for workers in (1, 2, 4):
         executor = RayExecutor(num_workers=workers, resources_per_worker={"CPU": 1})
-        result = throughput(executor, args.rollouts, args.concurrency)
+        result = throughput(executor, rollouts, concurrency)
         base = base or result["rollouts_per_s"]
         print(
             f"ray, {workers} worker{'s' if workers > 1 else ' '}     "
@@ -128,15 +148,6 @@ def main() -> None:
             f" vs 1 worker, x{result['rollouts_per_s'] / local['rollouts_per_s']:.2f} vs local"
         )
     ray.shutdown()
-
-    print(f"driver memory for {args.memory_rollouts} rollouts (resident growth, fresh process):")
-    for kind in ("ray", "local"):
-        mem = measure_memory(kind, args.memory_rollouts, args.cpus)
-        per = mem["growth_mb"] * 1024 / args.memory_rollouts
-        print(
-            f"  {kind:5s} executor  {mem['growth_mb']:7.1f} MB  ({per:.1f} KB per rollout, "
-            f"{mem['ok']} ok, peak RSS {mem['peak_mb']:.0f} MB)"
-        )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from rollway.errors import (
     RollwayError,
     UnknownRolloutError,
 )
+from rollway.executors import LocalExecutor, RayExecutor
 from rollway.gateway import (
     BackgroundServer,
     ChatRenderer,
@@ -73,10 +74,12 @@ __all__ = [
     "GenerationResult",
     "InfrastructureError",
     "InvalidFieldsError",
+    "LocalExecutor",
     "LocalSandbox",
     "MalformedBodyError",
     "PayloadTooLargeError",
     "ProgramAgent",
+    "RayExecutor",
     "Registration",
     "RequestError",
     "RewardError",

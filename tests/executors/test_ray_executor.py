@@ -17,6 +17,7 @@ import orjson
 import pytest
 import ray
 
+from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target, load_agent
 from rollway.client import BatchItem, RolloutClient
 from rollway.client.client import resolve_agent
@@ -208,12 +209,47 @@ def test_workers_share_one_gateway(ray_cluster: None, served: Served, tmp_path: 
     assert not [r for r in served.gateway._rollouts if r.startswith("shared.")]
 
 
+def test_a_program_agent_runs_in_a_sandbox_on_a_worker(ray_cluster: None, tmp_path: Path) -> None:
+    program = tmp_path / "ask.py"
+    program.write_text(
+        "import openai\n"
+        "reply = openai.OpenAI().chat.completions.create(model='m', max_tokens=4,\n"
+        "    messages=[{'role': 'user', 'content': 'Say hi.'}])\n"
+        "print(reply.choices[0].message.content)\n"
+    )
+    agent = ProgramAgent(f"{sys.executable} {program}")
+    with RolloutClient(
+        agent, "embedded", store=str(tmp_path), exp_id="prog", executor=two_workers(), seed=4
+    ) as client:
+        items = list(client.run_batch([{"task_id": "p0"}, {"task_id": "p1"}]))
+    assert [i.result.status for i in items] == ["completed", "completed"]
+    for record in store_from_uri(str(tmp_path), "prog").records():
+        (turn,) = record.trajectory.turns
+        assert 0 < len(turn.completion_ids) <= 4
+        assert record.trajectory.samples[0].logprobs[-len(turn.logprobs) :] == turn.logprobs
+
+
+def test_an_agent_server_reports_back_to_the_worker_that_runs_its_rollout(
+    ray_cluster: None, agent_server, tmp_path: Path
+) -> None:
+    server = agent_server()
+    tasks = [{"task_id": f"r{i}", "chats": 1, "reward": float(i)} for i in range(4)]
+    with RolloutClient(
+        server.url, "embedded", agent_key=KEY, store=str(tmp_path / "reports"),
+        executor=two_workers(), max_tokens=4,
+    ) as client:  # fmt: skip
+        items = list(client.run_batch(tasks))
+    assert sorted(i.result.reward for i in items) == [0.0, 1.0, 2.0, 3.0]
+    assert all(i.result.trajectory_stats.turns == 1 for i in items)
+    assert server.service.runs_started == 4
+    assert {s.callback for s in server.service._runs.values()} == {"delivered"}
+
+
 def test_everything_sent_to_workers_survives_pickling(
     ray_cluster: None, served: Served, agent_server, s3_env: str, tmp_path: Path
 ) -> None:
     """Agents (a file-loaded class, a program in a sandbox, an agent server), a file-loaded
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
-    from rollway.agents.program import ProgramAgent
     from rollway.client.rollout import RolloutSettings
     from rollway.executors.base import WorkerSetup
     from rollway.executors.ray_executor import _check_shippable
@@ -278,6 +314,13 @@ def _inspect(setup, program, remote) -> dict:  # type: ignore[no-untyped-def]
     }
 
 
+def test_a_worker_that_cannot_start_fails_the_client_with_its_reason(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"failed to start: .*unknown engine spec 'nope'"):
+        RolloutClient(ProbeAgent, "nope", store=str(tmp_path), executor=two_workers())
+
+
 def test_engine_objects_are_refused_for_ray_by_name(renderer: ChatRenderer, tmp_path) -> None:
     from rollway.engines.sim import SimEngine
 
@@ -289,6 +332,8 @@ def test_engine_objects_are_refused_for_ray_by_name(renderer: ChatRenderer, tmp_
 def test_without_ray_installed_the_error_says_how_to_get_it(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    imports = [sys.executable, "-c", "import sys, rollway; print('ray' in sys.modules)"]
+    assert subprocess.run(imports, capture_output=True, text=True).stdout.strip() == "False"
     monkeypatch.setitem(sys.modules, "ray", None)  # what an absent package looks like
     with pytest.raises(ConfigError, match=r"pip install 'rollway\[ray\]'"):
         RolloutClient(ProbeAgent, "sim", store=str(tmp_path), executor="ray")

@@ -45,7 +45,11 @@ class RolloutClient:
     ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route on
     ``http_host``:``http_port`` (advertised as ``public_url`` when agent servers reach it by
     another name), and a rollout ends when its report arrives by callback or, with
-    ``callback=False`` or when the callback is lost, when ``poll`` finds it in the store."""
+    ``callback=False`` or when the callback is lost, when ``poll`` finds it in the store.
+
+    ``executor`` is where rollouts run: ``"local"`` (this process), ``"ray"`` or a
+    ``RayExecutor(...)`` (worker actors on a Ray cluster; records come back light, their
+    trajectories are in the store). The cap and the rate limit hold across all of them."""
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import sys
 import time
 import uuid
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 #: Modules that ``import_target`` loads from a file path: workers cannot import them by name,
 #: so their agents and reward functions travel by value.
 _FILE_MODULE_PREFIX = "rollway_agent_"
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt): ")
 
 
 def import_ray() -> Any:
@@ -114,7 +116,11 @@ class RayExecutor:
         ray = self._ray = import_ray()
         _check_shippable(setup, ray)
         if not ray.is_initialized():
-            ray.init(address=self.address, **self.init_options)
+            try:
+                ray.init(address=self.address, **self.init_options)
+            except Exception as exc:
+                where = self.address or "RAY_ADDRESS, or a new local instance"
+                raise ConfigError(f"cannot start Ray ({where}): {_cause(exc)}") from exc
             self._owns_ray = True
         self._store = setup.store
         count = self.num_workers or self._default_workers(ray)
@@ -131,7 +137,16 @@ class RayExecutor:
             )
         except Exception as exc:
             self._kill_actors()
-            raise ConfigError(f"Ray workers failed to start: {_cause(exc)}") from exc
+            if self._owns_ray:
+                ray.shutdown()
+            cause = _cause(exc)
+            if cause.startswith("ModuleNotFoundError"):
+                cause += (
+                    " (workers import agents and reward functions by module name: install the"
+                    " module there, ship it with runtime_env={'py_modules': [...]}, or name the"
+                    " agent by file path, which travels by value)"
+                )
+            raise ConfigError(f"Ray workers failed to start: {cause}") from exc
         self.model_name = self.worker_info[0]["model"]
         log.info("%d Ray workers ready", count, extra={"stage": "start_workers"})
 
@@ -219,9 +234,12 @@ class RayExecutor:
             done, _ = await asyncio.wait({result, stop}, return_when=asyncio.FIRST_COMPLETED)
             if result not in done:  # cancelled: the worker ends it and records "cancelled"
                 worker.actor.cancel.remote(token)
-            return await result
+            record = await result
         finally:
             stop.cancel()
+        if self.return_trajectories:
+            return record
+        return record.model_copy(update={"task": spec.task})  # the caller's own task object
 
     async def _pick(self) -> _Worker:
         """The live worker with the fewest rollouts in flight; waits while all are restarting."""
@@ -351,5 +369,9 @@ def _check_shippable(setup: WorkerSetup, ray: Any) -> None:
 
 
 def _cause(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
+    """The line that says what went wrong: Ray wraps a worker's own exception in a traceback,
+    whose last ``SomeError: ...`` line is the one to show."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    text = named[-1] if named else lines[0] if lines else type(exc).__name__
+    return text[:500]

@@ -57,7 +57,10 @@ class RolloutWorker:
             record = await self._executor.run(spec, settings, cancel)
         finally:
             self._cancels.pop(token, None)
-        return record if self._full_records else record.light()
+        if self._full_records:
+            return record
+        # Light: no trajectory (it is in the store) and no task (the driver has it).
+        return record.light().model_copy(update={"task": {}})
 
     async def cancel(self, token: str) -> None:
         event = self._cancels.get(token)
