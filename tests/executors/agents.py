@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.types import RolloutResult
+from rollway.store import FileStore
+from rollway.types import RolloutRecord, RolloutResult
 
 
 class ProbeAgent(AgentLoop):
@@ -56,3 +57,15 @@ def peak_concurrency(rows: list[tuple[str, float, int, str]]) -> int:
         running += 1 if event == "start" else -1
         peak = max(peak, running)
     return peak
+
+
+class DyingStore(FileStore):
+    """A folder store whose worker dies right after writing the record of a task marked
+    ``die_after_write`` (once: a marker file says it happened), before the driver hears."""
+
+    def write(self, record: RolloutRecord) -> None:
+        super().write(record)
+        marker = record.task.get("die_after_write")
+        if marker and not Path(marker).exists():
+            Path(marker).touch()
+            os._exit(1)

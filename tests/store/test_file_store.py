@@ -42,6 +42,7 @@ def test_records_round_trip_and_config_is_written(tmp_path: Path) -> None:
         update={"started_at": store.get("t.0").started_at}
     )
     assert [r.rollout_key for r in store.records()] == ["t.0", "t.1"]
+    assert store.keys() == {"t.0", "t.1"}
     assert store.get("missing.0") is None
     assert orjson.loads((tmp_path / "exp" / "config.json").read_bytes()) == {"agent": "a"}
     index = (tmp_path / "exp" / "index.jsonl").read_bytes().splitlines()

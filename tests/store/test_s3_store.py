@@ -30,13 +30,14 @@ def record(key: str, reward: float) -> RolloutRecord:
 def test_records_round_trip_and_list_in_object_storage(s3_env: str) -> None:
     store = store_from_uri(s3_env, "exp")
     assert isinstance(store, ObjectStore)
-    assert store.get("t.0") is None and not store.exists("t.0")
+    assert store.get("t.0") is None and not store.exists("t.0") and store.keys() == set()
     store.write_config({"agent": "a"})
     store.write(record("t.0", 1.0))
     store.write(record("t.1", 0.0))
     store.write(record("t.0", 0.5))  # a rewrite replaces the whole object
     assert store.exists("t.0") and store.get("t.0").reward == 0.5
     assert [r.rollout_key for r in store.records()] == ["t.0", "t.1"]
+    assert store.keys() == {"t.0", "t.1"}
     again = store_from_uri(s3_env, "exp")  # another process sees the same experiment
     assert [r.reward for r in again.records()] == [0.5, 0.0]
 

@@ -247,11 +247,15 @@ class RolloutClient:
         self.store.write_config(self._config(len(tasks), group_size))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
+        stored_keys = self.store.keys() if resume else set()  # one listing, not a read each
         for index, spec in enumerate(specs):
-            stored = self.store.get(spec.rollout_key) if resume else None
+            stored = self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
             if should_rerun(stored):
                 todo.append((index, spec))
             else:
+                assert stored is not None
+                if self.executor.light_records:
+                    stored = stored.light()
                 done.append(BatchItem.of(stored, index, 0.0, from_store=True))
         return done, todo
 

@@ -43,6 +43,8 @@ class WorkerSetup:
 class Executor(Protocol):
     #: The model the rollouts sample from, once started.
     model_name: str
+    #: Records come back without their trajectories (those are in the store).
+    light_records: bool
 
     def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
         """Get ready to run rollouts (called once, on the caller's thread); errors in the

@@ -27,6 +27,8 @@ class LocalExecutor:
     """Owns the gateway (in-process, or a ``RemoteGateway``), the HTTP server that programs and
     agent servers reach it on, and the callback route for agent servers."""
 
+    light_records = False
+
     def __init__(self) -> None:
         self.model_name = ""
         self._setup: WorkerSetup | None = None

@@ -96,23 +96,26 @@ class RayExecutor:
         self.restart_timeout_s = restart_timeout_s
         self.start_timeout_s = start_timeout_s
         self.return_trajectories = return_trajectories
+        self.light_records = not return_trajectories
         self.runtime_env = runtime_env
         self.init_options = init_options or {}
         self.model_name = ""
         #: What each worker said when it started (pid, model), by worker index.
         self.worker_info: list[dict[str, Any]] = []
+        #: Live or restarting workers; ``_all_workers`` keeps the ones gone for good too.
         self._workers: list[_Worker] = []
-        self._all_actors: list[Any] = []
+        self._all_workers: list[_Worker] = []
         self._changed = asyncio.Condition()
         self._probes: set[asyncio.Task[None]] = set()
         self._store: Store | None = None
-        self._all_workers: list[_Worker] = []
         self._owns_ray = False
         self._ray: Any = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+        if self._all_workers:
+            raise ConfigError("a RayExecutor serves one client: make one per client")
         ray = self._ray = import_ray()
         _check_shippable(setup, ray)
         if not ray.is_initialized():
@@ -130,7 +133,6 @@ class RayExecutor:
             _Worker(i, actor_class.remote(setup, self.return_trajectories)) for i in range(count)
         ]
         self._all_workers = list(self._workers)
-        self._all_actors = [w.actor for w in self._workers]
         try:
             self.worker_info = ray.get(
                 [w.actor.ready.remote() for w in self._workers], timeout=self.start_timeout_s
@@ -173,7 +175,7 @@ class RayExecutor:
     def describe(self) -> dict[str, Any]:
         return {
             "executor": "ray",
-            "workers": len(self._all_actors),
+            "workers": len(self._all_workers),
             "resources_per_worker": self.resources_per_worker,
         }
 
@@ -333,10 +335,10 @@ class RayExecutor:
 
     def _kill_actors(self, ray: Any = None) -> None:
         ray = ray or self._ray
-        for actor in self._all_actors:
+        for worker in self._all_workers:
             with contextlib.suppress(Exception):  # already gone
-                ray.kill(actor)
-        self._all_actors, self._workers = [], []
+                ray.kill(worker.actor)
+        self._workers = []
 
 
 def _check_shippable(setup: WorkerSetup, ray: Any) -> None:

@@ -61,6 +61,9 @@ class FileStore:
             return None
         return RolloutRecord.model_validate_json(path.read_bytes())
 
+    def keys(self) -> set[str]:
+        return {path.stem for path in self._trajectories.glob("*.json")}
+
     def records(self) -> Iterator[RolloutRecord]:
         for path in sorted(self._trajectories.glob("*.json")):
             yield RolloutRecord.model_validate_json(path.read_bytes())

@@ -81,15 +81,17 @@ class ObjectStore:
         data = self._get(self._report_path(run_key))
         return None if data is None else AgentReport.model_validate_json(data)
 
-    def records(self) -> Iterator[RolloutRecord]:
-        paths = sorted(
-            item["path"]
+    def keys(self) -> set[str]:
+        return {
+            item["path"].removeprefix("trajectories/").removesuffix(".json")
             for batch in self._obstore.list(self._store, prefix="trajectories/")
             for item in batch
             if item["path"].endswith(".json")
-        )
-        for path in paths:
-            data = self._obstore.get(self._store, path).bytes()
+        }
+
+    def records(self) -> Iterator[RolloutRecord]:
+        for key in sorted(self.keys()):
+            data = self._obstore.get(self._store, self._record_path(key)).bytes()
             yield RolloutRecord.model_validate_json(bytes(data))
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
