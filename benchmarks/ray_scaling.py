@@ -57,10 +57,11 @@ def throughput(executor: Any, rollouts: int, concurrency: int) -> dict[str, floa
             ThreeTurnAgent, ENGINE, store=store, executor=executor, max_concurrent=concurrency
         ) as client,
     ):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         done = sum(1 for item in client.run_batch(tasks(rollouts)) if item.success)
-        wall = time.perf_counter() - started
-    return {"rollouts": done, "wall_s": wall, "rollouts_per_s": done / wall}
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    # The driver's CPU per rollout (all its threads): what caps one driver's dispatch rate.
+    return {"rollouts_per_s": done / wall, "driver_cpu_ms": cpu * 1000 / max(done, 1)}
 
 
 def rss_mb() -> float:
@@ -135,7 +136,10 @@ def scaling(rollouts: int, concurrency: int, cpus: int) -> None:
 
     print(f"{os.cpu_count()} cores; {rollouts} rollouts of {TURNS} turns, {ENGINE}")
     local = throughput("local", rollouts, concurrency)
-    print(f"local executor       {local['rollouts_per_s']:8.1f} rollouts/s")
+    print(
+        f"local executor       {local['rollouts_per_s']:8.1f} rollouts/s"
+        f"{'':35s}driver CPU {local['driver_cpu_ms']:.2f} ms/rollout"
+    )
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     base = None
     for workers in (1, 2, 4):
@@ -146,6 +150,7 @@ def scaling(rollouts: int, concurrency: int, cpus: int) -> None:
             f"ray, {workers} worker{'s' if workers > 1 else ' '}     "
             f"{result['rollouts_per_s']:8.1f} rollouts/s   x{result['rollouts_per_s'] / base:.2f}"
             f" vs 1 worker, x{result['rollouts_per_s'] / local['rollouts_per_s']:.2f} vs local"
+            f"   driver CPU {result['driver_cpu_ms']:.2f} ms/rollout"
         )
     ray.shutdown()
 
