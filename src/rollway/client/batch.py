@@ -132,9 +132,9 @@ def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
 
 
 def _stats(record: RolloutRecord) -> TrajectoryStats | None:
-    """Sampled tokens come from the trajectory (program and remote agents count no tokens
-    themselves), or its figures on a light record; the agent's own count where the engine
-    gives no token ids."""
+    """The trajectory's figures, from the trajectory or, on a light record, as carried. Sampled
+    tokens are counted from them because program and remote agents count none themselves;
+    ``summarize`` falls back on the agent's count where the engine gives no token ids."""
     if record.trajectory is not None:
         return TrajectoryStats.of(record.trajectory)
     return record.trajectory_stats

@@ -94,9 +94,10 @@ def make_record(
     *,
     attempts: int,
     started_at: float,
+    elapsed_s: float = 0.0,
     **fields: Any,
 ) -> RolloutRecord:
-    """A rollout's record; ``fields`` holds the rest (reward, trajectory, elapsed_s, ...)."""
+    """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, ...)."""
     return RolloutRecord(
         exp_id=settings.exp_id,
         rollout_key=spec.rollout_key,
@@ -110,7 +111,7 @@ def make_record(
         reason=reason,
         attempts=attempts,
         started_at=started_at,
-        elapsed_s=fields.pop("elapsed_s", 0.0),
+        elapsed_s=elapsed_s,
         task=spec.task,
         run_id=spec.run_id,
         **fields,

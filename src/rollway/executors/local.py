@@ -108,7 +108,7 @@ class LocalExecutor:
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
     ) -> RolloutRecord:
         runner = self._runner
-        assert runner is not None and self._setup is not None, "start first"
+        assert runner is not None, "start first"
         if settings != runner.settings:  # sampling overrides of one invoke
             runner = RolloutRunner(
                 runner.agent, runner.gateway, runner.store, settings, runner.reward_fn

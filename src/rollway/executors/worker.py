@@ -26,10 +26,13 @@ class RolloutWorker:
         self._serving: asyncio.Future[None] | None = None
         self._cancels: dict[str, asyncio.Event] = {}
         self._cancelled_early: set[str] = set()
-        self.runs_started = 0
 
     async def ready(self) -> dict[str, Any]:
         """Start serving (once) and say who this worker is."""
+        await self._served()
+        return {"pid": os.getpid(), "model": self._executor.model_name}
+
+    async def _served(self) -> None:
         if self._serving is None:
             advertise = None
             if self._setup.http_host in _ANY_HOST:
@@ -38,12 +41,6 @@ class RolloutWorker:
                 advertise = ray.util.get_node_ip_address()
             self._serving = asyncio.ensure_future(self._executor.serve(advertise))
         await asyncio.shield(self._serving)
-        return {
-            "pid": os.getpid(),
-            "model": self._executor.model_name,
-            "in_flight": len(self._cancels),
-            "runs_started": self.runs_started,
-        }
 
     async def run(self, token: str, spec: RolloutSpec, settings: RolloutSettings) -> RolloutRecord:
         """One rollout to its record (in the store); the driver gets it light by default."""
@@ -51,9 +48,8 @@ class RolloutWorker:
         if token in self._cancelled_early:
             self._cancelled_early.discard(token)
             cancel.set()
-        self.runs_started += 1
         try:
-            await self.ready()
+            await self._served()
             record = await self._executor.run(spec, settings, cancel)
         finally:
             self._cancels.pop(token, None)
