@@ -1,10 +1,16 @@
-"""Routing across simulated SGLang servers: sticky rollouts, load spread, ejection, return."""
+"""Routing across simulated SGLang servers: sticky rollouts, load spread, ejection, return,
+and failing over past servers that are dead, killed mid-batch or late to start."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
+import time
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -14,11 +20,14 @@ from rollway.engines import engine_from_spec
 from rollway.engines.router import RoutedEngine
 from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
-from rollway.engines.sim_server import create_sim_server_app
-from rollway.errors import EngineError
+from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
+from rollway.engines.vllm import VLLMEngine
+from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.types import SamplingParams
+
+AfterTurn = Callable[[str, int], Awaitable[None]]
 
 
 def free_port() -> int:
@@ -29,6 +38,70 @@ def free_port() -> int:
 
 def generations(url: str) -> dict[str, int]:
     return httpx.get(f"{url}/rollway/stats").json()["generations"]
+
+
+def routed(spec: str) -> RoutedEngine:
+    engine = engine_from_spec(spec)
+    assert isinstance(engine, RoutedEngine)
+    return engine
+
+
+def host(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def sim_app(protocol: Protocol = "sglang", fault: Fault = "none", **config: Any) -> Any:
+    config = {"latency_s": 0.01, "output_len": 4, **config}
+    return create_sim_server_app(SimConfig(**config), protocol=protocol, fault=fault)
+
+
+async def drive(
+    gateway: Gateway,
+    rollout_ids: list[str],
+    *,
+    turns: int,
+    limit: int,
+    think_s: float = 0.0,
+    after_turn: AfterTurn | None = None,
+) -> dict[str, tuple[str, EngineError]]:
+    """Runs the rollouts, ``limit`` at a time, each ``turns`` turns with ``think_s`` of agent
+    work between them; returns the failed ones: rollout id -> (request id, error)."""
+    gate = asyncio.Semaphore(limit)
+    failed: dict[str, tuple[str, EngineError]] = {}
+
+    async def rollout(rollout_id: str) -> None:
+        async with gate:
+            gateway.register(rollout_id, {"max_tokens": 4})
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {rollout_id}"}]
+            for turn in range(turns):
+                try:
+                    reply = await gateway.chat(rollout_id, {"messages": messages})
+                except EngineError as exc:
+                    failed[rollout_id] = (f"{rollout_id}-{turn + 1}", exc)
+                    return
+                if after_turn is not None:
+                    await after_turn(rollout_id, turn)
+                messages += [reply.message, {"role": "user", "content": f"go on {turn}"}]
+                await asyncio.sleep(think_s)
+
+    await asyncio.gather(*[rollout(r) for r in rollout_ids])
+    return failed
+
+
+def homes(seen: dict[str, dict[str, int]]) -> dict[str, set[str]]:
+    """Rollout id -> the servers that generated its turns, from each server's counts."""
+    found: dict[str, set[str]] = {}
+    for server, counts in seen.items():
+        for request_id in counts:
+            found.setdefault(request_id.rsplit("-", 1)[0], set()).add(server)
+    return found
+
+
+def assert_each_request_ran_once(seen: dict[str, dict[str, int]]) -> None:
+    everywhere = Counter[str]()
+    for counts in seen.values():
+        everywhere.update(counts)
+    assert everywhere and set(everywhere.values()) == {1}, everywhere.most_common(3)
 
 
 @pytest.fixture
@@ -126,10 +199,190 @@ def test_several_hosts_in_a_spec_give_a_routed_engine() -> None:
     assert first.http is second.http  # one connection pool per process, not per endpoint
 
 
-async def test_connect_failures_count_toward_ejection() -> None:
-    dead = SGLangEngine(f"http://127.0.0.1:{free_port()}")
-    router = RoutedEngine([dead], ["dead"], eject_after=1, health_interval_s=3600)
-    with pytest.raises(EngineError, match="cannot connect"):
+async def test_a_refused_connect_ejects_the_server_at_once() -> None:
+    router = routed(f"sglang://127.0.0.1:{free_port()},127.0.0.1:{free_port()}")
+    with pytest.raises(EngineConnectError, match="cannot connect"):
         await router.generate([1], SamplingParams(), "y-0")
-    assert router.stats()["endpoints"]["dead"]["healthy"] is False
+    endpoints = router.stats()["endpoints"].values()
+    assert [e["healthy"] for e in endpoints] == [False, False]
+    assert [e["refused"] for e in endpoints] == [1, 1]  # each tried once, none twice
     await router.close()
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+async def test_a_dead_server_in_the_fleet_costs_no_rollout(
+    protocol: Protocol, renderer: ChatRenderer
+) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    with BackgroundServer(sim_app(protocol)) as a, BackgroundServer(sim_app(protocol)) as b:
+        router = routed(f"{protocol}://{dead},{host(a)},{host(b)}")
+        gateway = Gateway(router, renderer, model_name="sim")
+        try:
+            failed = await drive(gateway, [f"r{i}" for i in range(45)], turns=3, limit=9)
+        finally:
+            await router.close()
+        seen = {a: generations(a), b: generations(b)}
+    assert failed == {}
+    assert_each_request_ran_once(seen)
+    # Every rollout ran all its turns on one live server: a refused one moved for good.
+    where = homes(seen)
+    assert len(where) == 45 and all(len(w) == 1 for w in where.values())
+    assert sum(len(c) for c in seen.values()) == 45 * 3
+    stats = router.stats()["endpoints"][dead]
+    # Ejected by the first wave (at most `limit` rollouts chose it at once), never sent more.
+    assert stats["healthy"] is False and stats["ejections"] == 1
+    assert 1 <= stats["refused"] <= 9 and router.moves == stats["refused"]
+
+
+async def test_a_server_that_starts_late_is_skipped_then_admitted(renderer: ChatRenderer) -> None:
+    port = free_port()
+    late = f"127.0.0.1:{port}"
+    with BackgroundServer(sim_app()) as a, BackgroundServer(sim_app()) as b:
+        router = routed(f"sglang://{late},sglang://{host(a)},sglang://{host(b)}")
+        router.health_interval_s = 3600  # the test runs the checks itself
+        gateway = Gateway(router, renderer, model_name="sim")
+        try:
+            early = await drive(gateway, [f"e{i}" for i in range(30)], turns=2, limit=6)
+            while_down = router.stats()["endpoints"][late]
+            with BackgroundServer(sim_app(), port=port) as late_url:
+                await router.check_health()
+                assert router.stats()["endpoints"][late]["healthy"] is False  # one good check
+                await router.check_health()
+                assert router.stats()["endpoints"][late]["healthy"] is True
+                after = await drive(gateway, [f"s{i}" for i in range(30)], turns=2, limit=6)
+                seen = {a: generations(a), b: generations(b), late_url: generations(late_url)}
+        finally:
+            await router.close()
+    assert early == {} and after == {}
+    assert while_down["healthy"] is False and 1 <= while_down["refused"] <= 6
+    assert router.stats()["endpoints"][late]["readmissions"] == 1
+    assert_each_request_ran_once(seen)
+    assert seen[late_url] and all(r.startswith("s") for r in seen[late_url])
+
+
+@contextmanager
+def sim_server_process() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ``rollway sim-server`` process on a free loopback port, listening when this yields."""
+    address = f"127.0.0.1:{free_port()}"
+    command = [sys.executable, "-m", "rollway", "sim-server", "--latency-s", "0.01",
+               "--output-len", "4", "--port", address.split(":")[1]]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            while not _answers(f"http://{address}/health"):
+                assert proc.poll() is None and time.monotonic() < deadline, f"{address} not up"
+                time.sleep(0.05)
+            yield proc, address
+        finally:
+            proc.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def test_a_server_killed_mid_batch_fails_only_what_had_reached_it(
+    renderer: ChatRenderer,
+) -> None:
+    with (
+        sim_server_process() as (proc, doomed),
+        BackgroundServer(sim_app()) as a,
+        BackgroundServer(sim_app()) as b,
+    ):
+        router = routed(f"sglang://{doomed},{host(a)},{host(b)}")
+        gateway = Gateway(router, renderer, model_name="sim")
+        victims: list[str] = []
+
+        async def kill_it_between_turns(rollout_id: str, turn: int) -> None:
+            """The first rollout whose first turn ran on the process kills it, between turns."""
+            if turn == 0 and not victims:
+                async with httpx.AsyncClient() as client:
+                    stats = (await client.get(f"http://{doomed}/rollway/stats")).json()
+                if f"{rollout_id}-1" in stats["generations"] and not victims:
+                    proc.kill()
+                    proc.wait()
+                    victims.append(rollout_id)
+
+        try:
+            failed = await drive(gateway, [f"r{i}" for i in range(45)], turns=4, limit=15,
+                                 think_s=0.02, after_turn=kill_it_between_turns)  # fmt: skip
+        finally:
+            await router.close()
+        seen = {a: generations(a), b: generations(b)}
+    # The victim was between turns when its server died: its next turn was refused and moved,
+    # and the rest of its turns stayed on the server that took it.
+    (victim,) = victims
+    assert victim not in failed
+    assert len(homes(seen)[victim]) == 1
+    assert sum(r.startswith(f"{victim}-") for c in seen.values() for r in c) == 3
+    # What failed had reached the dead server (cut off mid-request), and was not re-sent.
+    assert len(failed) < 15
+    for request_id, error in failed.values():
+        assert not isinstance(error, EngineConnectError)
+        assert doomed in str(error) and "failed after sending" in str(error)
+        assert all(request_id not in counts for counts in seen.values())
+    assert_each_request_ran_once(seen)
+    assert sum(len(c) for c in seen.values()) >= (45 - len(failed)) * 3
+    assert router.stats()["endpoints"][doomed]["healthy"] is False
+
+
+@pytest.mark.parametrize("protocol", ["sglang", "vllm"])
+@pytest.mark.parametrize("fault", ["5xx", "drop"])
+async def test_a_request_that_reached_a_server_is_not_sent_to_another(
+    protocol: Protocol, fault: Fault
+) -> None:
+    faulty_app = create_sim_server_app(SimConfig(), protocol=protocol, fault=fault)
+    with BackgroundServer(faulty_app) as faulty, BackgroundServer(sim_app(protocol)) as steady:
+        router = routed(f"{protocol}://{host(faulty)},{host(steady)}")
+        try:
+            with pytest.raises(EngineError, match="failed after sending") as caught:
+                await router.generate([1, 2, 3], SamplingParams(max_tokens=4), "sent-1")
+        finally:
+            await router.close()
+        on_faulty, on_steady = generations(faulty), generations(steady)
+    assert not isinstance(caught.value, EngineConnectError)
+    assert on_faulty == {"sent-1": 1} and on_steady == {}
+    stats = router.stats()["endpoints"][host(faulty)]
+    assert stats["healthy"] is True and stats["refused"] == 0 and router.moves == 0
+
+
+async def test_when_every_server_refuses_the_error_names_them() -> None:
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    router = routed("sglang://" + ",".join(hosts))
+    try:
+        with pytest.raises(EngineConnectError) as first:
+            await router.generate([1], SamplingParams(), "z-1")
+        with pytest.raises(EngineConnectError, match="no healthy engine endpoint") as then:
+            await router.generate([1], SamplingParams(), "z-2")
+    finally:
+        await router.close()
+    assert all(h in str(first.value) and h in str(then.value) for h in hosts)
+    assert [e["refused"] for e in router.stats()["endpoints"].values()] == [1, 1, 1]
+
+
+def test_the_scheme_may_be_repeated_for_each_host() -> None:
+    engine = routed("vllm://127.0.0.1:1, vllm://127.0.0.1:2")
+    assert [e.name for e in engine.endpoints] == ["127.0.0.1:1", "127.0.0.1:2"]
+    backends = [e.engine for e in engine.endpoints]
+    assert all(isinstance(b, VLLMEngine) for b in backends)
+    assert [b.base_url for b in backends] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("sglang://127.0.0.1:1,vllm://127.0.0.1:2", "mixes sglang:// with vllm://"),
+        ("sglang://127.0.0.1:1,http://127.0.0.1:2", "mixes sglang:// with http://"),
+        ("sglang://127.0.0.1:1,,127.0.0.1:2", "empty host"),
+        ("sglang://127.0.0.1:1,", "empty host"),
+        ("vllm://127.0.0.1:port", "bad host '127.0.0.1:port'"),
+        ("sglang://127.0.0.1:1,127.0.0.1:1", "lists 127.0.0.1:1 twice"),
+        ("sglang://:30000", "bad host ':30000'"),
+    ],
+)
+def test_a_malformed_fleet_spec_is_a_clear_config_error(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        engine_from_spec(spec)

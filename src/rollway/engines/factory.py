@@ -3,14 +3,15 @@
 ``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
 ``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
-OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed;
+OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed
+(``sglang://h1:p1,h2:p2``; each host may repeat the scheme, ``sglang://h1:p1,sglang://h2:p2``);
 ``openai://HOST:PORT[/PATH]?model=NAME`` or ``openai+https://...`` (any chat-completions API,
 messages only: for evaluation).
 """
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 from rollway.engines.base import ChatEngine, Engine
 from rollway.engines.remote import RemoteClient
@@ -29,14 +30,15 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
 
         return EmbeddedEngine.from_pretrained(rest or model)
     if scheme in ("sglang", "vllm") and rest:
-        hosts = [h.strip() for h in rest.split(",") if h.strip()]
-        shared = RemoteClient()  # one connection pool for every endpoint
-        engines = [_remote(scheme, host, shared) for host in hosts]
-        if len(engines) == 1:
-            return engines[0]
+        hosts = _fleet(scheme, rest, spec)
+        if len(hosts) == 1:
+            return _remote(scheme, hosts[0], RemoteClient())
         from rollway.engines.router import RoutedEngine
 
-        return RoutedEngine(engines, hosts)
+        # One connection pool for every endpoint; the router, not the pool, retries a refused
+        # connect (on another endpoint).
+        shared = RemoteClient(connect_attempts=1)
+        return RoutedEngine([_remote(scheme, host, shared) for host in hosts], hosts)
     if scheme in ("openai", "openai+https") and rest:
         return _openai(scheme, rest)
     if scheme == "sim":
@@ -46,6 +48,37 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
         "vllm://HOST:PORT[,HOST:PORT] or openai://HOST:PORT?model=NAME",
         "engine",
     )
+
+
+def _fleet(scheme: str, rest: str, spec: str) -> list[str]:
+    """The ``HOST:PORT`` of each comma-separated server, checked; ``SCHEME://`` may lead each."""
+    hosts: list[str] = []
+    for item in rest.split(","):
+        own, sep, host = item.strip().rpartition("://")
+        if sep and own != scheme:
+            raise ConfigError(
+                f"engine spec {spec!r} mixes {scheme}:// with {own}://: "
+                "a routed fleet is one kind of server",
+                "engine",
+            )
+        _check_host(host, spec)
+        if host in hosts:
+            raise ConfigError(f"engine spec {spec!r} lists {host} twice", "engine")
+        hosts.append(host)
+    return hosts
+
+
+def _check_host(host: str, spec: str) -> None:
+    expected = "expected HOST:PORT[,HOST:PORT...]"
+    if not host:
+        raise ConfigError(f"engine spec {spec!r} has an empty host: {expected}", "engine")
+    try:
+        parts = urlsplit(f"http://{host}")
+        parts.port  # noqa: B018 (raises ValueError when the port is not a number in range)
+    except ValueError as exc:
+        raise ConfigError(f"bad host {host!r} in engine spec {spec!r}: {exc}", "engine") from None
+    if not parts.hostname or parts.query or parts.fragment or parts.username:
+        raise ConfigError(f"bad host {host!r} in engine spec {spec!r}: {expected}", "engine")
 
 
 def _openai(scheme: str, rest: str) -> ChatEngine:

@@ -2,10 +2,12 @@
 
 One pooled aiohttp session per engine (opened on first use, closed with the engine), limits
 set for thousands of concurrent requests. A request that failed before it was sent (connection
-refused or reset at connect, DNS) is retried exactly once with the same request id. A request
-that may have reached the server (disconnect mid-request, timeout, HTTP 5xx, a garbled body) is
-never retried: it is aborted by its request id and fails as an ``EngineError``. Cancellation
-aborts too.
+refused or reset at connect, DNS, no TCP connection within ``connect_timeout_s``) is retried
+exactly once with the same request id, then fails as an ``EngineConnectError``; a routed fleet
+sets ``connect_attempts=1`` and sends it to another server instead (``engines/router.py``). A
+request that may have reached the server (disconnect mid-request, timeout, HTTP 5xx, a garbled
+body) is never retried: it is aborted by its request id and fails as an ``EngineError``.
+Cancellation aborts too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
 
 from rollway.errors import EngineConnectError, EngineError
 
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 
 Abort = Callable[[], Awaitable[None]]
 _ABORT_TIMEOUT_S = 5.0
+#: Failures that prove nothing was sent: the TCP connection was never made.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 class _MayHaveRun(Exception):
@@ -32,9 +37,17 @@ class _MayHaveRun(Exception):
 
 class RemoteClient:
     def __init__(
-        self, *, timeout_s: float = 600.0, max_connections: int = 4096, bearer: str | None = None
+        self,
+        *,
+        timeout_s: float = 600.0,
+        connect_timeout_s: float = 10.0,
+        connect_attempts: int = 2,
+        max_connections: int = 4096,
+        bearer: str | None = None,
     ) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # sock_connect, not connect: waiting for a free pooled connection is not a dead server.
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
+        self.connect_attempts = connect_attempts
         self._headers = {"Content-Type": "application/json"}
         if bearer:
             self._headers["Authorization"] = f"Bearer {bearer}"
@@ -56,20 +69,25 @@ class RemoteClient:
     async def send(self, url: str, payload: dict[str, Any], abort: Abort) -> Any:
         """POST ``payload`` as JSON and return the decoded answer, under the rules above."""
         data = orjson.dumps(payload)
-        for attempt in (1, 2):
-            try:
-                return await self._post(url, data)
-            except aiohttp.ClientConnectorError as exc:
-                self.connect_failures += 1
-                if attempt == 2:
-                    raise EngineConnectError(f"cannot connect to {url}: {exc}") from exc
-                log.warning("connect failed, retrying once with the same request id: %s", exc)
-            except asyncio.CancelledError:
-                await self._abort_quietly(abort)
-                raise
-            except (aiohttp.ClientError, TimeoutError, _MayHaveRun, ValueError) as exc:
-                await self._abort_quietly(abort)
-                raise EngineError(f"{url} failed after sending: {exc!r}") from exc
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.connect_attempts),
+            retry=retry_if_exception_type(_NOT_SENT),
+            after=self._count_connect_failure,
+            before_sleep=_log_connect_retry,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    return await self._post(url, data)
+        except _NOT_SENT as exc:
+            raise EngineConnectError(f"cannot connect to {url}: {exc}") from exc
+        except asyncio.CancelledError:
+            await self._abort_quietly(abort)
+            raise
+        except (aiohttp.ClientError, TimeoutError, _MayHaveRun, ValueError) as exc:
+            await self._abort_quietly(abort)
+            raise EngineError(f"{url} failed after sending: {exc!r}") from exc
         raise AssertionError("unreachable")
 
     async def post_quietly(self, url: str, payload: dict[str, Any]) -> None:
@@ -98,6 +116,9 @@ class RemoteClient:
                     f"{url} refused the request: HTTP {response.status} {body[:300]!r}"
                 )
             return orjson.loads(body)
+
+    def _count_connect_failure(self, state: RetryCallState) -> None:
+        self.connect_failures += 1
 
     @staticmethod
     async def _abort_quietly(abort: Abort) -> None:
@@ -138,6 +159,11 @@ class DisconnectAbort:
         if call is not None and not call.done():
             self._aborted.add(request_id)
             call.cancel()
+
+
+def _log_connect_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    log.warning("connect failed, retrying once with the same request id: %s", error)
 
 
 async def _already_disconnected() -> None:

@@ -1,10 +1,16 @@
 """Several engine endpoints behind one engine: rollout-sticky, least-loaded, health-checked.
 
-All turns of a rollout go to the endpoint that served its first turn while that endpoint is
+All turns of a rollout go to the endpoint that served its last turn while that endpoint is
 healthy and not overloaded (its prefix cache holds the conversation). A new rollout goes to the
-endpoint with the fewest in-flight requests, then tokens. An endpoint is ejected after
-``eject_after`` failed health checks or connect failures in a row and re-admitted after
-``readmit_after`` good checks; ejections and re-admissions are logged and counted.
+endpoint with the fewest in-flight requests, then tokens.
+
+A request that could not be sent (no connection: ``EngineConnectError``) ejects its endpoint at
+once and goes, with the same request id, to the least-loaded healthy endpoint it has not tried;
+it fails only when none is left. Endpoints should not retry connects themselves
+(``RemoteClient(connect_attempts=1)``, as ``engine_from_spec`` builds them). A request that may
+have reached its server (any other error) is never sent elsewhere. An endpoint is also ejected
+after ``eject_after`` failed health checks in a row; an ejected one is re-admitted after
+``readmit_after`` good checks. Ejections and re-admissions are logged and counted.
 
 The rollout a request belongs to is read from its id: the gateway names requests
 ``<rollout_id>-<turn>``.
@@ -40,6 +46,7 @@ class Endpoint:
     in_flight: int = 0
     in_flight_tokens: int = 0
     served: int = 0
+    refused: int = 0
     ejections: int = 0
     readmissions: int = 0
 
@@ -78,15 +85,26 @@ class RoutedEngine:
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
         self._start_health_checks()
-        endpoint = self._choose(self._affinity(request_id))
+        rollout = self._affinity(request_id)
+        endpoint = self._choose(rollout)
+        tried: list[Endpoint] = []
+        while True:
+            try:
+                return await self._send(endpoint, input_ids, sampling, request_id)
+            except EngineConnectError as exc:
+                # Nothing reached the server: sending the same id elsewhere cannot run it twice.
+                self._eject(endpoint, exc)
+                tried.append(endpoint)
+                endpoint = self._fail_over(rollout, request_id, tried)
+
+    async def _send(
+        self, endpoint: Endpoint, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> GenerationResult:
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += len(input_ids)
         self._running[request_id] = endpoint
         try:
             result = await endpoint.engine.generate(input_ids, sampling, request_id)
-        except EngineConnectError:
-            self._record_check(endpoint, ok=False)
-            raise
         finally:
             endpoint.in_flight -= 1
             endpoint.in_flight_tokens -= len(input_ids)
@@ -122,6 +140,7 @@ class RoutedEngine:
                     "healthy": e.healthy,
                     "in_flight": e.in_flight,
                     "served": e.served,
+                    "refused": e.refused,
                     "ejections": e.ejections,
                     "readmissions": e.readmissions,
                 }
@@ -132,7 +151,11 @@ class RoutedEngine:
     def _choose(self, rollout: str) -> Endpoint:
         healthy = [e for e in self.endpoints if e.healthy]
         if not healthy:
-            raise EngineError("no healthy engine endpoint")
+            names = ", ".join(e.name for e in self.endpoints)
+            raise EngineConnectError(
+                f"no healthy engine endpoint: {names} ejected (re-admitted after "
+                f"{self.readmit_after} good health checks, one every {self.health_interval_s:g} s)"
+            )
         least = min(healthy, key=lambda e: e.load)
         current = self._sticky.get(rollout)
         overloaded = current is not None and (
@@ -142,10 +165,35 @@ class RoutedEngine:
             self.sticky_hits += 1
             return current
         if current is not None:
-            self.moves += 1
-            log.info("rollout moved from %s to %s", current.name, least.name)
+            self._move(rollout, current, least)
         self._sticky[rollout] = least
         return least
+
+    def _fail_over(self, rollout: str, request_id: str, tried: list[Endpoint]) -> Endpoint:
+        """The endpoint to send a refused request to next; the rollout's turns follow it."""
+        left = [e for e in self.endpoints if e.healthy and e not in tried]
+        if not left:
+            names = ", ".join(e.name for e in tried)
+            ejected = [e.name for e in self.endpoints if e not in tried]
+            also = f"; ejected before: {', '.join(ejected)}" if ejected else ""
+            raise EngineConnectError(
+                f"request {request_id} not sent: cannot connect to {names}{also}"
+            )
+        target = min(left, key=lambda e: e.load)
+        self._move(rollout, tried[-1], target)
+        self._sticky[rollout] = target
+        return target
+
+    def _move(self, rollout: str, source: Endpoint, target: Endpoint) -> None:
+        self.moves += 1
+        log.info("rollout %s moved from %s to %s", rollout, source.name, target.name)
+
+    def _eject(self, endpoint: Endpoint, reason: Exception) -> None:
+        """A refused connect: the server is down or gone, so take it out now."""
+        endpoint.refused += 1
+        endpoint.successes = 0
+        if endpoint.healthy:
+            self._take_out(endpoint, str(reason))
 
     def _record_check(self, endpoint: Endpoint, ok: bool) -> None:
         if ok:
@@ -159,11 +207,13 @@ class RoutedEngine:
         endpoint.successes = 0
         endpoint.failures += 1
         if endpoint.healthy and endpoint.failures >= self.eject_after:
-            endpoint.healthy = False
-            endpoint.ejections += 1
-            log.warning(
-                "engine endpoint %s ejected after %d failures", endpoint.name, endpoint.failures
-            )
+            self._take_out(endpoint, f"{endpoint.failures} failed health checks")
+
+    @staticmethod
+    def _take_out(endpoint: Endpoint, why: str) -> None:
+        endpoint.healthy = False
+        endpoint.ejections += 1
+        log.warning("engine endpoint %s ejected: %s", endpoint.name, why)
 
     def _start_health_checks(self) -> None:
         if self._checker is None or self._checker.done():
