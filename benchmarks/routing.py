@@ -1,8 +1,10 @@
 """Routing across simulated SGLang servers: 4 `rollway sim-server` processes, 1000 concurrent
 rollouts of 5 turns through one in-process gateway with the routed engine.
 
-Reports throughput, load imbalance (max/mean in-flight, sampled), the sticky hit rate and the
-gateway's CPU time per turn. Usage: python benchmarks/routing.py [--rollouts N] [--servers N]
+Reports throughput, load imbalance (max/mean in-flight, sampled), the sticky hit rate, the
+gateway's CPU time per turn and the rollouts that failed. ``--dead N`` lists N more hosts with
+nothing listening first in the fleet (failover). Usage:
+python benchmarks/routing.py [--rollouts N] [--servers N] [--dead N]
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from rollway.engines import engine_from_spec
 from rollway.engines.models import resolve_model_path
 from rollway.engines.router import RoutedEngine
-from rollway.engines.sglang import SGLangEngine
+from rollway.errors import EngineError
 from rollway.gateway import ChatRenderer, Gateway
 
 TURNS = 5
@@ -29,9 +32,7 @@ TURNS = 5
 def start_servers(count: int, latency_s: float) -> tuple[list[subprocess.Popen], list[str]]:
     procs, hosts = [], []
     for _ in range(count):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = _free_port()
         cmd = [sys.executable, "-m", "rollway", "sim-server", "--port", str(port),
                "--latency-s", str(latency_s), "--output-len", "16"]  # fmt: skip
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
@@ -39,6 +40,12 @@ def start_servers(count: int, latency_s: float) -> tuple[list[subprocess.Popen],
     for host in hosts:
         _wait_for(host)
     return procs, hosts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait_for(host: str) -> None:
@@ -55,10 +62,11 @@ def _wait_for(host: str) -> None:
 
 async def run(gateway: Gateway, router: RoutedEngine, rollouts: int) -> dict[str, Any]:
     samples: list[float] = []
+    failed: list[str] = []
 
     async def sample_load() -> None:
         while True:
-            loads = [e.in_flight for e in router.endpoints]
+            loads = [e.in_flight for e in router.endpoints if e.healthy]
             if sum(loads):
                 samples.append(max(loads) / statistics.fmean(loads))
             await asyncio.sleep(0.05)
@@ -68,7 +76,11 @@ async def run(gateway: Gateway, router: RoutedEngine, rollouts: int) -> dict[str
         gateway.register(rollout_id, {"max_tokens": 16})
         messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {index}"}]
         for turn in range(TURNS):
-            reply = await gateway.chat(rollout_id, {"messages": messages})
+            try:
+                reply = await gateway.chat(rollout_id, {"messages": messages})
+            except EngineError:
+                failed.append(rollout_id)
+                return
             messages += [reply.message, {"role": "tool", "content": f"result {turn}"}]
 
     sampler = asyncio.create_task(sample_load())
@@ -82,6 +94,7 @@ async def run(gateway: Gateway, router: RoutedEngine, rollouts: int) -> dict[str
         "imbalance max/mean in-flight (median sample)": statistics.median(samples or [1.0]),
         "sticky hit rate": router.sticky_hits / max(1, turns - rollouts),
         "gateway CPU per turn (ms)": cpu / turns * 1000,
+        "failed rollouts": len(failed),
     }
 
 
@@ -89,20 +102,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1000)
     parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--dead", type=int, default=0, help="hosts with nothing listening")
     parser.add_argument("--latency-s", type=float, default=0.05)
     args = parser.parse_args()
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path()))
     procs, hosts = start_servers(args.servers, args.latency_s)
     try:
-        router = RoutedEngine([SGLangEngine(f"http://{h}") for h in hosts], hosts)
+        dead = [f"127.0.0.1:{_free_port()}" for _ in range(args.dead)]
+        router = engine_from_spec("sglang://" + ",".join(dead + hosts))
+        assert isinstance(router, RoutedEngine)
         gateway = Gateway(router, renderer, model_name="sim")
         print(f"{args.servers} simulated SGLang servers ({args.latency_s * 1000:.0f} ms/turn), "
-              f"{args.rollouts} concurrent rollouts x {TURNS} turns")  # fmt: skip
+              f"{args.dead} dead, {args.rollouts} concurrent rollouts x {TURNS} turns")  # fmt: skip
         figures = asyncio.run(_run_and_close(gateway, router, args.rollouts))
         for name, value in figures.items():
             print(f"  {name:<45} {value:10.3f}")
         served = {e.name: e.served for e in router.endpoints}
-        print(f"  turns per server: {served}")
+        refused = {e.name: e.refused for e in router.endpoints if e.refused}
+        print(f"  turns per server: {served}; refused connects: {refused}")
     finally:
         for proc in procs:
             proc.terminate()

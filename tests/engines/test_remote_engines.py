@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from rollway.engines.remote import RemoteClient
 from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
@@ -69,6 +70,39 @@ async def test_connect_failure_is_retried_exactly_once(protocol: Protocol) -> No
     finally:
         await engine.close()
     assert engine.http.connect_failures == 2
+
+
+@contextmanager
+def never_accepting() -> Iterator[str]:
+    """A listening socket whose accept queue is full: the kernel drops further SYNs, so a
+    connect hangs, as with a host that is down or behind a black-holing firewall."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        fillers = [socket.socket() for _ in range(2)]
+        for filler in fillers:
+            filler.setblocking(False)
+            filler.connect_ex(listener.getsockname())
+        try:
+            yield "http://{}:{}".format(*listener.getsockname())
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+@PROTOCOLS
+async def test_a_connect_that_hangs_is_a_connect_error_after_the_connect_timeout(
+    protocol: Protocol,
+) -> None:
+    with never_accepting() as url:
+        engine = make_engine(protocol, url, http=RemoteClient(connect_timeout_s=0.2))
+        try:
+            async with asyncio.timeout(10):
+                with pytest.raises(EngineConnectError, match="Connection timeout"):
+                    await engine.generate(PROMPT, SAMPLING, "black-holed")
+        finally:
+            await engine.close()
+    assert engine.http.connect_failures == 2  # nothing was sent: retried once
 
 
 @PROTOCOLS

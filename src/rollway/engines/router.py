@@ -95,7 +95,7 @@ class RoutedEngine:
                 # Nothing reached the server: sending the same id elsewhere cannot run it twice.
                 self._eject(endpoint, exc)
                 tried.append(endpoint)
-                endpoint = self._fail_over(rollout, request_id, tried)
+                endpoint = self._fail_over(rollout, request_id, tried, exc)
 
     async def _send(
         self, endpoint: Endpoint, input_ids: list[int], sampling: SamplingParams, request_id: str
@@ -169,7 +169,9 @@ class RoutedEngine:
         self._sticky[rollout] = least
         return least
 
-    def _fail_over(self, rollout: str, request_id: str, tried: list[Endpoint]) -> Endpoint:
+    def _fail_over(
+        self, rollout: str, request_id: str, tried: list[Endpoint], cause: EngineConnectError
+    ) -> Endpoint:
         """The endpoint to send a refused request to next; the rollout's turns follow it."""
         left = [e for e in self.endpoints if e.healthy and e not in tried]
         if not left:
@@ -177,8 +179,8 @@ class RoutedEngine:
             ejected = [e.name for e in self.endpoints if e not in tried]
             also = f"; ejected before: {', '.join(ejected)}" if ejected else ""
             raise EngineConnectError(
-                f"request {request_id} not sent: cannot connect to {names}{also}"
-            )
+                f"request {request_id} not sent: cannot connect to {names}{also} (last: {cause})"
+            ) from cause
         target = min(left, key=lambda e: e.load)
         self._move(rollout, tried[-1], target)
         self._sticky[rollout] = target
