@@ -93,11 +93,23 @@ def test_a_run_where_no_rollout_completed_exits_1_and_says_why(workdir: Path) ->
     assert summary["by_status"] == {"error": 4}  # the summary is still written
 
 
-def test_a_run_with_completed_rollouts_exits_0(workdir: Path) -> None:
-    result = rollway("run", "echo.py:Echo", "--tasks", "tasks.jsonl", "--engine", "sim",
+def test_a_run_with_some_completed_rollouts_exits_0_and_names_those_to_rerun(
+    workdir: Path,
+) -> None:
+    (workdir / "flaky.py").write_text(
+        AGENT_SOURCE.replace("class Echo", "class Flaky").replace(
+            "        reply =",
+            "        if ctx.task['task_id'] == 't0':\n"
+            "            raise InfrastructureError('sandbox lost')\n"
+            "        reply =",
+        )
+        + "\nfrom rollway.errors import InfrastructureError\n"
+    )
+    result = rollway("run", "flaky.py:Flaky", "--tasks", "tasks.jsonl", "--engine", "sim",
                      "--out", "runs", cwd=workdir)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "error:" not in result.stderr and "results in runs/echo-tasks" in result.stdout
+    assert "warning: 1 of 4 rollouts failed as infrastructure or were cancelled" in result.stderr
 
 
 def unshare_tmpfs(mountpoint: Path, options: str) -> tuple[str, ...]:

@@ -1,5 +1,6 @@
-"""What ``rollway run`` says at its end, beyond the summary table: an interrupted run, and a
-run in which no rollout completed (exit 1, with the reason most of them gave)."""
+"""What ``rollway run`` says at its end, beyond the summary table: an interrupted run, a run
+in which no rollout completed (exit 1, with the reason most of them gave), rollouts left for a
+rerun."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import typer
 
 from rollway.cli.failures import fail
-from rollway.client.batch import BatchItem
+from rollway.client.batch import BatchItem, should_rerun
 
 #: What to do when most rollouts ended this way; resume reruns only cancelled rollouts and
 #: infrastructure failures, so the rest need --no-resume (or a new --exp-id) to run again.
@@ -53,6 +54,17 @@ def require_a_completed_rollout(items: Sequence[BatchItem]) -> None:
         f"no rollout completed: {len(items)} of {len(items)} failed ({listed})",
         f"{why}{_ADVICE.get(most, 'see the records for each reason')}",
     )
+
+
+def warn_about_reruns(items: Sequence[BatchItem]) -> None:
+    """Some rollouts ended in ways a rerun retries (infrastructure failures, cancels): say so."""
+    again = [item for item in items if should_rerun(item.result)]
+    if again:
+        typer.secho(
+            f"warning: {len(again)} of {len(items)} rollouts failed as infrastructure or were "
+            "cancelled; rerun to retry them",
+            err=True, fg="yellow",
+        )  # fmt: skip
 
 
 def _outcome(item: BatchItem) -> str:

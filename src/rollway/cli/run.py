@@ -13,7 +13,7 @@ from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target
 from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
-from rollway.cli.outcome import report_interrupt, require_a_completed_rollout
+from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
 from rollway.client.client import resolve_agent
 from rollway.client.rewards import RewardFn
@@ -124,6 +124,7 @@ def run(
             raise typer.Exit(EXIT_INTERRUPTED) from None
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
     require_a_completed_rollout(items)
+    warn_about_reruns(items)
 
 
 def _executor(name: str, ray_address: str | None, workers: int | None) -> str | Executor:
