@@ -4,10 +4,11 @@ import logging
 import time
 
 import pytest
+from rich.table import Table
 
 from rollway.client.batch import summarize
 from rollway.client.progress import BatchProgress, summary_table
-from rollway.types import RolloutRecord
+from rollway.types import RolloutRecord, TrajectoryStats
 
 
 def record(status: str, reward: float | None) -> RolloutRecord:
@@ -33,3 +34,25 @@ def test_summary_counts_outcomes_and_rewards() -> None:
     assert summary.by_status == {"completed": 2, "timeout": 1} and summary.total == 3
     assert summary.mean_reward == 0.5 and summary.turn_latency_p50_ms is None
     assert summary_table(summary).row_count >= 5
+
+
+def test_summary_counts_resumed_records_but_not_their_tokens() -> None:
+    stored = record("completed", 1.0).model_copy(
+        update={"trajectory_stats": TrajectoryStats(turns=1, sampled_tokens=300,
+                                                    turn_latency_ms=[900.0])}
+    )  # fmt: skip
+    ran = record("completed", 0.0).model_copy(
+        update={"trajectory_stats": TrajectoryStats(turns=2, sampled_tokens=20,
+                                                    turn_latency_ms=[10.0, 30.0])}
+    )  # fmt: skip
+    summary = summarize([ran], 2.0, resumed=[stored])
+    assert summary.total == 2 and summary.resumed == 1 and summary.mean_reward == 0.5
+    assert summary.sampled_tokens == 20 and summary.tokens_per_s == 10.0
+    assert summary.turn_latency_p95_ms == 30.0  # stored turns were timed in another run
+    rows = {cells[0]: cells[1] for cells in table_cells(summary_table(summary))}
+    assert rows["  from the store"] == "1" and rows["tokens sampled"] == "20"
+
+
+def table_cells(table: Table) -> list[tuple[str, str]]:
+    columns = [list(column.cells) for column in table.columns]
+    return list(zip(*columns, strict=True))

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from rollway.agents.base import AgentLoop
 from rollway.errors import ConfigError
 
 _REGISTRY: dict[str, type[AgentLoop]] = {}
+#: Frames in here are rollway's own, not the user's code.
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 
 
 def register_agent(cls: type[AgentLoop]) -> type[AgentLoop]:
@@ -28,28 +32,68 @@ def load_agent(spec: str) -> type[AgentLoop]:
         return _REGISTRY[spec]
     target, sep, attr = spec.rpartition(":")
     if not sep:
-        raise ConfigError(f"agent {spec!r}: use module:Class, path/to/file.py:Class or a name")
+        raise ConfigError(
+            f"agent {spec!r}: use module:Class, path/to/file.py:Class or a name", param="agent"
+        )
     module = import_target(target)
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-        raise ConfigError(f"{attr!r} in {target!r} is not an AgentLoop subclass")
+        raise ConfigError(f"{attr!r} in {target!r} is not an AgentLoop subclass", param="agent")
     return cls
 
 
-def import_target(target: str) -> object:
-    """Import a module by dotted name or from a ``.py`` file path."""
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise ConfigError(f"no agent file {target!r}")
-        name = f"rollway_agent_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+def import_target(target: str, what: str = "agent") -> object:
+    """Import a module by dotted name or from a ``.py`` file path. A module that fails to load
+    (a syntax error, an agent class without ``name``) is a ``ConfigError`` naming the line of
+    the user's code that failed; ``what`` ("agent", "reward") says what was being loaded."""
     try:
+        if target.endswith(".py"):
+            return _import_file(target, what)
         return importlib.import_module(target)
+    except ConfigError:
+        raise
     except ImportError as exc:
-        raise ConfigError(f"cannot import {target!r}: {exc}") from None
+        raise ConfigError(f"cannot import {target!r}: {exc}", param=what) from exc
+    except Exception as exc:
+        raise ConfigError(f"{_failed_line(exc, target)}: {_describe(exc)}", param=what) from exc
+
+
+def _import_file(target: str, what: str) -> object:
+    path = Path(target).resolve()
+    if not path.is_file():
+        raise ConfigError(f"no {what} file {target!r}", param=what)
+    name = f"rollway_agent_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # half a module must not satisfy the next import
+        raise
+    return module
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, SyntaxError):
+        return f"syntax error: {exc.msg}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _failed_line(exc: Exception, target: str) -> str:
+    """``file:line`` of the user's code that raised ``exc``: for a syntax error the place the
+    parser names, else the innermost frame outside rollway and the import machinery."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{_shown(exc.filename)}:{exc.lineno}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if not f.filename.startswith((_PACKAGE_DIR, "<frozen"))]
+    if not ours:
+        return target
+    return f"{_shown(ours[-1].filename)}:{ours[-1].lineno}"
+
+
+def _shown(filename: str) -> str:
+    """A path as the user most likely wrote it: relative to the working folder when inside it."""
+    relative = os.path.relpath(filename)
+    return filename if relative.startswith("..") else relative

@@ -8,8 +8,17 @@ import os
 import typer
 
 from rollway import logs
-from rollway.cli import demo, export, gateway, model, run, serve_agent, sim_server, validate
-from rollway.errors import RollwayError
+from rollway.cli import (
+    demo,
+    export,
+    failures,
+    gateway,
+    model,
+    run,
+    serve_agent,
+    sim_server,
+    validate,
+)
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
 app.command("run")(run.run)
@@ -28,11 +37,5 @@ def main() -> None:
     # Batch status lines are part of a run's output, whatever the level of the rest.
     client = logging.getLogger("rollway.client")
     client.setLevel(min(logging.INFO, logging.getLogger().level))
-    try:
+    with failures.reported():
         app()
-    except RollwayError as exc:
-        if os.environ.get("ROLLWAY_DEBUG"):
-            raise
-        typer.secho(f"error: {exc}", err=True, fg="red")
-        typer.secho("hint: set ROLLWAY_DEBUG=1 for a traceback", err=True, dim=True)
-        raise SystemExit(1) from None

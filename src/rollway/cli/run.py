@@ -11,7 +11,9 @@ import typer
 from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target
+from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
+from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
 from rollway.client.client import resolve_agent
 from rollway.client.rewards import RewardFn
@@ -113,9 +115,16 @@ def run(
         executor=_executor(executor, ray_address, workers),
         **sampling,
     ) as client:
-        for _ in client.run_batch(rows, group_size, resume=resume):
-            pass
+        try:
+            # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which
+            # cancels what is running and writes the summary of what finished.
+            items = list(client.run_batch(rows, group_size, resume=resume))
+        except KeyboardInterrupt:
+            report_interrupt(client.last_summary)
+            raise typer.Exit(EXIT_INTERRUPTED) from None
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
+    require_a_completed_rollout(items)
+    warn_about_reruns(items)
 
 
 def _executor(name: str, ray_address: str | None, workers: int | None) -> str | Executor:
@@ -135,7 +144,7 @@ def _agent(agent: str | None, cmd: str | None, agent_key: str | None, sandbox: s
 
 def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise ConfigError(f"no task file {path}")
+        raise ConfigError(f"no task file {path}", param="tasks")
     rows = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -143,16 +152,18 @@ def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
         try:
             row = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not JSON: {exc}") from None
+            raise ConfigError(f"{path}:{number}: not JSON: {exc}", param="tasks") from None
         if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{number}: a task must be a JSON object")
+            raise ConfigError(f"{path}:{number}: a task must be a JSON object", param="tasks")
         rows.append(row)
+    if not rows:
+        raise ConfigError(f"{path} holds no tasks", param="tasks")
     return rows[:limit] if limit else rows
 
 
 def _load_reward(spec: str) -> RewardFn:
     target, _, attr = spec.rpartition(":")
-    fn = getattr(import_target(target), attr, None)
+    fn = getattr(import_target(target, "reward"), attr, None)
     if not callable(fn):
-        raise ConfigError(f"reward {spec!r} is not a callable")
+        raise ConfigError(f"reward {spec!r} is not a callable", param="reward")
     return fn

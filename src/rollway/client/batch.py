@@ -95,6 +95,9 @@ def group_stats(records: Iterable[RolloutRecord]) -> list[GroupStats]:
 
 @dataclass(frozen=True)
 class RunSummary:
+    """A batch's figures. Outcomes and rewards count every rollout of the batch, those found in
+    the store (``resumed``) included; throughput and latency only what this run sampled."""
+
     by_status: dict[str, int]
     mean_reward: float | None
     tokens_per_s: float
@@ -102,6 +105,10 @@ class RunSummary:
     turn_latency_p95_ms: float | None
     wall_s: float
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    resumed: int = 0
+    sampled_tokens: int = 0
+    #: Stopped by Ctrl-C: the rollouts cut short are counted as ``cancelled``.
+    interrupted: bool = False
 
     @property
     def total(self) -> int:
@@ -111,14 +118,22 @@ class RunSummary:
         return {**self.__dict__, "total": self.total}
 
 
-def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
+def summarize(
+    ran: Sequence[RolloutRecord],
+    wall_s: float,
+    resumed: Sequence[RolloutRecord] = (),
+    *,
+    interrupted: bool = False,
+) -> RunSummary:
+    """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store."""
+    records = [*resumed, *ran]
     rewards = [r.reward for r in records if r.reward is not None]
-    stats = [_stats(r) for r in records]
+    stats = [_stats(r) for r in ran]
     latencies = sorted(ms for s in stats if s is not None for ms in s.turn_latency_ms)
     tokens = sum(
         s.sampled_tokens if s is not None and s.sampled_tokens is not None
         else r.metrics.response_tokens
-        for r, s in zip(records, stats, strict=True)
+        for r, s in zip(ran, stats, strict=True)
     )  # fmt: skip
     return RunSummary(
         by_status=dict(Counter(r.status for r in records)),
@@ -128,6 +143,9 @@ def summarize(records: Sequence[RolloutRecord], wall_s: float) -> RunSummary:
         turn_latency_p95_ms=_percentile(latencies, 0.95),
         wall_s=wall_s,
         errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
+        resumed=len(resumed),
+        sampled_tokens=tokens,
+        interrupted=interrupted,
     )
 
 

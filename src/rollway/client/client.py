@@ -155,26 +155,35 @@ class RolloutClient:
         self, tasks: Iterable[dict[str, Any]], group_size: int = 1, *, resume: bool = True
     ) -> Iterator[BatchItem]:
         """Yield one ``BatchItem`` per rollout (tasks x group_size), in completion order.
-        Stopping the iteration early cancels what is still running."""
+        Stopping the iteration early cancels what is still running. A ``KeyboardInterrupt``
+        inside the batch (Ctrl-C while it waits) cancels what is running, writes the summary of
+        what finished (``last_summary["interrupted"]``), and is raised again."""
         started = time.monotonic()
         done, todo = self._prepare(list(tasks), group_size, resume)
         futures = {self._submit(spec, self.settings): index for index, spec in todo}
-        records = [item.result for item in done]
-        with BatchProgress(len(done) + len(todo), show=self.show_progress) as progress:
-            try:
-                for item in done:
-                    progress.advance(item.result)
-                    yield item
-                by_cf = {f._future: f for f in futures}
-                for cf in concurrent.futures.as_completed(by_cf):
-                    future = by_cf[cf]
-                    record = cf.result()
-                    records.append(record)
-                    progress.advance(record)
-                    yield BatchItem.of(record, futures[future], future.elapsed())
-            finally:
-                self._cancel_and_wait(futures)
-        self._finish(records, time.monotonic() - started)
+        resumed = [item.result for item in done]
+        ran: list[RolloutRecord] = []
+        try:
+            with BatchProgress(len(done) + len(todo), show=self.show_progress) as progress:
+                try:
+                    for item in done:
+                        progress.advance(item.result)
+                        yield item
+                    by_cf = {f._future: f for f in futures}
+                    for cf in concurrent.futures.as_completed(by_cf):
+                        future = by_cf[cf]
+                        record = cf.result()
+                        ran.append(record)
+                        progress.advance(record)
+                        yield BatchItem.of(record, futures[future], future.elapsed())
+                finally:
+                    self._cancel_and_wait(futures)
+        except KeyboardInterrupt:
+            # Every rollout has its record now: what finished, and the cancelled rest.
+            ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
+            self._finish(resumed, ended, time.monotonic() - started, interrupted=True)
+            raise
+        self._finish(resumed, ran, time.monotonic() - started)
 
     async def run_batch_async(
         self, tasks: Iterable[dict[str, Any]], group_size: int = 1, *, resume: bool = True
@@ -183,7 +192,7 @@ class RolloutClient:
         started = time.monotonic()
         done, todo = self._prepare(list(tasks), group_size, resume)
         futures = {self._submit(spec, self.settings): index for index, spec in todo}
-        records = [item.result for item in done]
+        ran: list[RolloutRecord] = []
         try:
             for item in done:
                 yield item
@@ -193,11 +202,11 @@ class RolloutClient:
                 for aw in finished:
                     future = waiting.pop(aw)
                     record = aw.result()
-                    records.append(record)
+                    ran.append(record)
                     yield BatchItem.of(record, futures[future], future.elapsed())
         finally:
             await asyncio.to_thread(self._cancel_and_wait, futures)
-        self._finish(records, time.monotonic() - started)
+        self._finish([item.result for item in done], ran, time.monotonic() - started)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -265,10 +274,17 @@ class RolloutClient:
             future.cancel()
         concurrent.futures.wait([f._future for f in pending])
 
-    def _finish(self, records: list[RolloutRecord], wall_s: float) -> None:
-        groups = [g.to_dict() for g in group_stats(records)]
+    def _finish(
+        self,
+        resumed: list[RolloutRecord],
+        ran: list[RolloutRecord],
+        wall_s: float,
+        *,
+        interrupted: bool = False,
+    ) -> None:
+        groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
         self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(records, wall_s)
+        summary = summarize(ran, wall_s, resumed, interrupted=interrupted)
         self.last_summary = summary.to_dict()
         self.store.write_summary("summary", self.last_summary)
         if self.show_progress:

@@ -75,15 +75,20 @@ class BatchProgress:
 
 
 def summary_table(summary: RunSummary) -> Table:
-    table = Table(title="rollway run summary", show_header=False)
+    title = "rollway run summary (interrupted)" if summary.interrupted else "rollway run summary"
+    table = Table(title=title, show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
     table.add_row("rollouts", str(summary.total))
+    if summary.resumed:
+        table.add_row("  from the store", str(summary.resumed))
     for status, n in sorted(summary.by_status.items()):
         table.add_row(f"  {status}", str(n))
     for kind, n in sorted(summary.errors_by_kind.items()):
         table.add_row(f"  error kind {kind}", str(n))
     table.add_row("mean reward", _fmt(summary.mean_reward, "{:.3f}"))
+    # Throughput and latency are this run's: resumed rollouts were sampled in another.
+    table.add_row("tokens sampled", str(summary.sampled_tokens))
     table.add_row("tokens/s (sampled)", f"{summary.tokens_per_s:.1f}")
     table.add_row("turn latency p50", _fmt(summary.turn_latency_p50_ms, "{:.0f} ms"))
     table.add_row("turn latency p95", _fmt(summary.turn_latency_p95_ms, "{:.0f} ms"))

@@ -3,6 +3,14 @@
 from rollway.store.base import Store
 from rollway.store.export import export_records, sample_rows
 from rollway.store.factory import store_from_uri
-from rollway.store.file import FileStore
+from rollway.store.file import FileStore, IndexEntry, read_index
 
-__all__ = ["FileStore", "Store", "export_records", "sample_rows", "store_from_uri"]
+__all__ = [
+    "FileStore",
+    "IndexEntry",
+    "Store",
+    "export_records",
+    "read_index",
+    "sample_rows",
+    "store_from_uri",
+]

@@ -2,30 +2,42 @@
 
     <root>/<exp_id>/config.json                 the run's config
     <root>/<exp_id>/trajectories/<key>.json     one record per rollout (written atomically)
-    <root>/<exp_id>/index.jsonl                 one line per written record: key, status, reward
+    <root>/<exp_id>/index.jsonl                 one line per write: key, status, reward
     <root>/<exp_id>/<name>.json                 summaries (groups, run)
     <root>/<exp_id>/debug/<rollout_id>.jsonl    per-rollout debug events, when enabled
     <root>/<exp_id>/agent-reports/<run_key>.json  what remote agent servers reported
 
-The trajectory files are the source of truth; the index is a fast listing and tolerates a
-torn last line.
+The trajectory files are the source of truth. The index is a fast listing, appended to on
+every write (appends need no lock among workers): a rollout written again (rerun after a cancel
+or an infrastructure failure, requeued on Ray) has a line per write, the last one current.
+Read it with ``read_index``, which takes the last line per key and skips a line torn by a
+writer that was killed.
+
+Each file is written to a hidden ``.<name>.<random>.tmp`` sibling, under an exclusive
+``flock`` until it is renamed into place; opening a store removes the temporary files no live
+writer holds (a writer killed mid-write). Files get the permissions the umask gives.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from rollway.errors import ConfigError
-from rollway.types import AgentReport, RolloutRecord
+from rollway.types import AgentReport, RolloutRecord, Status
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
+INDEX = "index.jsonl"
 
 
 def check_name(name: str, what: str) -> None:
@@ -42,6 +54,10 @@ class FileStore:
         self._trajectories = self.path / "trajectories"
         self._trajectories.mkdir(parents=True, exist_ok=True)
         self.debug_dir: Path | None = self.path / "debug"
+        self._index = self.path / INDEX
+        for folder in (self.path, self._trajectories, self.path / "agent-reports"):
+            _remove_abandoned(folder)
+        _end_torn_line(self._index)
 
     def write_config(self, config: dict[str, Any]) -> None:
         _atomic_write(self.path / "config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
@@ -49,7 +65,7 @@ class FileStore:
     def write(self, record: RolloutRecord) -> None:
         _atomic_write(self._record_path(record.rollout_key), record.model_dump_json().encode())
         entry = {"key": record.rollout_key, "status": record.status, "reward": record.reward}
-        with (self.path / "index.jsonl").open("ab") as index:
+        with _named_in_errors(self._index), self._index.open("ab") as index:
             index.write(orjson.dumps(entry) + b"\n")
 
     def exists(self, rollout_key: str) -> bool:
@@ -95,15 +111,95 @@ class FileStore:
         return self._trajectories / f"{rollout_key}.json"
 
 
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    key: str
+    status: Status
+    reward: float | None
+
+
+def read_index(exp_dir: str | Path) -> dict[str, IndexEntry]:
+    """The index of the experiment folder ``exp_dir``: the last line per key (a key written
+    several times has several lines), keys in the order first written; torn lines skipped."""
+    path = Path(exp_dir) / INDEX
+    if not path.is_file():
+        return {}
+    entries: dict[str, IndexEntry] = {}
+    for line in path.read_bytes().splitlines():
+        try:
+            row = orjson.loads(line)
+            entry = IndexEntry(row["key"], row["status"], row["reward"])
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            continue  # torn by a writer that was killed mid-line
+        entries[entry.key] = entry
+    return entries
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary sibling, flush it to disk, then rename over ``path``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write a locked temporary sibling, flush it to disk, then rename it over ``path``."""
+    fd, tmp = _locked_tmp(path)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with _named_in_errors(path), os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # before the lock goes with the file's closing
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _locked_tmp(path: Path) -> tuple[int, Path]:
+    """A new temporary sibling of ``path``, open for writing, under an exclusive flock."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+        with _named_in_errors(path):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:
+            return fd, tmp
+        # A store opening between our open and our lock took the file for abandoned.
+        os.close(fd)
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Remove temporary files whose writer died: a live writer holds its file's flock."""
+    for tmp in folder.glob(".*.tmp"):
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # renamed into place meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            tmp.unlink(missing_ok=True)
+        except BlockingIOError:
+            pass  # a live writer
+        except OSError as exc:
+            if exc.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise  # a read-only copy stays as it is: whoever reads it need not tidy it
+        finally:
+            os.close(fd)
+
+
+def _end_torn_line(index: Path) -> None:
+    """A writer killed mid-line left no newline: end that line, so the next entry stands alone."""
+    if not index.is_file() or index.stat().st_size == 0:
+        return
+    with index.open("rb") as file:
+        file.seek(-1, os.SEEK_END)
+        torn = file.read(1) != b"\n"
+    if torn:
+        with index.open("ab") as file:
+            file.write(b"\n")
+
+
+@contextmanager
+def _named_in_errors(path: Path) -> Iterator[None]:
+    """Name ``path`` in OS errors that name no file (a failed write, a full disk) or only our
+    temporary file: the user needs to see where the store could not write."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is not None:
+            exc.filename = str(path)
         raise

@@ -1,0 +1,72 @@
+"""What ``rollway run`` says at its end, beyond the summary table: an interrupted run, a run
+in which no rollout completed (exit 1, with the reason most of them gave), rollouts left for a
+rerun."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+
+from rollway.cli.failures import fail
+from rollway.client.batch import BatchItem, should_rerun
+
+#: What to do when most rollouts ended this way; resume reruns only cancelled rollouts and
+#: infrastructure failures, so the rest need --no-resume (or a new --exp-id) to run again.
+_ADVICE = {
+    "error/infrastructure": "rerun to retry them (resume reruns infrastructure failures)",
+    "error/engine": "check the engine (--engine), then rerun with --no-resume",
+    "error/reward": "fix the reward function, then rerun with --no-resume",
+    "error/agent": "fix the agent (`rollway validate AGENT`), then rerun with --no-resume",
+    "timeout": "raise --timeout, then rerun with --no-resume",
+    "cancelled": "rerun to resume",
+}
+
+
+def report_interrupt(summary: dict[str, Any] | None) -> None:
+    """Ctrl-C: how many rollouts have a record and how many were cut short."""
+    if summary is None or not summary["interrupted"]:
+        typer.secho("interrupted; rerun to resume", err=True, fg="yellow")
+        return
+    cancelled = summary["by_status"].get("cancelled", 0)
+    recorded = summary["total"] - cancelled
+    typer.secho(
+        f"interrupted: {recorded} recorded, {cancelled} cancelled; rerun to resume",
+        err=True, fg="yellow",
+    )  # fmt: skip
+
+
+def require_a_completed_rollout(items: Sequence[BatchItem]) -> None:
+    """Fail, saying why, when no rollout of the batch completed (or was truncated)."""
+    if any(item.success for item in items):
+        return
+    outcomes = Counter(_outcome(item) for item in items)
+    listed = ", ".join(f"{n} {outcome}" for outcome, n in outcomes.most_common())
+    reasons = Counter(item.result.reason for item in items if item.result.reason)
+    most, _ = outcomes.most_common(1)[0]
+    why = ""
+    if reasons:
+        reason, count = reasons.most_common(1)[0]
+        why = f"{count}x {reason!r}; "
+    fail(
+        f"no rollout completed: {len(items)} of {len(items)} failed ({listed})",
+        f"{why}{_ADVICE.get(most, 'see the records for each reason')}",
+    )
+
+
+def warn_about_reruns(items: Sequence[BatchItem]) -> None:
+    """Some rollouts ended in ways a rerun retries (infrastructure failures, cancels): say so."""
+    again = [item for item in items if should_rerun(item.result)]
+    if again:
+        typer.secho(
+            f"warning: {len(again)} of {len(items)} rollouts failed as infrastructure or were "
+            "cancelled; rerun to retry them",
+            err=True, fg="yellow",
+        )  # fmt: skip
+
+
+def _outcome(item: BatchItem) -> str:
+    record = item.result
+    return f"{record.status}/{record.error_kind}" if record.error_kind else record.status

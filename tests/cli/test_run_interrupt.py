@@ -1,0 +1,53 @@
+"""Ctrl-C in the middle of `rollway run`: it says what happened, writes the summary of what
+finished, exits 130; a rerun resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from tests.cli.test_run_failures import AGENT_SOURCE
+
+
+def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(AGENT_SOURCE)
+    rows = [{"task_id": f"t{i}", "question": f"q{i}"} for i in range(12)]
+    (tmp_path / "tasks.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    args = [sys.executable, "-m", "rollway", "run", "echo.py:Echo", "--tasks", "tasks.jsonl",
+            "--concurrency", "2", "--out", "runs"]  # fmt: skip
+    trajectories = tmp_path / "runs" / "echo-tasks" / "trajectories"
+    slow = subprocess.Popen(
+        [*args, "--engine", "sim://?latency_s=0.4"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    with slow:
+        deadline = time.monotonic() + 60
+        while len(list(trajectories.glob("*.json"))) < 2:  # two rollouts recorded: mid-batch
+            assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+            time.sleep(0.05)
+        slow.send_signal(signal.SIGINT)
+        out, err = slow.communicate(timeout=60)
+    assert slow.returncode == 130, err
+    assert "Traceback" not in err and "Aborted" not in err and "results in" not in out
+    records = [orjson.loads(p.read_bytes()) for p in trajectories.glob("*.json")]
+    recorded = sum(r["status"] != "cancelled" for r in records)
+    cancelled = sum(r["status"] == "cancelled" for r in records)
+    assert recorded >= 2 and recorded + cancelled == 12 and cancelled > 0
+    assert f"interrupted: {recorded} recorded, {cancelled} cancelled; rerun to resume" in err
+    summary = orjson.loads((tmp_path / "runs" / "echo-tasks" / "summary.json").read_bytes())
+    assert summary["by_status"] == {"completed": recorded, "cancelled": cancelled}
+    assert summary["interrupted"] is True
+    again = subprocess.run(
+        [*args, "--engine", "sim"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env=os.environ,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    summary = orjson.loads((tmp_path / "runs" / "echo-tasks" / "summary.json").read_bytes())
+    assert summary["by_status"] == {"completed": 12} and summary["resumed"] == recorded
+    assert summary["interrupted"] is False
