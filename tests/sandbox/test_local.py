@@ -169,5 +169,5 @@ for host in ("127.0.0.1", "1.1.1.1"):
             lines = result.stdout.split("\n")
             assert lines[2] == f"{expect} 127.0.0.1", (kind, result.stderr)
             if kind is NamespaceSandbox:
-                # the relay and the program; the caller is out of sight
-                assert lines[:2] == ["2", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"
+                # the relay, the supervisor and the program; the caller is out of sight
+                assert lines[:2] == ["3", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"

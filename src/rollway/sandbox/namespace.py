@@ -12,23 +12,22 @@ beyond the rlimits, kernel attack surface.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from urllib.parse import urlparse
 
 from rollway.errors import ConfigError
-from rollway.sandbox.base import SandboxLimits, SandboxResult
-from rollway.sandbox.local import LocalSandbox
+from rollway.sandbox.base import SandboxLimits
+from rollway.sandbox.local import LocalSandbox, isolated_python
 
 _UNSHARE = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",
     "--ipc", "--uts", "--kill-child",
 ]  # fmt: skip
-_STATUS_FILE = ".rollway-exit-code"
+_RELAY = Path(__file__).with_name("relay.py")
 
 
 @functools.cache
@@ -48,21 +47,11 @@ class NamespaceSandbox(LocalSandbox):
             )
         super().__init__(limits)
 
-    async def start(
-        self, command: Sequence[str], env: Mapping[str, str], stdin: bytes = b""
-    ) -> None:
-        relay = [sys.executable, "-m", "rollway.sandbox.relay"]
+    def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """unshare, then the relay as the namespaces' first process, then the supervisor."""
+        relay = isolated_python(_RELAY)
         socket_path = env.get("ROLLWAY_GATEWAY_SOCKET")
         port = urlparse(env.get("OPENAI_BASE_URL", "")).port
         if socket_path and port:
             relay += ["--port", str(port), "--unix", socket_path]
-        relay += ["--status", str(self.workdir / _STATUS_FILE), "--"]
-        await super().start([*_UNSHARE, *relay, *command], env, stdin)
-
-    def _collect(self) -> SandboxResult:
-        result = super()._collect()
-        try:  # the command's own code; unshare's says less (128+N for a signal)
-            code = int((self.workdir / _STATUS_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return result
-        return dataclasses.replace(result, exit_code=code)
+        return [*_UNSHARE, *relay, "--", *super()._wrap(command, env)]

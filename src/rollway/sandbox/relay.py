@@ -1,9 +1,11 @@
 """Runs inside a network-isolated sandbox, as the first process of its namespaces: brings up
 loopback, relays ``127.0.0.1:PORT`` to the gateway's Unix socket (the one way out), runs the
-command, and leaves its return code (negative: killed by that signal) in a file for the
-sandbox to read.
+command (the sandbox's supervisor) and exits as it did; every process of the namespace dies
+with it.
 
-    python -m rollway.sandbox.relay --port 8123 --unix /tmp/gw.sock --status F -- CMD ...
+    python -I -S relay.py --port 8123 --unix /tmp/gw.sock -- CMD ...
+
+Standard library only, run by path in isolated mode (like ``supervisor.py``).
 """
 
 from __future__ import annotations
@@ -76,14 +78,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rollway.sandbox.relay")
     parser.add_argument("--port", type=int)
     parser.add_argument("--unix")
-    parser.add_argument("--status", required=True)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     bring_up_loopback()
     code = asyncio.run(run(args.port, args.unix, command))
-    with open(args.status, "w") as out:
-        out.write(str(code))
     os._exit(code & 0xFF if code >= 0 else 128 - code)
 
 

@@ -1,0 +1,158 @@
+"""The first process of every sandbox's command: a child subreaper that runs the command and,
+when it ends (or on SIGTERM/SIGINT), ends every process below it before it exits itself.
+
+    python -I -S supervisor.py --status FILE --grace SECONDS -- COMMAND ...
+
+As a subreaper it inherits every orphan below it (a double-forked daemon, a ``setsid`` child)
+instead of init, so it finds every descendant however it detached, and reaps them as they end.
+At the end it sends each descendant SIGTERM, gives them the grace period, SIGKILLs what is left
+and exits only once none is alive: whatever held the sandbox's output pipes is gone with it. The
+command runs in a process group of its own, so each descendant gets one SIGTERM (this one's)
+however the sandbox was signalled. The command's exit code (negative: the signal that killed it)
+is left in FILE.
+
+Standard library only, run by path in isolated mode: nothing in the program's environment
+(``PYTHONPATH``...) changes how it runs, and it starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+_PR_SET_CHILD_SUBREAPER = 36
+_SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
+_POLL_S = 0.05
+
+
+def become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def descendants() -> list[int]:
+    """Every live process below this one, from a fresh look at ``/proc``."""
+    children: dict[int, list[int]] = {}
+    alive: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:  # ended meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold anything, so split after its last ")".
+        state, ppid = stat[stat.rindex(")") + 2 :].split(maxsplit=2)[:2]
+        children.setdefault(int(ppid), []).append(int(entry.name))
+        if state not in ("Z", "X"):
+            alive.add(int(entry.name))
+    found: list[int] = []
+    stack = [os.getpid()]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if child in alive:
+                found.append(child)
+    return found
+
+
+def signal_all(signum: int) -> None:
+    for pid in descendants():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+def reap(main: int) -> int | None:
+    """Reap every child that has ended; ``main``'s exit code if it was among them."""
+    code = None
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return code
+        if pid == 0:
+            return code
+        if pid == main:
+            code = os.waitstatus_to_exitcode(status)
+
+
+def spawn(command: Sequence[str]) -> int:
+    return os.posix_spawnp(
+        command[0],
+        list(command),
+        os.environ,
+        setpgroup=0,
+        setsigmask=(),  # unblock what this process blocks
+        setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # which Python ignores; exec keeps ignores
+    )
+
+
+def wait_for(main: int, grace: float) -> tuple[int, float | None]:
+    """``main``'s exit code, and the deadline a SIGTERM set (None if none came)."""
+    code, deadline, killed = None, None, False
+    while code is None:
+        if deadline is None or killed:
+            info = signal.sigwaitinfo(_SIGNALS)
+        else:
+            info = signal.sigtimedwait(_SIGNALS, max(deadline - time.monotonic(), 0))
+        if info is None:  # the grace period is over
+            signal_all(signal.SIGKILL)
+            killed = True
+        elif info.si_signo == signal.SIGCHLD:
+            code = reap(main)
+        elif deadline is None:  # the first SIGTERM or SIGINT: pass it on to every descendant
+            signal_all(info.si_signo)
+            deadline = time.monotonic() + grace
+    return code, deadline
+
+
+def end_descendants(deadline: float, signalled: bool) -> None:
+    """SIGTERM the rest (unless already done), SIGKILL whatever outlives ``deadline``."""
+    if not signalled:
+        signal_all(signal.SIGTERM)
+    while left := descendants():
+        if time.monotonic() >= deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        signal.sigtimedwait({signal.SIGCHLD}, _POLL_S)
+        reap(-1)
+    reap(-1)
+
+
+def supervise(command: Sequence[str], grace: float) -> int:
+    become_subreaper()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # taken with sigwaitinfo, in order
+    try:
+        main = spawn(command)
+    except OSError as error:
+        print(f"rollway sandbox: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
+        return 126 if isinstance(error, PermissionError) else 127
+    code, deadline = wait_for(main, grace)
+    end_descendants(deadline or time.monotonic() + grace, signalled=deadline is not None)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="supervisor.py")
+    parser.add_argument("--status", required=True)
+    parser.add_argument("--grace", type=float, default=2.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    code = supervise(command, args.grace)
+    with open(args.status, "w") as out:
+        out.write(str(code))
+    sys.exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main()
