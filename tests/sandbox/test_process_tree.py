@@ -145,3 +145,10 @@ def test_a_pids_cgroup_is_made_where_the_cgroup_file_system_is_writable() -> Non
         assert (made.path / "pids.max").read_text().strip() == "7"
         made.remove()
         assert not made.path.exists()
+
+
+async def test_a_command_that_cannot_run_exits_127_with_the_reason(make: MakeSandbox) -> None:
+    async with make(SandboxLimits()) as box:
+        await box.start(["no-such-program-here"], ENV)
+        result = await box.wait()
+    assert result.exit_code == 127 and "no-such-program-here" in result.stderr

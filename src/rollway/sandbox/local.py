@@ -35,6 +35,7 @@ from rollway.sandbox.cgroup import PidsCgroup
 log = logging.getLogger(__name__)
 
 _TERM_GRACE_S = 2.0
+_TERM_REPEAT_S = 0.25
 _KILL_POLL_S = 0.02
 _STATUS_FILE = ".rollway-exit-code"
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
@@ -145,14 +146,18 @@ class LocalSandbox(Sandbox):
         return [*supervisor, "--grace", str(_TERM_GRACE_S), "--", *command]
 
     async def _end_processes(self) -> None:
-        """SIGTERM the group: the supervisor ends its tree within the grace period. Then kill
-        by force what is left: the group if the supervisor did not exit, the whole cgroup."""
+        """SIGTERM the group (the supervisor, or unshare and the relay that passes it on): the
+        supervisor ends its tree within the grace period. Then kill by force what is left: the
+        group if it did not end, every process of the cgroup."""
         process = self._process
         assert process is not None
-        if process.returncode is None:
+        deadline = time.monotonic() + _TERM_GRACE_S + 1.0  # its grace, and a margin
+        while process.returncode is None and time.monotonic() < deadline:
+            # Again until it ends: a process forked after the last one missed it (only the
+            # supervisor acts on it, once, so its descendants get one SIGTERM however many).
             _signal_group(process.pid, signal.SIGTERM)
-            with contextlib.suppress(TimeoutError):  # its grace, and a margin to act on it
-                await asyncio.wait_for(process.wait(), _TERM_GRACE_S + 1.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), _TERM_REPEAT_S)
         if process.returncode is None:
             _signal_group(process.pid, signal.SIGKILL)
             await process.wait()
@@ -182,6 +187,9 @@ class LocalSandbox(Sandbox):
     def _prepare_child(self) -> None:  # runs in the child, between fork and exec
         if self._cgroup is not None:
             self._cgroup.join()
+        # Kept pending until the supervisor (or the namespaces' first process, which would
+        # drop it) is ready to act on it: a sandbox destroyed as it starts still ends in order.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         limits = self.limits
         for kind, value in (
             (resource.RLIMIT_CPU, limits.cpu_seconds),

@@ -21,6 +21,7 @@ import struct
 from collections.abc import Awaitable, Callable, Sequence
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_FORWARDED = {signal.SIGTERM, signal.SIGINT}
 
 
 def bring_up_loopback() -> None:
@@ -66,8 +67,10 @@ async def run(port: int | None, unix_path: str | None, command: Sequence[str]) -
     process = await asyncio.create_subprocess_exec(*command)
     loop = asyncio.get_running_loop()
     # As the namespace's first process, signals reach us only through handlers: pass them on.
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    # The sandbox starts us with them blocked, so one sent before now is pending, not lost.
+    for signum in _FORWARDED:
         loop.add_signal_handler(signum, process.send_signal, signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
     code = await process.wait()
     if server is not None:
         server.close()

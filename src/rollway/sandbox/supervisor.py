@@ -64,8 +64,8 @@ def descendants() -> list[int]:
     return found
 
 
-def signal_all(signum: int) -> None:
-    for pid in descendants():
+def send(pids: list[int], signum: int) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
 
@@ -95,7 +95,7 @@ def spawn(command: Sequence[str]) -> int:
     )
 
 
-def wait_for(main: int, grace: float) -> tuple[int, float | None]:
+def wait_for_command(main: int, grace: float) -> tuple[int, float | None]:
     """``main``'s exit code, and the deadline a SIGTERM set (None if none came)."""
     code, deadline, killed = None, None, False
     while code is None:
@@ -104,27 +104,28 @@ def wait_for(main: int, grace: float) -> tuple[int, float | None]:
         else:
             info = signal.sigtimedwait(_SIGNALS, max(deadline - time.monotonic(), 0))
         if info is None:  # the grace period is over
-            signal_all(signal.SIGKILL)
+            send(descendants(), signal.SIGKILL)
             killed = True
         elif info.si_signo == signal.SIGCHLD:
             code = reap(main)
         elif deadline is None:  # the first SIGTERM or SIGINT: pass it on to every descendant
-            signal_all(info.si_signo)
+            send(descendants(), info.si_signo)
             deadline = time.monotonic() + grace
     return code, deadline
 
 
 def end_descendants(deadline: float, signalled: bool) -> None:
     """SIGTERM the rest (unless already done), SIGKILL whatever outlives ``deadline``."""
+    left = descendants()
     if not signalled:
-        signal_all(signal.SIGTERM)
-    while left := descendants():
+        send(left, signal.SIGTERM)
+    while left:
         if time.monotonic() >= deadline:
-            for pid in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            send(left, signal.SIGKILL)
+        # Only orphans' ends are signalled to us, not their children's: look again soon.
         signal.sigtimedwait({signal.SIGCHLD}, _POLL_S)
         reap(-1)
+        left = descendants()
     reap(-1)
 
 
@@ -136,7 +137,7 @@ def supervise(command: Sequence[str], grace: float) -> int:
     except OSError as error:
         print(f"rollway sandbox: cannot run {command[0]!r}: {error.strerror}", file=sys.stderr)
         return 126 if isinstance(error, PermissionError) else 127
-    code, deadline = wait_for(main, grace)
+    code, deadline = wait_for_command(main, grace)
     end_descendants(deadline or time.monotonic() + grace, signalled=deadline is not None)
     return code
 
