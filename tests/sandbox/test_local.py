@@ -44,6 +44,15 @@ async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir(make: type[Sand
     assert not workdir.exists()  # destroyed with the sandbox
 
 
+async def test_the_program_gets_exactly_the_environment_given(make: type[Sandbox]) -> None:
+    async with make() as box:  # no LC_CTYPE from a Python on the way, for one
+        await box.start(["env"], {**ENV, "TASK": "t1"})
+        result = await box.wait()
+    assert sorted(result.stdout.split()) == sorted(
+        f"{k}={v}" for k, v in {**ENV, "TASK": "t1"}.items()
+    )
+
+
 async def test_exit_codes_and_stderr_are_recorded(make: type[Sandbox]) -> None:
     async with make() as box:
         await box.start([PY, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"], ENV)
@@ -169,5 +178,5 @@ for host in ("127.0.0.1", "1.1.1.1"):
             lines = result.stdout.split("\n")
             assert lines[2] == f"{expect} 127.0.0.1", (kind, result.stderr)
             if kind is NamespaceSandbox:
-                # the relay, the supervisor and the program; the caller is out of sight
-                assert lines[:2] == ["3", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"
+                # the supervisor (which relays) and the program; the caller is out of sight
+                assert lines[:2] == ["2", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"

@@ -41,11 +41,6 @@ _STATUS_FILE = ".rollway-exit-code"
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 
 
-def isolated_python(script: Path) -> list[str]:
-    """Run a standard-library-only script unaffected by the program's ``PYTHON*`` variables."""
-    return [sys.executable, "-I", "-S", str(script)]
-
-
 class LocalSandbox(Sandbox):
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
@@ -142,11 +137,16 @@ class LocalSandbox(Sandbox):
     def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
         """The command line that runs ``command`` under its supervisor."""
         status = str(self.workdir / _STATUS_FILE)
-        supervisor = [*isolated_python(_SUPERVISOR), "--status", status]
-        return [*supervisor, "--grace", str(_TERM_GRACE_S), "--", *command]
+        # Isolated mode: the program's PYTHONPATH and such do not reach the supervisor.
+        supervisor = [sys.executable, "-I", "-S", str(_SUPERVISOR), "--status", status]
+        options = ["--grace", str(_TERM_GRACE_S), *self._supervisor_options(env)]
+        return [*supervisor, *options, "--", *command]
+
+    def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
+        return []
 
     async def _end_processes(self) -> None:
-        """SIGTERM the group (the supervisor, or unshare and the relay that passes it on): the
+        """SIGTERM the group (the supervisor, and unshare in a namespace sandbox): the
         supervisor ends its tree within the grace period. Then kill by force what is left: the
         group if it did not end, every process of the cgroup."""
         process = self._process
@@ -187,8 +187,8 @@ class LocalSandbox(Sandbox):
     def _prepare_child(self) -> None:  # runs in the child, between fork and exec
         if self._cgroup is not None:
             self._cgroup.join()
-        # Kept pending until the supervisor (or the namespaces' first process, which would
-        # drop it) is ready to act on it: a sandbox destroyed as it starts still ends in order.
+        # Kept pending until the supervisor is ready to act on it (through unshare, which
+        # passes its mask on): a sandbox destroyed as it starts still ends in order.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         limits = self.limits
         for kind, value in (

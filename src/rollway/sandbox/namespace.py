@@ -7,7 +7,10 @@ unchanged and nothing else is reachable: no internet, no other local service); i
 namespace (it cannot see or signal other processes, and when its first process dies every
 process in it dies); its own IPC and hostname. What it does not: the file system (shared with
 the caller apart from a private ``/proc``; use a container runtime for that), CPU and memory
-beyond the rlimits, kernel attack surface.
+beyond the rlimits, kernel attack surface. The process limit is the local sandbox's: to the kernel
+the program is still the caller (root stays root), so as root only a pids cgroup binds it.
+
+Inside: unshare, then the supervisor as the namespaces' first process, running the relay.
 """
 
 from __future__ import annotations
@@ -16,18 +19,16 @@ import functools
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from urllib.parse import urlparse
 
 from rollway.errors import ConfigError
 from rollway.sandbox.base import SandboxLimits
-from rollway.sandbox.local import LocalSandbox, isolated_python
+from rollway.sandbox.local import LocalSandbox
 
 _UNSHARE = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",
     "--ipc", "--uts", "--kill-child",
 ]  # fmt: skip
-_RELAY = Path(__file__).with_name("relay.py")
 
 
 @functools.cache
@@ -48,10 +49,12 @@ class NamespaceSandbox(LocalSandbox):
         super().__init__(limits)
 
     def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """unshare, then the relay as the namespaces' first process, then the supervisor."""
-        relay = isolated_python(_RELAY)
+        return [*_UNSHARE, *super()._wrap(command, env)]
+
+    def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
+        """The relay: from ``127.0.0.1:<port of OPENAI_BASE_URL>`` to the gateway's socket."""
         socket_path = env.get("ROLLWAY_GATEWAY_SOCKET")
         port = urlparse(env.get("OPENAI_BASE_URL", "")).port
         if socket_path and port:
-            relay += ["--port", str(port), "--unix", socket_path]
-        return [*_UNSHARE, *relay, "--", *super()._wrap(command, env)]
+            return ["--relay", "--port", str(port), "--unix", socket_path]
+        return ["--relay"]

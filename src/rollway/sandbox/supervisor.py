@@ -1,7 +1,8 @@
 """The first process of every sandbox's command: a child subreaper that runs the command and,
 when it ends (or on SIGTERM/SIGINT), ends every process below it before it exits itself.
 
-    python -I -S supervisor.py --status FILE --grace SECONDS -- COMMAND ...
+    python -I -S supervisor.py --status FILE --grace SECONDS [--relay [--port P --unix S]]
+        -- COMMAND ...
 
 As a subreaper it inherits every orphan below it (a double-forked daemon, a ``setsid`` child)
 instead of init, so it finds every descendant however it detached, and reaps them as they end.
@@ -9,7 +10,8 @@ At the end it sends each descendant SIGTERM, gives them the grace period, SIGKIL
 and exits only once none is alive: whatever held the sandbox's output pipes is gone with it. The
 command runs in a process group of its own, so each descendant gets one SIGTERM (this one's)
 however the sandbox was signalled. The command's exit code (negative: the signal that killed it)
-is left in FILE.
+is left in FILE. In a namespace sandbox it is the namespaces' first process and, with
+``--relay``, also runs ``relay.py`` (loopback up, ``127.0.0.1:P`` relayed to the socket S).
 
 Standard library only, run by path in isolated mode: nothing in the program's environment
 (``PYTHONPATH``...) changes how it runs, and it starts in milliseconds.
@@ -20,11 +22,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 _PR_SET_CHILD_SUBREAPER = 36
 _SIGNALS = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}
@@ -84,11 +89,19 @@ def reap(main: int) -> int | None:
             code = os.waitstatus_to_exitcode(status)
 
 
+def given_environment() -> dict[bytes, bytes]:
+    """The environment exactly as this process was given it: ``os.environ`` has gained what
+    Python set for itself at start-up (``LC_CTYPE``, coercing a C locale)."""
+    with open("/proc/self/environ", "rb") as f:
+        entries = f.read().split(b"\0")
+    return dict(entry.split(b"=", 1) for entry in entries if b"=" in entry)
+
+
 def spawn(command: Sequence[str]) -> int:
     return os.posix_spawnp(
         command[0],
         list(command),
-        os.environ,
+        given_environment(),
         setpgroup=0,
         setsigmask=(),  # unblock what this process blocks
         setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),  # which Python ignores; exec keeps ignores
@@ -129,9 +142,21 @@ def end_descendants(deadline: float, signalled: bool) -> None:
     reap(-1)
 
 
+def load_relay() -> ModuleType:
+    """``relay.py`` from beside this file (run by path in isolated mode, there is no package
+    to import it from)."""
+    spec = importlib.util.spec_from_file_location("relay", Path(__file__).with_name("relay.py"))
+    assert spec is not None and spec.loader is not None
+    relay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(relay)
+    return relay
+
+
 def supervise(command: Sequence[str], grace: float) -> int:
     become_subreaper()
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)  # taken with sigwaitinfo, in order
+    # Taken with sigwaitinfo, in order. Blocked, they also stay pending where this is the
+    # namespaces' first process (which would drop a signal it has no handler for).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         main = spawn(command)
     except OSError as error:
@@ -146,13 +171,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="supervisor.py")
     parser.add_argument("--status", required=True)
     parser.add_argument("--grace", type=float, default=2.0)
+    parser.add_argument("--relay", action="store_true", help="in a new network namespace")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--unix")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.relay:  # its thread inherits the blocked signals: they come to sigwaitinfo alone
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        load_relay().start(args.port, args.unix)
     code = supervise(command, args.grace)
     with open(args.status, "w") as out:
         out.write(str(code))
-    sys.exit(code if code >= 0 else 128 - code)
+    sys.stderr.flush()
+    os._exit(code if code >= 0 else 128 - code)  # not waiting for the relay's thread
 
 
 if __name__ == "__main__":
