@@ -3,6 +3,7 @@ left behind (both), network and process isolation (namespace)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -51,6 +52,16 @@ async def test_the_program_gets_exactly_the_environment_given(make: type[Sandbox
     assert sorted(result.stdout.split()) == sorted(
         f"{k}={v}" for k, v in {**ENV, "TASK": "t1"}.items()
     )
+
+
+async def test_a_program_that_never_reads_its_stdin_cannot_hold_up_the_start(
+    make: type[Sandbox],
+) -> None:
+    async with make(SandboxLimits(wall_timeout_s=1)) as box:
+        big = b"x" * 1_000_000  # far more than a pipe holds
+        await asyncio.wait_for(box.start([PY, "-c", "import time; time.sleep(600)"], ENV, big), 10)
+        result = await box.wait()
+    assert result.timed_out
 
 
 async def test_exit_codes_and_stderr_are_recorded(make: type[Sandbox]) -> None:

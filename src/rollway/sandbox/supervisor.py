@@ -75,7 +75,7 @@ def send(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
-def reap(main: int) -> int | None:
+def reap(main: int | None = None) -> int | None:
     """Reap every child that has ended; ``main``'s exit code if it was among them."""
     code = None
     while True:
@@ -110,7 +110,9 @@ def spawn(command: Sequence[str]) -> int:
 
 def wait_for_command(main: int, grace: float) -> tuple[int, float | None]:
     """``main``'s exit code, and the deadline a SIGTERM set (None if none came)."""
-    code, deadline, killed = None, None, False
+    code: int | None = None
+    deadline: float | None = None
+    killed = False
     while code is None:
         if deadline is None or killed:
             info = signal.sigwaitinfo(_SIGNALS)
@@ -137,9 +139,9 @@ def end_descendants(deadline: float, signalled: bool) -> None:
             send(left, signal.SIGKILL)
         # Only orphans' ends are signalled to us, not their children's: look again soon.
         signal.sigtimedwait({signal.SIGCHLD}, _POLL_S)
-        reap(-1)
+        reap()
         left = descendants()
-    reap(-1)
+    reap()
 
 
 def load_relay() -> ModuleType:
@@ -153,10 +155,9 @@ def load_relay() -> ModuleType:
 
 
 def supervise(command: Sequence[str], grace: float) -> int:
+    """Run ``command`` to its end and end every descendant; its exit code. ``_SIGNALS`` must
+    be blocked."""
     become_subreaper()
-    # Taken with sigwaitinfo, in order. Blocked, they also stay pending where this is the
-    # namespaces' first process (which would drop a signal it has no handler for).
-    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
         main = spawn(command)
     except OSError as error:
@@ -177,8 +178,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if args.relay:  # its thread inherits the blocked signals: they come to sigwaitinfo alone
-        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    # Taken with sigwaitinfo, in order (the relay's thread inherits the mask, so they come to
+    # it alone). Blocked, they also stay pending where this is the namespaces' first process,
+    # which would drop a signal it has no handler for.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    if args.relay:
         load_relay().start(args.port, args.unix)
     code = supervise(command, args.grace)
     with open(args.status, "w") as out:
