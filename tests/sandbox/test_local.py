@@ -3,6 +3,7 @@ left behind (both), network and process isolation (namespace)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -42,6 +43,25 @@ async def test_runs_a_command_with_env_stdin_and_a_fresh_workdir(make: type[Sand
     assert result.exit_code == 0 and not result.timed_out
     assert result.stdout.split() == ["t1", "hello", str(workdir)]
     assert not workdir.exists()  # destroyed with the sandbox
+
+
+async def test_the_program_gets_exactly_the_environment_given(make: type[Sandbox]) -> None:
+    async with make() as box:  # no LC_CTYPE from a Python on the way, for one
+        await box.start(["env"], {**ENV, "TASK": "t1"})
+        result = await box.wait()
+    assert sorted(result.stdout.split()) == sorted(
+        f"{k}={v}" for k, v in {**ENV, "TASK": "t1"}.items()
+    )
+
+
+async def test_a_program_that_never_reads_its_stdin_cannot_hold_up_the_start(
+    make: type[Sandbox],
+) -> None:
+    async with make(SandboxLimits(wall_timeout_s=1)) as box:
+        big = b"x" * 1_000_000  # far more than a pipe holds
+        await asyncio.wait_for(box.start([PY, "-c", "import time; time.sleep(600)"], ENV, big), 10)
+        result = await box.wait()
+    assert result.timed_out
 
 
 async def test_exit_codes_and_stderr_are_recorded(make: type[Sandbox]) -> None:
@@ -169,5 +189,5 @@ for host in ("127.0.0.1", "1.1.1.1"):
             lines = result.stdout.split("\n")
             assert lines[2] == f"{expect} 127.0.0.1", (kind, result.stderr)
             if kind is NamespaceSandbox:
-                # the relay and the program; the caller is out of sight
+                # the supervisor (which relays) and the program; the caller is out of sight
                 assert lines[:2] == ["2", "parent hidden"] and lines[3] == "unreachable 1.1.1.1"

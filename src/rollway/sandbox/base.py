@@ -22,6 +22,8 @@ class SandboxLimits:
     cpu_seconds: int | None = 600
     memory_bytes: int | None = 4 * 1024**3
     open_files: int | None = 1024
+    #: Tasks (threads count) at once: a pids cgroup where one can be made, else
+    #: RLIMIT_NPROC, which counts all of the user's tasks and does not bind root.
     processes: int | None = 256
     file_size_bytes: int | None = 1024**3
     output_bytes: int = 1024 * 1024

@@ -1,6 +1,13 @@
-"""A local process sandbox: a fresh working directory, its own session and process group,
-resource limits (CPU seconds, memory, open files, processes, file size), a wall-clock timeout
-that kills the whole process tree, bounded output capture.
+"""A local process sandbox: a fresh working directory, its own session, resource limits (CPU
+seconds, memory, open files, processes, file size), a wall-clock timeout, bounded output capture,
+and teardown that ends every process the command started.
+
+The command runs under ``supervisor.py``, a child subreaper that outlives none of its
+descendants (daemons that ``setsid`` included) and ends them when the command ends, so the
+sandbox waits for the command, never for whoever else holds its output pipes. Where the cgroup
+file system is writable the sandbox also gets a pids cgroup (``cgroup.py``): a process limit that
+binds root too, and a list of every process for the final kill. As root without one, the process
+limit is only ``RLIMIT_NPROC``, which root ignores: that is logged once as a warning.
 
 What it isolates: resources, the working directory, the process tree. What it does not:
 the file system outside the working directory, the network, the user (it runs as the caller).
@@ -10,18 +17,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import logging
 import os
 import resource
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
+from rollway.sandbox.cgroup import PidsCgroup
+
+log = logging.getLogger(__name__)
 
 _TERM_GRACE_S = 2.0
+_TERM_REPEAT_S = 0.25
+_KILL_POLL_S = 0.02
+_STATUS_FILE = ".rollway-exit-code"
+_SUPERVISOR = Path(__file__).with_name("supervisor.py")
 
 
 class LocalSandbox(Sandbox):
@@ -29,6 +46,8 @@ class LocalSandbox(Sandbox):
         self.limits = limits or SandboxLimits()
         self.workdir = Path(tempfile.mkdtemp(prefix="rollway-sandbox-"))
         self._process: asyncio.subprocess.Process | None = None
+        self._cgroup: PidsCgroup | None = None
+        self._pipes: list[asyncio.ReadTransport] = []
         self._readers: list[asyncio.Task[tuple[bytes, bool]]] = []
         self._started = 0.0
         self._result: SandboxResult | None = None
@@ -39,27 +58,40 @@ class LocalSandbox(Sandbox):
     ) -> None:
         if self._process is not None:
             raise RuntimeError("a sandbox runs one command")
+        self._cgroup = PidsCgroup.create(self.limits.processes)
+        if self._cgroup is None and self.limits.processes is not None and os.geteuid() == 0:
+            _warn_process_limit_does_not_bind()
         self._started = time.monotonic()
-        self._process = await asyncio.create_subprocess_exec(
-            *command,
-            cwd=self.workdir,
-            env=dict(env),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own session and process group: killed as one
-            preexec_fn=self._apply_limits,
-        )
-        assert self._process.stdin and self._process.stdout and self._process.stderr
-        limit = self.limits.output_bytes
-        self._readers = [
-            asyncio.create_task(_read_bounded(self._process.stdout, limit)),
-            asyncio.create_task(_read_bounded(self._process.stderr, limit)),
-        ]
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            self._process.stdin.write(stdin)
-            await self._process.stdin.drain()
-        self._process.stdin.close()
+        # Output through pipes of our own, stdin from a file: asyncio then waits for the
+        # process's exit alone, and a program that never reads its stdin cannot block us.
+        (out, out_w), (err, err_w) = os.pipe(), os.pipe()
+        try:
+            with tempfile.TemporaryFile() as stdin_file:
+                stdin_file.write(stdin)
+                stdin_file.seek(0)
+                self._process = await asyncio.create_subprocess_exec(
+                    *self._wrap(command, env),
+                    cwd=self.workdir,
+                    env=dict(env),
+                    stdin=stdin_file,
+                    stdout=out_w,
+                    stderr=err_w,
+                    start_new_session=True,  # its own session and process group
+                    preexec_fn=self._prepare_child,
+                )
+        except BaseException:
+            os.close(out)
+            os.close(err)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        for fd in (out, err):
+            reader, pipe = await _open_pipe(fd)
+            self._pipes.append(pipe)
+            self._readers.append(
+                asyncio.create_task(_read_bounded(reader, self.limits.output_bytes))
+            )
 
     def poll(self) -> SandboxResult | None:
         process = self._process
@@ -77,9 +109,12 @@ class LocalSandbox(Sandbox):
             await asyncio.wait_for(self._process.wait(), self.limits.wall_timeout_s)
         except TimeoutError:
             self._timed_out = True
-        # Children may outlive the main process (or hold its pipes open): end the group.
-        await self._kill_group()
-        await self._process.wait()
+        await self._end_processes()
+        # Every writer is gone, so the pipes are at their end; should one have escaped
+        # anyway, keep what was read rather than wait for it.
+        await asyncio.wait(self._readers, timeout=_TERM_GRACE_S)
+        for pipe in self._pipes:
+            pipe.close()
         await asyncio.gather(*self._readers)
         self._result = self._collect()
         return self._result
@@ -87,32 +122,60 @@ class LocalSandbox(Sandbox):
     async def destroy(self) -> None:
         try:
             if self._process is not None:
-                await self._kill_group()
-                with contextlib.suppress(ProcessLookupError):
-                    await self._process.wait()
-                for reader in self._readers:
-                    reader.cancel()
-                await asyncio.gather(*self._readers, return_exceptions=True)
+                await self._end_processes()
         finally:
+            for pipe in self._pipes:
+                pipe.close()
+            for reader in self._readers:
+                reader.cancel()
+            await asyncio.gather(*self._readers, return_exceptions=True)
+            if self._cgroup is not None:
+                self._cgroup.remove()
+                self._cgroup = None
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    async def _kill_group(self) -> None:
-        """SIGTERM the process group, give it a grace period, then SIGKILL what is left."""
-        assert self._process is not None
-        group = self._process.pid
-        if not _signal_group(group, signal.SIGTERM):
-            return
-        deadline = time.monotonic() + _TERM_GRACE_S
-        # Nothing signals the death of a process group we do not parent: poll it.
-        while time.monotonic() < deadline and _group_alive(group):  # noqa: ASYNC110
-            await asyncio.sleep(0.05)
-        _signal_group(group, signal.SIGKILL)
+    def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """The command line that runs ``command`` under its supervisor."""
+        status = str(self.workdir / _STATUS_FILE)
+        # Isolated mode: the program's PYTHONPATH and such do not reach the supervisor.
+        supervisor = [sys.executable, "-I", "-S", str(_SUPERVISOR), "--status", status]
+        options = ["--grace", str(_TERM_GRACE_S), *self._supervisor_options(env)]
+        return [*supervisor, *options, "--", *command]
+
+    def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
+        return []
+
+    async def _end_processes(self) -> None:
+        """SIGTERM the group (the supervisor, and unshare in a namespace sandbox): the
+        supervisor ends its tree within the grace period. Then kill by force what is left: the
+        group if it did not end, every process of the cgroup."""
+        process = self._process
+        assert process is not None
+        deadline = time.monotonic() + _TERM_GRACE_S + 1.0  # its grace, and a margin
+        while process.returncode is None and time.monotonic() < deadline:
+            # Again until it ends: a process forked after the last one missed it (only the
+            # supervisor acts on it, once, so its descendants get one SIGTERM however many).
+            _signal_group(process.pid, signal.SIGTERM)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), _TERM_REPEAT_S)
+        if process.returncode is None:
+            _signal_group(process.pid, signal.SIGKILL)
+            await process.wait()
+        if self._cgroup is not None:
+            deadline = time.monotonic() + _TERM_GRACE_S
+            # Nothing signals a v1 cgroup's emptying: poll it (the kill itself is immediate).
+            while self._cgroup.kill() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(_KILL_POLL_S)
 
     def _collect(self) -> SandboxResult:
         assert self._process is not None and self._process.returncode is not None
         (out, out_cut), (err, err_cut) = (r.result() for r in self._readers)
+        try:  # the command's own code, as its supervisor saw it
+            exit_code = int((self.workdir / _STATUS_FILE).read_text())
+        except (FileNotFoundError, ValueError):  # the supervisor itself was killed
+            exit_code = self._process.returncode
         return SandboxResult(
-            exit_code=self._process.returncode,
+            exit_code=exit_code,
             stdout=out.decode(errors="replace"),
             stderr=err.decode(errors="replace"),
             timed_out=self._timed_out,
@@ -121,7 +184,12 @@ class LocalSandbox(Sandbox):
             stderr_truncated=err_cut,
         )
 
-    def _apply_limits(self) -> None:  # runs in the child, between fork and exec
+    def _prepare_child(self) -> None:  # runs in the child, between fork and exec
+        if self._cgroup is not None:
+            self._cgroup.join()
+        # Kept pending until the supervisor is ready to act on it (through unshare, which
+        # passes its mask on): a sandbox destroyed as it starts still ends in order.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         limits = self.limits
         for kind, value in (
             (resource.RLIMIT_CPU, limits.cpu_seconds),
@@ -136,6 +204,24 @@ class LocalSandbox(Sandbox):
                 resource.setrlimit(kind, (value, hard))
 
 
+@functools.cache
+def _warn_process_limit_does_not_bind() -> None:
+    log.warning(
+        "sandboxes run as root without a pids cgroup (the cgroup file system is not writable):"
+        " their process limit (RLIMIT_NPROC) does not bind root, so a fork bomb is not"
+        " contained; run as another user or where /sys/fs/cgroup is writable"
+    )
+
+
+async def _open_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.ReadTransport]:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    pipe, _ = await loop.connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0)
+    )
+    return reader, pipe
+
+
 async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[bytes, bool]:
     """Keep the first ``limit`` bytes; read and drop the rest so the child never blocks."""
     kept = bytearray()
@@ -148,17 +234,6 @@ async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[bytes
     return bytes(kept), truncated
 
 
-def _signal_group(group: int, signum: int) -> bool:
-    try:
+def _signal_group(group: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _group_alive(group: int) -> bool:
-    try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -7,28 +7,28 @@ unchanged and nothing else is reachable: no internet, no other local service); i
 namespace (it cannot see or signal other processes, and when its first process dies every
 process in it dies); its own IPC and hostname. What it does not: the file system (shared with
 the caller apart from a private ``/proc``; use a container runtime for that), CPU and memory
-beyond the rlimits, kernel attack surface.
+beyond the rlimits, kernel attack surface. The process limit is the local sandbox's: to the kernel
+the program is still the caller (root stays root), so as root only a pids cgroup binds it.
+
+Inside: unshare, then the supervisor as the namespaces' first process, running the relay.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
 
 from rollway.errors import ConfigError
-from rollway.sandbox.base import SandboxLimits, SandboxResult
+from rollway.sandbox.base import SandboxLimits
 from rollway.sandbox.local import LocalSandbox
 
 _UNSHARE = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",
     "--ipc", "--uts", "--kill-child",
 ]  # fmt: skip
-_STATUS_FILE = ".rollway-exit-code"
 
 
 @functools.cache
@@ -48,21 +48,13 @@ class NamespaceSandbox(LocalSandbox):
             )
         super().__init__(limits)
 
-    async def start(
-        self, command: Sequence[str], env: Mapping[str, str], stdin: bytes = b""
-    ) -> None:
-        relay = [sys.executable, "-m", "rollway.sandbox.relay"]
+    def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        return [*_UNSHARE, *super()._wrap(command, env)]
+
+    def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
+        """The relay: from ``127.0.0.1:<port of OPENAI_BASE_URL>`` to the gateway's socket."""
         socket_path = env.get("ROLLWAY_GATEWAY_SOCKET")
         port = urlparse(env.get("OPENAI_BASE_URL", "")).port
         if socket_path and port:
-            relay += ["--port", str(port), "--unix", socket_path]
-        relay += ["--status", str(self.workdir / _STATUS_FILE), "--"]
-        await super().start([*_UNSHARE, *relay, *command], env, stdin)
-
-    def _collect(self) -> SandboxResult:
-        result = super()._collect()
-        try:  # the command's own code; unshare's says less (128+N for a signal)
-            code = int((self.workdir / _STATUS_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return result
-        return dataclasses.replace(result, exit_code=code)
+            return ["--relay", "--port", str(port), "--unix", socket_path]
+        return ["--relay"]

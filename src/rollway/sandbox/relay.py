@@ -1,22 +1,19 @@
-"""Runs inside a network-isolated sandbox, as the first process of its namespaces: brings up
-loopback, relays ``127.0.0.1:PORT`` to the gateway's Unix socket (the one way out), runs the
-command, and leaves its return code (negative: killed by that signal) in a file for the
-sandbox to read.
+"""The network side of a namespace sandbox, run by its supervisor (the namespaces' first
+process): brings up loopback and relays ``127.0.0.1:PORT`` to the gateway's Unix socket, the
+one way out, from a background thread for as long as the supervisor lives.
 
-    python -m rollway.sandbox.relay --port 8123 --unix /tmp/gw.sock --status F -- CMD ...
+Standard library only: the supervisor, run by path in isolated mode, loads it from beside itself.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import fcntl
-import os
-import signal
 import socket
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable
 
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -56,36 +53,16 @@ def _relay_to(unix_path: str) -> Handler:
     return handle
 
 
-async def run(port: int | None, unix_path: str | None, command: Sequence[str]) -> int:
-    """The command's return code, negative for a signal (as ``asyncio`` reports it)."""
-    server = None
-    if port is not None and unix_path is not None:
-        server = await asyncio.start_server(_relay_to(unix_path), "127.0.0.1", port)
-    process = await asyncio.create_subprocess_exec(*command)
-    loop = asyncio.get_running_loop()
-    # As the namespace's first process, signals reach us only through handlers: pass them on.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, process.send_signal, signum)
-    code = await process.wait()
-    if server is not None:
-        server.close()
-    return code
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rollway.sandbox.relay")
-    parser.add_argument("--port", type=int)
-    parser.add_argument("--unix")
-    parser.add_argument("--status", required=True)
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+def start(port: int | None, unix_path: str | None) -> None:
+    """Bring up loopback and, given both ends, relay between them in a daemon thread. The port
+    is bound before this returns, so the command's first call finds it."""
     bring_up_loopback()
-    code = asyncio.run(run(args.port, args.unix, command))
-    with open(args.status, "w") as out:
-        out.write(str(code))
-    os._exit(code & 0xFF if code >= 0 else 128 - code)
+    if port is None or unix_path is None:
+        return
+    listener = socket.create_server(("127.0.0.1", port))
+    threading.Thread(target=asyncio.run, args=(_serve(listener, unix_path),), daemon=True).start()
 
 
-if __name__ == "__main__":
-    main()
+async def _serve(listener: socket.socket, unix_path: str) -> None:
+    server = await asyncio.start_server(_relay_to(unix_path), sock=listener)
+    await server.serve_forever()
