@@ -146,6 +146,13 @@ class RolloutRunner:
         opened = [attempt_id(self.settings, spec, n) for n in range(1, spec.first_attempt)]
 
         async def attempt() -> RolloutRecord:
+            if cancel.is_set():  # while queued or waiting to retry: register and start nothing
+                retried = len(opened) >= spec.first_attempt
+                why = "while waiting to retry" if retried else "before it started"
+                return make_record(
+                    spec, self.settings, "cancelled", None, f"cancelled {why}",
+                    attempts=max(spec.first_attempt, len(opened)), started_at=started_at,
+                )  # fmt: skip
             number = next(attempts)
             opened.append(attempt_id(self.settings, spec, number))
             return await self._attempt(spec, number, cancel, started_at)
