@@ -32,11 +32,12 @@ class ShakyGateway:
         self.admin_key = f"ak-{secrets.token_hex(8)}"
         self.port = 0
         self._server: BackgroundServer | None = None
+        self.gateway: Gateway  # the one serving now
         self.url = self.start()
 
     def start(self) -> str:
-        gateway = Gateway(SimEngine(SimConfig()), self.renderer, model_name="sim")
-        app = create_app(gateway, admin_key=self.admin_key, close_engine=False)
+        self.gateway = Gateway(SimEngine(SimConfig()), self.renderer, model_name="sim")
+        app = create_app(self.gateway, admin_key=self.admin_key, close_engine=False)
         self._server = BackgroundServer(app, port=self.port)
         url = self._server.start()
         self.port = int(url.rsplit(":", 1)[1])
@@ -138,6 +139,7 @@ def test_a_gateway_restart_during_cleanup_is_retried_never_completed_without_tra
         for record in records:
             assert record.status == "completed", (record.status, record.reason)
             assert record.attempts >= 2  # the first attempt's recording was lost
+        assert shaky.gateway._rollouts == {}  # the retries were unregistered too
 
 
 def test_a_rollout_unknown_to_a_restarted_gateway_is_an_infrastructure_error(
@@ -157,6 +159,7 @@ def test_a_rollout_unknown_to_a_restarted_gateway_is_an_infrastructure_error(
         for record in records:
             assert record.status == "completed" and record.attempts >= 2, record.reason
             assert record.trajectory is not None and len(record.trajectory.turns) == 2
+        assert shaky.gateway._rollouts == {}
 
 
 def test_a_gateway_that_dies_during_cleanup_leaves_errors_that_resume_reruns(

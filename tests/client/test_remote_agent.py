@@ -3,10 +3,7 @@ an in-process agent, with reports arriving by callback or found by polling the s
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from rollway.errors import ConfigError
 from rollway.gateway import ChatRenderer, Gateway
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer, wait_until
+from tests.client.conftest import spawn_agent_server
 
 Start = Callable[..., AgentServer]
 
@@ -130,30 +128,8 @@ def test_a_wrong_url_or_key_fails_before_any_rollout(agent_server: Start, render
 
 @pytest.fixture
 def killable_agent_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``rollway serve-agent`` in a subprocess, for a test to kill."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    log = tmp_path / "agent-server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rollway", "serve-agent",
-             "tests/agents/server/agents.py:TaskDrivenAgent", "--port", str(port)],
-            env={**os.environ, "ROLLWAY_AGENT_KEY": KEY}, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert process.poll() is None, log.read_text()
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=60)
-    yield url, process
-    process.kill()
-    process.wait(30)
+    with spawn_agent_server(tmp_path / "agent-server.log", KEY) as served:
+        yield served
 
 
 def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_error(
