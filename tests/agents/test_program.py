@@ -15,7 +15,7 @@ from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import ChatRenderer, Gateway
 from rollway.logs import KeyValueFormatter
-from rollway.sandbox import NamespaceSandbox, SandboxLimits
+from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_AGENT = [sys.executable, str(ROOT / "examples" / "openai_agent" / "agent.py")]
@@ -136,6 +136,33 @@ def test_a_program_that_never_calls_the_model_still_gets_one_outcome(
     record = run_one(sim_gateway(renderer), ProgramAgent(quiet), tmp_path)
     assert record.status == "completed" and record.reward == 0.5
     assert record.trajectory.turns == []
+
+
+class BrokenTeardown(LocalSandbox):
+    """Tears down, then raises, as a sandbox whose cleanup hits a busy mount might."""
+
+    async def destroy(self) -> None:
+        await super().destroy()
+        raise OSError("device or resource busy")
+
+
+def test_a_sandbox_whose_teardown_raises_keeps_the_outcome_and_records_the_error(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    good = script(
+        tmp_path,
+        "import json, os\n"
+        "json.dump({'reward': 0.5}, open(os.environ['ROLLWAY_RESULT_FILE'], 'w'))\n",
+    )
+    agent = ProgramAgent(good, sandbox=BrokenTeardown)
+    record = run_one(sim_gateway(renderer), agent, tmp_path)
+    assert (record.status, record.reward) == ("completed", 0.5), record.reason
+    assert record.trajectory is not None
+    assert record.cleanup_errors == ["teardown: OSError: device or resource busy"]
+    crash = ProgramAgent(script(tmp_path, "import sys; sys.exit(3)"), sandbox=BrokenTeardown)
+    record = run_one(sim_gateway(renderer), crash, tmp_path / "crash")
+    assert (record.status, record.error_kind) == ("error", "agent")
+    assert "exited with 3" in (record.reason or "") and len(record.cleanup_errors) == 1
 
 
 def test_a_hanging_program_is_killed_and_torn_down(renderer: ChatRenderer, tmp_path: Path) -> None:

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import httpx
 import pytest
 
 from rollway.agents import AgentLoop, RolloutContext
@@ -16,6 +22,7 @@ from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import InfrastructureError
 from rollway.gateway import ChatRenderer, Gateway
 from rollway.types import RolloutResult
+from tests.agents.server.fixtures import wait_until
 
 
 class ScriptedAgent(AgentLoop):
@@ -81,3 +88,35 @@ def make_client(renderer: ChatRenderer, tmp_path: Path) -> Iterator[Callable[...
     yield make
     for client in clients:
         client.close()
+
+
+@contextlib.contextmanager
+def spawn_agent_server(
+    log: Path, key: str, *args: str
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``rollway serve-agent`` (``TaskDrivenAgent``) in a subprocess on a free loopback port,
+    up and answering; killed at the end if still alive. Yields its URL and process."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rollway", "serve-agent",
+             "tests/agents/server/agents.py:TaskDrivenAgent", "--port", str(port), *args],
+            env={**os.environ, "ROLLWAY_AGENT_KEY": key}, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, log.read_text()
+        try:
+            return httpx.get(f"{url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, timeout=60)
+        yield url, process
+    finally:
+        process.kill()
+        process.wait(30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import AgentError, EngineError, InvalidFieldsError
+from rollway.gateway import Gateway
 from rollway.types import SamplingParams, Trajectory
+from tests.agents.server.fixtures import wait_until
 from tests.client.conftest import ScriptedAgent
 
 MakeClient = Callable[..., RolloutClient]
@@ -109,8 +112,6 @@ def test_engine_failures_are_engine_errors(make_client: MakeClient, renderer) ->
     class BrokenEngine(SimEngine):
         async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
             raise EngineError("GPU fell off")
-
-    from rollway.gateway import Gateway
 
     client = RolloutClient(
         ScriptedAgent, Gateway(BrokenEngine(), renderer, model_name="x"), store=str(
@@ -252,3 +253,40 @@ def test_a_seeded_run_gives_each_rollout_and_turn_its_own_seed(make_client: Make
     assert sorted(seeds) == sorted(
         [[t.sampling["seed"] for t in i.result.trajectory.turns] for i in again]
     )
+
+
+def test_rollouts_cancelled_while_queued_register_and_generate_nothing(
+    renderer, tmp_path: Path
+) -> None:
+    registered: list[str] = []
+    generations: list[str] = []
+
+    class Counting(Gateway):
+        def register(self, rollout_id: str, request: Any, *, reuse: bool = False):
+            registered.append(rollout_id)
+            return super().register(rollout_id, request, reuse=reuse)
+
+    class CountingEngine(SimEngine):
+        async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
+            generations.append(request_id)
+            return await super().generate(input_ids, sampling, request_id)
+
+    engine = CountingEngine(SimConfig(latency_s=60.0))
+    gateway = Counting(engine, renderer, model_name="sim")
+    with RolloutClient(ScriptedAgent, gateway, store=str(tmp_path), max_concurrent=2) as client:
+        futures = [client.invoke({"task_id": f"q{i}"}) for i in range(6)]
+        wait_until(lambda: len(engine._waiting) == 2)
+        running, queued = futures[:2], futures[2:]
+        for future in queued:
+            future.cancel()
+        # Resolved at once, while both slots are still held by running rollouts.
+        records = [future.result(timeout=5) for future in queued]
+        assert not any(future.done() for future in running)
+        for future in running:
+            future.cancel()
+        records += [future.result(timeout=10) for future in running]
+    assert [r.status for r in records] == ["cancelled"] * 6
+    assert {r.reason for r in records[:4]} == {"cancelled before it started"}
+    assert all(r.attempts == 1 and r.trajectory is None for r in records[:4])
+    assert len(registered) == 2 and len(generations) == 2
+    assert len(ScriptedAgent.starts) == 2

@@ -3,10 +3,12 @@ an in-process agent, with reports arriving by callback or found by polling the s
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from rollway.client import RolloutClient
@@ -16,6 +18,7 @@ from rollway.errors import ConfigError
 from rollway.gateway import ChatRenderer, Gateway
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer, wait_until
+from tests.client.conftest import spawn_agent_server
 
 Start = Callable[..., AgentServer]
 
@@ -24,11 +27,12 @@ Start = Callable[..., AgentServer]
 def remote_client(renderer: ChatRenderer, tmp_path: Path) -> Iterator[Callable[..., RolloutClient]]:
     clients: list[RolloutClient] = []
 
-    def make(server: AgentServer, **kwargs: Any) -> RolloutClient:
+    def make(server: AgentServer | str, **kwargs: Any) -> RolloutClient:
         gateway = Gateway(SimEngine(SimConfig(latency_s=0.01)), renderer, model_name="sim")
         kwargs.setdefault("store", str(tmp_path / "reports"))
         kwargs.setdefault("poll", PollPolicy(initial_s=0.05, max_s=0.2, status_every_s=0.5))
-        client = RolloutClient(server.url, gateway, agent_key=KEY, **kwargs)
+        url = server if isinstance(server, str) else server.url
+        client = RolloutClient(url, gateway, agent_key=KEY, **kwargs)
         clients.append(client)
         return client
 
@@ -120,3 +124,27 @@ def test_a_wrong_url_or_key_fails_before_any_rollout(agent_server: Start, render
     with pytest.raises(ConfigError, match="no agent server"):
         RolloutClient("http://127.0.0.1:9", gateway, agent_key=KEY)
     assert TaskDrivenAgent.started == []
+
+
+@pytest.fixture
+def killable_agent_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    with spawn_agent_server(tmp_path / "agent-server.log", KEY) as served:
+        yield served
+
+
+def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_error(
+    killable_agent_server: tuple[str, subprocess.Popen[bytes]],
+    remote_client: Callable[..., RolloutClient],
+) -> None:
+    url, process = killable_agent_server
+    poll = PollPolicy(initial_s=0.05, max_s=0.2, status_every_s=0.2, max_status_failures=3)
+    client = remote_client(url, poll=poll, max_retry_attempts=2)
+    future = client.invoke({"task_id": "orphan", "sleep": 60})
+    running = {"Authorization": f"Bearer {KEY}"}
+    wait_until(lambda: httpx.get(f"{url}/v1/health", headers=running).json()["running"] == 1)
+    process.kill()  # no report, no callback: it is just gone
+    process.wait(30)
+    record = future.result(timeout=30)
+    assert (record.status, record.error_kind) == ("error", "infrastructure"), record.reason
+    assert record.attempts == 2 and record.rollout_id.endswith(".2")
+    assert "unreachable" in (record.reason or "")  # the retry found it gone too

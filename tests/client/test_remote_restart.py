@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from rollway.store import store_from_uri
 from tests.agents.server.fixtures import wait_until
+from tests.client.conftest import spawn_agent_server
 from tests.conftest import Served
 
 AGENT_KEY = "e2e-agent-key"
@@ -27,36 +27,13 @@ TASKS = [{"task_id": f"t{i}", "sleep": 1.0, "chats": 1, "reward": float(i)} for 
 KEYS = [f"t{i}.{s}" for i in range(6) for s in range(2)]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def agent_server_process(s3_env: str, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
     log = tmp_path / "agent-server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [*ROLLWAY, "serve-agent", "tests/agents/server/agents.py:TaskDrivenAgent",
-             "--port", str(port), "--store", s3_env],
-            env={**os.environ, "ROLLWAY_AGENT_KEY": AGENT_KEY},
-            stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert process.poll() is None, log.read_text()
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, timeout=60)
-    yield url
-    process.terminate()
-    process.wait(30)
+    with spawn_agent_server(log, AGENT_KEY, "--store", s3_env) as (url, process):
+        yield url
+        process.terminate()
+        process.wait(30)
 
 
 def agent_health(url: str) -> dict:

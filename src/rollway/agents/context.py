@@ -60,6 +60,9 @@ class RolloutContext:
     api_key: str | None = None
     #: The gateway's Unix socket, for sandboxes whose only way out is a relay to it.
     gateway_socket: str | None = None
+    #: Cleanup steps that failed (stopping the agent, tearing down its sandbox): they go on
+    #: the rollout's record, and never replace its outcome.
+    cleanup_errors: list[str] = field(default_factory=list)
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatReply:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...)."""
@@ -93,6 +96,11 @@ class RolloutContext:
         """The agent gives up: recorded as an ``error`` outcome of kind ``agent``."""
         self.log_event("error", message=message)
         return RolloutResult(messages or [], "error", None, message)
+
+    def cleanup_failed(self, stage: str, error: BaseException) -> None:
+        """Record a failed cleanup step instead of raising it over the rollout's result."""
+        self.cleanup_errors.append(f"{stage}: {type(error).__name__}: {error}")
+        log_stage(log, stage, self.rollout_id, level=logging.WARNING, error=repr(error))
 
     def record_tool_call(self, latency_ms: float) -> None:
         self.metrics.tool_calls += 1

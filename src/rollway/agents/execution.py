@@ -35,7 +35,8 @@ async def run_agent(
 ) -> AgentOutcome:
     """Run ``agent`` until it returns, ``timeout_s`` passes or ``cancel`` is set. A stopped agent
     gets ``on_stop`` (abort its generation), then ``agent.stop(ctx)``, then ``stop_grace_s`` to
-    return before its task is cancelled; it is never left running."""
+    return before its task is cancelled; it is never left running. Failed stop steps go to
+    ``ctx.cleanup_errors``."""
     agent_task = asyncio.create_task(agent.run(ctx), name=ctx.rollout_id)
     cancel_wait = asyncio.create_task(cancel.wait())
     try:
@@ -72,9 +73,17 @@ async def _stop(
 ) -> None:
     if agent_task.done():
         return
+    # A step that fails (the gateway or agent server is gone) is recorded, and the agent is
+    # still stopped: nothing here may leave its task running or replace the outcome.
     if on_stop is not None:
-        await on_stop()
-    await agent.stop(ctx)
+        try:
+            await on_stop()
+        except Exception as exc:
+            ctx.cleanup_failed("abort", exc)
+    try:
+        await agent.stop(ctx)
+    except Exception as exc:
+        ctx.cleanup_failed("stop", exc)
     await asyncio.wait({agent_task}, timeout=grace_s)
     if not agent_task.done():
         agent_task.cancel()

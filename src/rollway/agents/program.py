@@ -5,7 +5,8 @@ equivalents) for its rollout, the task as JSON on stdin and in the file named by
 ``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "final": ...}``) to
 ``ROLLWAY_RESULT_FILE``; otherwise the reward function scores the recorded conversation. A
 non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
-path (success, failure, timeout, cancellation).
+path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
+``cleanup_errors`` and leaves the program's outcome as it was.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ class ProgramAgent(AgentLoop):
         if ctx.base_url is None or ctx.api_key is None:
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
         ctx.log_event("create_sandbox", sandbox=type(self).__name__)
-        async with self.make_sandbox(self.limits) as box:
+        box = self.make_sandbox(self.limits)
+        try:
             task_file = box.workdir / "task.json"
             result_file = box.workdir / "result.json"
             task_json = json.dumps(ctx.task)
@@ -66,7 +68,8 @@ class ProgramAgent(AgentLoop):
             outcome = await box.wait()
             ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
             written = _read_result(result_file)
-        ctx.log_event("teardown")
+        finally:
+            await _tear_down(box, ctx)
         if outcome.timed_out:
             return ctx.error(f"program exceeded its {self.limits.wall_timeout_s} s wall clock")
         if outcome.exit_code != 0:
@@ -93,6 +96,17 @@ class ProgramAgent(AgentLoop):
             **({"ROLLWAY_GATEWAY_SOCKET": ctx.gateway_socket} if ctx.gateway_socket else {}),
             **self.env,
         }
+
+
+async def _tear_down(box: Sandbox, ctx: RolloutContext) -> None:
+    """Destroy the sandbox on every path; a failure is the record's cleanup error, never the
+    program's outcome (the program already ended, well or badly, on its own)."""
+    try:
+        await box.destroy()
+    except Exception as exc:
+        ctx.cleanup_failed("teardown", exc)
+    else:
+        ctx.log_event("teardown")
 
 
 def _absolute_if_file(word: str) -> str:

@@ -9,7 +9,7 @@ import dataclasses
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -244,10 +244,16 @@ class RolloutClient:
     async def _run_limited(
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
     ) -> RolloutRecord:
-        async with self._slots:
-            if self._starts is not None and not cancel.is_set():
-                await self._starts.acquire()
+        if not await _unless_cancelled(self._slots.acquire(), cancel):
+            # Cancelled while queued: no slot needed, the executor records it and starts
+            # nothing (no registration, no agent, no generation).
             return await self.executor.run(spec, settings, cancel)
+        try:
+            if self._starts is not None:
+                await _unless_cancelled(self._starts.acquire(), cancel)
+            return await self.executor.run(spec, settings, cancel)
+        finally:
+            self._slots.release()
 
     def _prepare(
         self, tasks: list[dict[str, Any]], group_size: int, resume: bool
@@ -302,6 +308,20 @@ class RolloutClient:
             **{k: v for k, v in dataclasses.asdict(self.settings).items() if k != "exp_id"},
             "written_at": time.time(),
         }
+
+
+async def _unless_cancelled(acquire: Coroutine[Any, Any, Any], cancel: asyncio.Event) -> bool:
+    """Await ``acquire`` (a slot, a start under the rate limit) unless ``cancel`` is set
+    first; True when it was acquired, and the caller then owns what it took."""
+    taken = asyncio.ensure_future(acquire)
+    stop = asyncio.ensure_future(cancel.wait())
+    try:
+        await asyncio.wait({taken, stop}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop.cancel()
+        taken.cancel()  # nothing, once it has acquired
+    await asyncio.gather(taken, return_exceptions=True)
+    return not taken.cancelled()
 
 
 def resolve_agent(

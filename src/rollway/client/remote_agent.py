@@ -2,9 +2,11 @@
 
 ``RemoteAgent.run`` starts the rollout on the agent server (which talks to this client's
 gateway over HTTP) and waits for its report: by callback, or else by polling the store with
-exponential backoff (HEAD requests), with an occasional status call so an agent server that
-lost the rollout (restarted) is noticed. The init carries an idempotency key derived from the
-rollout id and its gateway key, so a repeated init never starts a second run."""
+exponential backoff (HEAD requests), with an occasional status call so that an agent server
+that lost the rollout (restarted) or is gone for good (``PollPolicy.max_status_failures`` calls
+in a row unanswered) ends the wait as an infrastructure error. The init carries an idempotency
+key derived from the rollout id and its gateway key, so a repeated init never starts a second
+run."""
 
 from __future__ import annotations
 
@@ -46,6 +48,9 @@ class PollPolicy:
     factor: float = 2.0
     #: How often to ask the agent server whether it still knows the rollout.
     status_every_s: float = 15.0
+    #: Status calls in a row that find the agent server unreachable before the rollout is an
+    #: infrastructure error (retried, rerun by resume): a server that died never reports.
+    max_status_failures: int = 4
 
 
 def run_key(rollout_id: str, api_key: str) -> str:
@@ -104,7 +109,7 @@ class RemoteAgent(AgentLoop):
         try:
             await self._call("POST", f"/v1/rollout/{ctx.rollout_id}/cancel")
         except Exception as exc:
-            log.warning("cancel not delivered: %r", exc, extra={"rollout_id": ctx.rollout_id})
+            ctx.cleanup_failed("stop", exc)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -155,6 +160,7 @@ class RemoteAgent(AgentLoop):
         assert self._store is not None
         interval = self.poll.initial_s
         last_status = time.monotonic()
+        unreachable = 0
         while True:
             if waiter is not None:
                 await asyncio.wait({waiter}, timeout=interval)
@@ -168,25 +174,40 @@ class RemoteAgent(AgentLoop):
                     return report
             if time.monotonic() - last_status >= self.poll.status_every_s:
                 last_status = time.monotonic()
-                report = await self._check_status(rollout_id, key)
+                report, unreachable = await self._check_status(rollout_id, key, unreachable)
                 if report is not None:
                     return report
             interval = min(interval * self.poll.factor, self.poll.max_s)
 
-    async def _check_status(self, rollout_id: str, key: str) -> AgentReport | None:
-        """The report if the agent server has it (a server without a store); an
-        ``InfrastructureError`` if it no longer knows the rollout."""
+    async def _check_status(
+        self, rollout_id: str, key: str, unreachable: int
+    ) -> tuple[AgentReport | None, int]:
+        """The report if the agent server has it (a server without a store), and how many
+        status calls in a row found it unreachable. ``InfrastructureError`` once it no longer
+        knows the rollout, or has been unreachable ``max_status_failures`` times in a row."""
         try:
             status = await self._call("GET", f"/v1/rollout/{rollout_id}")
-        except InfrastructureError as exc:  # unreachable or busy for now: keep waiting
-            log.warning("agent server unreachable: %r", exc, extra={"rollout_id": rollout_id})
-            return None
+        except OverloadedError:  # busy, so alive
+            return None, 0
+        except InfrastructureError as exc:
+            unreachable += 1
+            log.warning(
+                "agent server unreachable (%d/%d): %r",
+                unreachable, self.poll.max_status_failures, exc,
+                extra={"rollout_id": rollout_id, "stage": "status"},
+            )  # fmt: skip
+            if unreachable >= self.poll.max_status_failures:
+                raise InfrastructureError(
+                    f"agent server {self.url} unreachable for {unreachable} status calls in a "
+                    f"row (it died?): {exc}"
+                ) from exc
+            return None, unreachable
         except RollwayError as exc:
             raise InfrastructureError(f"agent server lost rollout {rollout_id}: {exc}") from exc
         if status.get("run_key") != key:
             raise InfrastructureError(f"agent server runs {rollout_id} under another key")
         report = status.get("report")
-        return AgentReport.model_validate(report) if report else None
+        return (AgentReport.model_validate(report) if report else None), 0
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         if self._session is None or self._session.closed:

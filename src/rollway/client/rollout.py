@@ -146,6 +146,13 @@ class RolloutRunner:
         opened = [attempt_id(self.settings, spec, n) for n in range(1, spec.first_attempt)]
 
         async def attempt() -> RolloutRecord:
+            if cancel.is_set():  # while queued or waiting to retry: register and start nothing
+                retried = len(opened) >= spec.first_attempt
+                why = "while waiting to retry" if retried else "before it started"
+                return make_record(
+                    spec, self.settings, "cancelled", None, f"cancelled {why}",
+                    attempts=max(spec.first_attempt, len(opened)), started_at=started_at,
+                )  # fmt: skip
             number = next(attempts)
             opened.append(attempt_id(self.settings, spec, number))
             return await self._attempt(spec, number, cancel, started_at)
@@ -209,6 +216,10 @@ class RolloutRunner:
             except Exception as exc:  # get_tools failed, say
                 outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
+            if ctx is not None:
+                cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
+            if trajectory is None and outcome.status != "cancelled":
+                outcome = _unrecorded(outcome, cleanup_errors[-1])
         reward, reward_info = None, {}
         if outcome.status == "completed" and trajectory is not None:
             if trajectory.is_truncated:
@@ -261,19 +272,19 @@ class RolloutRunner:
         )  # fmt: skip
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
-        """Abort in-flight generation and fetch the trajectory; errors are recorded."""
+        """Abort in-flight generation and fetch the trajectory; errors are recorded (the last
+        one says why there is no trajectory, when there is none)."""
         errors: list[str] = []
-        trajectory = None
-        for stage in ("cancel", "fetch_trajectory"):
-            try:
-                if stage == "cancel":
-                    await self.gateway.cancel(rollout_id)
-                else:
-                    trajectory = await self.gateway.trajectory(rollout_id)
-                    log_stage(log, stage, rollout_id, turns=len(trajectory.turns))
-            except Exception as exc:
-                errors.append(f"{stage}: {type(exc).__name__}: {exc}")
-                log.warning("cleanup failed", extra={"rollout_id": rollout_id, "stage": stage})
+        try:
+            await self.gateway.cancel(rollout_id)
+        except Exception as exc:
+            errors.append(_cleanup_error("cancel", rollout_id, exc))
+        try:
+            trajectory = await self.gateway.trajectory(rollout_id)
+        except Exception as exc:
+            errors.append(_cleanup_error("fetch_trajectory", rollout_id, exc))
+            return None, errors
+        log_stage(log, "fetch_trajectory", rollout_id, turns=len(trajectory.turns))
         return trajectory, errors
 
     async def _reward(
@@ -287,3 +298,18 @@ class RolloutRunner:
             self.reward_fn, spec.task, trajectory, self.settings.reward_timeout
         )
         return reward, {"source": "reward_fn", **extras}
+
+
+def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:
+    log_stage(log, stage, rollout_id, level=logging.WARNING, error=repr(exc))
+    return f"{stage}: {type(exc).__name__}: {exc}"
+
+
+def _unrecorded(outcome: AgentOutcome, fetch_error: str) -> AgentOutcome:
+    """The outcome of an attempt whose trajectory could not be fetched: the gateway died, or
+    restarted and forgot the rollout (then the agent's own calls failed too, so its outcome
+    says nothing about the policy). Without its recording the attempt is worth nothing to a
+    trainer, so it is an infrastructure error: retried, and rerun by resume."""
+    said = outcome.status + (f": {outcome.reason}" if outcome.reason else "")
+    reason = f"the gateway lost the rollout's recording ({fetch_error}); the agent said {said}"
+    return AgentOutcome("error", "infrastructure", reason)
