@@ -10,7 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from rollway.client.callbacks import CallbackInbox
 from rollway.errors import InvalidFieldsError
+from rollway.gateway import BackgroundServer, create_app
 from tests.conftest import Served
 
 USER = {"role": "user", "content": "hi"}
@@ -141,3 +143,15 @@ def test_a_safe_id_gets_a_base_url_that_reaches_it(admin: httpx.Client, sim_serv
 def test_in_process_register_applies_the_same_rule(sim_served: Served) -> None:
     with pytest.raises(InvalidFieldsError, match="not a valid id"):
         sim_served.gateway.register("h#1", {})
+
+
+def test_the_client_callback_route_on_the_gateway_answers_401_to_a_non_ascii_key(
+    sim_served: Served,
+) -> None:
+    inbox = CallbackInbox()
+    app = create_app(sim_served.gateway, admin_key="ak", close_engine=False,
+                     extra_routes=[inbox.route()])  # fmt: skip
+    with BackgroundServer(app) as url:
+        headers = {"authorization": b"Bearer " + NON_ASCII}
+        response = httpx.post(f"{url}/v1/rollout/completed", headers=headers, json={})
+        assert_error(response, 401, "callback key")
