@@ -135,40 +135,103 @@ def create_app(
             await gateway.engine.close()
 
     prefix = "/v1/rollouts/{rollout_id}"
+    # Admin routes document the id rule; rollout routes answer 401 to any id without its key.
     ids = {"rollout_id": SafeId}
-    admin, rollout = {"auth": "adminKey", "path_types": ids}, {"auth": "rolloutKey"}
     chat_errors = (400, 404, 409, 413, 422, 502)
     endpoints = [
-        Endpoint("POST", f"{prefix}/register", register, "Open a rollout; returns its base URL "
-                 "and key", RegisterRequest, **admin, errors=(400, 409, 413, 422),
-                 params=(Param("reuse", "query", bool, "Return the key of an open rollout"),)),
-        Endpoint("POST", f"{prefix}/chat/completions", chat_completions, "OpenAI chat "
-                 "completions", ChatCompletionRequest, **rollout, errors=chat_errors,
-                 streams=True),
-        Endpoint("POST", f"{prefix}/messages", messages, "Anthropic Messages",
-                 MessagesRequest, **rollout, errors=chat_errors, streams=True),
+        Endpoint(
+            "POST",
+            f"{prefix}/register",
+            register,
+            "Open a rollout; returns its base URL and key",
+            RegisterRequest,
+            auth="adminKey",
+            path_types=ids,
+            errors=(400, 409, 413, 422),
+            params=(Param("reuse", "query", bool, "Return the key of an open rollout"),),
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/chat/completions",
+            chat_completions,
+            "OpenAI chat completions",
+            ChatCompletionRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/messages",
+            messages,
+            "Anthropic Messages",
+            MessagesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
         # The anthropic SDK appends /v1/messages to its base URL.
-        Endpoint("POST", f"{prefix}/v1/messages", messages, "Anthropic Messages (SDK path)",
-                 MessagesRequest, **rollout, errors=chat_errors, streams=True),
-        Endpoint("POST", f"{prefix}/responses", responses, "OpenAI Responses API (subset)",
-                 ResponsesRequest, **rollout, errors=chat_errors, streams=True),
-        Endpoint("GET", f"{prefix}/models", models, "Model list", **rollout),
-        Endpoint("GET", f"{prefix}/trajectory", trajectory, "The recorded trajectory",
-                 **admin, errors=(404,), answer=Trajectory),
-        Endpoint("POST", f"{prefix}/cancel", cancel, "Abort generation, refuse further turns",
-                 **admin, errors=(404,)),
-        Endpoint("POST", f"{prefix}/unregister", unregister, "Abort and drop the rollout",
-                 **admin, errors=(404,)),
+        Endpoint(
+            "POST",
+            f"{prefix}/v1/messages",
+            messages,
+            "Anthropic Messages (SDK path)",
+            MessagesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/responses",
+            responses,
+            "OpenAI Responses API (subset)",
+            ResponsesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint("GET", f"{prefix}/models", models, "Model list", auth="rolloutKey"),
+        Endpoint(
+            "GET",
+            f"{prefix}/trajectory",
+            trajectory,
+            "The recorded trajectory",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+            answer=Trajectory,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/cancel",
+            cancel,
+            "Abort generation, refuse further turns",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/unregister",
+            unregister,
+            "Abort and drop the rollout",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+        ),
         Endpoint("GET", "/health", health, "Liveness"),
         Endpoint("GET", "/metrics", metrics, "Prometheus metrics", auth="adminKey"),
-    ]  # fmt: skip
+    ]
     routes = routes_and_document(
         endpoints,
         title="rollway gateway",
         description="OpenAI-compatible recording gateway; one base URL and key per rollout.",
-        security={"adminKey": "the gateway's admin key", "rolloutKey": "the rollout's key "
-                  "(also accepted as x-api-key)"},
-    )  # fmt: skip
+        security={
+            "adminKey": "the gateway's admin key",
+            "rolloutKey": "the rollout's key (also accepted as x-api-key)",
+        },
+    )
 
     return Starlette(
         routes=[*routes, *extra_routes],

@@ -93,16 +93,36 @@ def create_app(
         await service.close()
 
     endpoints = [
-        Endpoint("POST", "/v1/rollout/init", init, "Start a rollout (202 with the agent's "
-                 "tools)", InitRequest, auth="agentKey", status=202, errors=(400, 409, 413,
-                 422, 429), params=(Param("Idempotency-Key", "header", IdempotencyKey),)),
-        Endpoint("GET", "/v1/rollout/{rollout_id}", status, "Its status, and its report once "
-                 "finished", auth="agentKey", errors=(404,)),
-        Endpoint("POST", "/v1/rollout/{rollout_id}/cancel", cancel, "Stop it (it still "
-                 "reports)", auth="agentKey", errors=(404,)),
+        Endpoint(
+            "POST",
+            "/v1/rollout/init",
+            init,
+            "Start a rollout (202 with the agent's tools)",
+            InitRequest,
+            auth="agentKey",
+            status=202,
+            errors=(400, 409, 413, 422, 429),
+            params=(Param("Idempotency-Key", "header", IdempotencyKey),),
+        ),
+        Endpoint(
+            "GET",
+            "/v1/rollout/{rollout_id}",
+            status,
+            "Its status, and its report once finished",
+            auth="agentKey",
+            errors=(404,),
+        ),
+        Endpoint(
+            "POST",
+            "/v1/rollout/{rollout_id}/cancel",
+            cancel,
+            "Stop it (it still reports)",
+            auth="agentKey",
+            errors=(404,),
+        ),
         Endpoint("GET", "/v1/health", health_detail, "Agent, tools, load", auth="agentKey"),
         Endpoint("GET", "/health", health, "Liveness"),
-    ]  # fmt: skip
+    ]
     routes = routes_and_document(
         endpoints,
         title="rollway agent server",
