@@ -64,7 +64,7 @@ def test_a_client_trickling_its_headers_is_closed_at_the_deadline(strict_gateway
 
 
 def test_answers_slower_than_the_deadline_are_not_cut(sim_served: Served) -> None:
-    slow = Gateway(SimEngine(SimConfig(latency_s=2.5)), sim_served.gateway.renderer,
+    slow = Gateway(SimEngine(SimConfig(latency_s=1.6)), sim_served.gateway.renderer,
                    model_name="sim")  # fmt: skip
     app = create_app(slow, admin_key="ak", close_engine=False)
     limits = ServerLimits(request_timeout_s=TIMEOUT_S, keep_alive_s=10)
