@@ -97,5 +97,5 @@ def bearer(request: Request) -> str | None:
 async def route_error(request: Request, exc: Exception) -> Response:
     """Unknown paths and wrong methods answer in the same error shape as everything else."""
     assert isinstance(exc, HTTPException)
-    body = {"error": {"message": exc.detail, "type": "invalid_request_error", "param": None}}
-    return JSONResponse(body, status_code=exc.status_code)
+    error = {"message": exc.detail, "type": "invalid_request_error", "param": None, "code": None}
+    return JSONResponse({"error": error}, status_code=exc.status_code)

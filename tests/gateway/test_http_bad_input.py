@@ -63,9 +63,9 @@ def test_invalid_fields_are_422_and_name_the_field(
     assert_error(post_chat(admin, rid, key, json=body), 422, field)
 
 
-def test_unknown_rollout_is_404(admin: httpx.Client) -> None:
+def test_unknown_rollout_is_401_like_a_wrong_key(admin: httpx.Client) -> None:
     response = post_chat(admin, "nobody", {}, json={"messages": []})
-    assert_error(response, 404, "nobody")
+    assert_error(response, 401, "nobody")
 
 
 def test_wrong_key_is_401_and_a_key_reaches_only_its_rollout(admin: httpx.Client) -> None:

@@ -5,10 +5,19 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-import uvicorn
 
-from rollway.cli.options import EngineOption, ModelOption, key_from_env
+from rollway.cli.options import (
+    EngineOption,
+    KeepAliveOption,
+    MaxConnectionsOption,
+    ModelOption,
+    RequestTimeoutOption,
+    key_from_env,
+)
 from rollway.gateway import build_gateway, create_app
+from rollway.webserver import ServerLimits, run_server
+
+_DEFAULT = ServerLimits()
 
 
 def serve(
@@ -16,6 +25,9 @@ def serve(
     model: ModelOption = None,
     host: Annotated[str, typer.Option(envvar="ROLLWAY_HOST")] = "127.0.0.1",
     port: Annotated[int, typer.Option(envvar="ROLLWAY_PORT")] = 8000,
+    request_timeout: RequestTimeoutOption = _DEFAULT.request_timeout_s,
+    keep_alive: KeepAliveOption = _DEFAULT.keep_alive_s,
+    max_connections: MaxConnectionsOption = _DEFAULT.max_connections,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
@@ -23,4 +35,5 @@ def serve(
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:
         typer.echo(f"admin key: {admin_key}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    limits = ServerLimits(request_timeout, keep_alive, max_connections)
+    run_server(app, limits, host=host, port=port)

@@ -6,10 +6,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import uvicorn
 
 from rollway.agents.server import ServiceConfig, create_app
-from rollway.cli.options import key_from_env
+from rollway.cli.options import (
+    KeepAliveOption,
+    MaxConnectionsOption,
+    RequestTimeoutOption,
+    key_from_env,
+)
+from rollway.webserver import ServerLimits, run_server
+
+_DEFAULT = ServerLimits()
 
 
 def serve(
@@ -28,6 +35,9 @@ def serve(
     debug_dir: Annotated[
         Path | None, typer.Option(help="Per-rollout debug JSONL, for inits that ask for it.")
     ] = None,
+    request_timeout: RequestTimeoutOption = _DEFAULT.request_timeout_s,
+    keep_alive: KeepAliveOption = _DEFAULT.keep_alive_s,
+    max_connections: MaxConnectionsOption = _DEFAULT.max_connections,
 ) -> None:
     """Serve AGENT; the key is ROLLWAY_AGENT_KEY, or generated and printed. The agent is
     validated first: an invalid agent is refused and nothing is served."""
@@ -40,4 +50,5 @@ def serve(
     typer.echo(f"rollway agent server for {name!r} on http://{host}:{port}")
     if generated:
         typer.echo(f"agent key: {api_key}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    limits = ServerLimits(request_timeout, keep_alive, max_connections)
+    run_server(app, limits, host=host, port=port)

@@ -4,7 +4,6 @@ finished rollout's report, and the rollout waiting on that run key wakes up."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import secrets
 
 from starlette.requests import Request
@@ -13,6 +12,7 @@ from starlette.routing import Route
 
 from rollway.errors import AuthError, UnknownRolloutError
 from rollway.gateway.protocol import parse_model
+from rollway.ids import keys_match
 from rollway.types import AgentReport
 from rollway.webapp import JSONResponse, bearer, guarded, read_json
 
@@ -41,7 +41,7 @@ class CallbackInbox:
 
     def route(self) -> Route:
         async def completed(request: Request) -> Response:
-            if not hmac.compare_digest(bearer(request) or "", self.key):
+            if not keys_match(bearer(request), self.key):
                 raise AuthError("wrong or missing callback key")
             report = parse_model(AgentReport, await read_json(request))
             if not self.deliver(report):

@@ -60,8 +60,9 @@ class RolloutSpec:
 def task_key(task: dict[str, Any]) -> str:
     """A stable key: the task's ``task_id`` when it has one, else a hash of its content."""
     given = task.get("task_id")
-    if given is not None and str(given).replace("-", "").replace("_", "").isalnum():
-        return str(given)
+    text = str(given)
+    if given is not None and text.isascii() and text.replace("-", "").replace("_", "").isalnum():
+        return text
     return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 

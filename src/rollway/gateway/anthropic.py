@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,10 +26,36 @@ class AnthropicTool(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
 
 
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ToolUseBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["tool_use"]
+    id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolResultBlock(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[TextBlock] = ""
+    is_error: bool | None = None
+
+
+#: The blocks a text-only policy can take; images, documents and thinking are refused.
+ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+
+
 class AnthropicMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["user", "assistant"]
-    content: str | list[dict[str, Any]]
+    content: str | list[ContentBlock]
 
 
 class MessagesRequest(BaseModel):
@@ -37,7 +63,7 @@ class MessagesRequest(BaseModel):
     model: str | None = None
     max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
+    system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -60,13 +86,9 @@ class MessagesRequest(BaseModel):
             chat["tools"] = [_chat_tool(t) for t in self.tools]
         if self.tool_choice and self.tool_choice.get("type") == "none":
             chat["tool_choice"] = "none"
-        for ours, theirs in (
-            ("temperature", "temperature"),
-            ("top_p", "top_p"),
-            ("top_k", "top_k"),
-        ):
-            if getattr(self, theirs) is not None:
-                chat[ours] = getattr(self, theirs)
+        for name in ("temperature", "top_p", "top_k"):
+            if getattr(self, name) is not None:
+                chat[name] = getattr(self, name)
         if self.stop_sequences:
             chat["stop"] = self.stop_sequences
         return chat
@@ -81,15 +103,8 @@ def _chat_tool(tool: AnthropicTool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _text(content: str | list[dict[str, Any]]) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for block in content:
-        if block.get("type") != "text":
-            raise InvalidFieldsError(f"content block of type {block.get('type')!r} is not text")
-        parts.append(block.get("text", ""))
-    return "".join(parts)
+def _text(content: str | list[TextBlock]) -> str:
+    return content if isinstance(content, str) else "".join(block.text for block in content)
 
 
 def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
@@ -99,21 +114,19 @@ def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for block in message.content:
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(block.get("text", ""))
-        elif kind == "tool_use" and message.role == "assistant":
-            arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
-            function = {"name": block["name"], "arguments": arguments}
-            calls.append({"id": block["id"], "type": "function", "function": function})
-        elif kind == "tool_result" and message.role == "user":
-            content = block.get("content", "")
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ToolUseBlock) and message.role == "assistant":
+            arguments = json.dumps(block.input, ensure_ascii=False)
+            function = {"name": block.name, "arguments": arguments}
+            calls.append({"id": block.id, "type": "function", "function": function})
+        elif isinstance(block, ToolResultBlock) and message.role == "user":
             results.append(
-                {"role": "tool", "tool_call_id": block["tool_use_id"], "content": _text(content)}
+                {"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content)}
             )
         else:
             raise InvalidFieldsError(
-                f"unsupported content block {kind!r} in a {message.role} message"
+                f"a {block.type} block cannot be in a {message.role} message", param="messages"
             )
     if message.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -12,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute
 
 from rollway.errors import AuthError
 from rollway.gateway.anthropic import MessagesRequest, message_body
@@ -22,11 +21,13 @@ from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, par
 from rollway.gateway.responses import completion_body, logprobs_body, sse_events
 from rollway.gateway.responses_api import ResponsesRequest, response_body
 from rollway.gateway.responses_api import sse_events as responses_sse
+from rollway.ids import SafeId, keys_match
+from rollway.openapi import Endpoint, Param, routes_and_document
+from rollway.types import Trajectory
 from rollway.webapp import (
     DEFAULT_MAX_BODY_BYTES,
     JSONResponse,
     bearer,
-    guarded,
     read_json,
     route_error,
 )
@@ -44,7 +45,7 @@ def create_app(
     ``extra_routes`` ride on the same server (the client's callback route)."""
 
     def require_admin(request: Request) -> None:
-        if not hmac.compare_digest(bearer(request) or "", admin_key):
+        if not keys_match(bearer(request), admin_key):
             raise AuthError("this route needs the gateway's admin key")
 
     async def read_body(request: Request) -> dict[str, Any]:
@@ -134,22 +135,106 @@ def create_app(
             await gateway.engine.close()
 
     prefix = "/v1/rollouts/{rollout_id}"
-    routes = [
-        Route(f"{prefix}/register", guarded(register), methods=["POST"]),
-        Route(f"{prefix}/chat/completions", guarded(chat_completions), methods=["POST"]),
-        Route(f"{prefix}/messages", guarded(messages), methods=["POST"]),
+    # Admin routes document the id rule; rollout routes answer 401 to any id without its key.
+    ids = {"rollout_id": SafeId}
+    chat_errors = (400, 404, 409, 413, 422, 502)
+    endpoints = [
+        Endpoint(
+            "POST",
+            f"{prefix}/register",
+            register,
+            "Open a rollout; returns its base URL and key",
+            RegisterRequest,
+            auth="adminKey",
+            path_types=ids,
+            errors=(400, 409, 413, 422),
+            params=(Param("reuse", "query", bool, "Return the key of an open rollout"),),
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/chat/completions",
+            chat_completions,
+            "OpenAI chat completions",
+            ChatCompletionRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/messages",
+            messages,
+            "Anthropic Messages",
+            MessagesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
         # The anthropic SDK appends /v1/messages to its base URL.
-        Route(f"{prefix}/v1/messages", guarded(messages), methods=["POST"]),
-        Route(f"{prefix}/responses", guarded(responses), methods=["POST"]),
-        Route(f"{prefix}/models", guarded(models), methods=["GET"]),
-        Route(f"{prefix}/trajectory", guarded(trajectory), methods=["GET"]),
-        Route(f"{prefix}/cancel", guarded(cancel), methods=["POST"]),
-        Route(f"{prefix}/unregister", guarded(unregister), methods=["POST"]),
-        Route("/health", guarded(health), methods=["GET"]),
-        Route("/metrics", guarded(metrics), methods=["GET"]),
-        *extra_routes,
+        Endpoint(
+            "POST",
+            f"{prefix}/v1/messages",
+            messages,
+            "Anthropic Messages (SDK path)",
+            MessagesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/responses",
+            responses,
+            "OpenAI Responses API (subset)",
+            ResponsesRequest,
+            auth="rolloutKey",
+            errors=chat_errors,
+            streams=True,
+        ),
+        Endpoint("GET", f"{prefix}/models", models, "Model list", auth="rolloutKey"),
+        Endpoint(
+            "GET",
+            f"{prefix}/trajectory",
+            trajectory,
+            "The recorded trajectory",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+            answer=Trajectory,
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/cancel",
+            cancel,
+            "Abort generation, refuse further turns",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+        ),
+        Endpoint(
+            "POST",
+            f"{prefix}/unregister",
+            unregister,
+            "Abort and drop the rollout",
+            auth="adminKey",
+            path_types=ids,
+            errors=(404,),
+        ),
+        Endpoint("GET", "/health", health, "Liveness"),
+        Endpoint("GET", "/metrics", metrics, "Prometheus metrics", auth="adminKey"),
     ]
+    routes = routes_and_document(
+        endpoints,
+        title="rollway gateway",
+        description="OpenAI-compatible recording gateway; one base URL and key per rollout.",
+        security={
+            "adminKey": "the gateway's admin key",
+            "rolloutKey": "the rollout's key (also accepted as x-api-key)",
+        },
+    )
 
     return Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error}
+        routes=[*routes, *extra_routes],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: route_error},
     )

@@ -6,7 +6,6 @@ In-process agents call this object directly; ``rollway.gateway.app`` is a thin H
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
 import secrets
 import time
@@ -35,6 +34,7 @@ from rollway.gateway.rollout import (
     prompt_hash,
 )
 from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
+from rollway.ids import check_id, keys_match
 from rollway.types import GenerationResult, SamplingParams, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self._rollouts: dict[str, RolloutState] = {}
         self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
+        self._decoy_key = _new_key()
 
     def register(
         self,
@@ -90,15 +91,14 @@ class Gateway:
         then its existing key comes back (a restarted client re-attaching to its rollout)."""
         if isinstance(request, dict):
             request = parse_model(RegisterRequest, request)
-        if not rollout_id or "/" in rollout_id:
-            raise RequestError(f"invalid rollout id {rollout_id!r}", param="rollout_id")
+        check_id(rollout_id, "rollout_id")
         if rollout_id in self._rollouts:
             if reuse:
                 return Registration(rollout_id, self._rollouts[rollout_id].api_key)
             raise RolloutClosedError(f"rollout {rollout_id!r} is already registered")
         state = RolloutState(
             rollout_id=rollout_id,
-            api_key=f"rk-{secrets.token_urlsafe(24)}",
+            api_key=_new_key(),
             model=request.model or self.model_name,
             sampling=request.sampling(),
             locked_sampling=request.sampling_overrides(),
@@ -112,8 +112,11 @@ class Gateway:
         return Registration(rollout_id, state.api_key)
 
     def authorize(self, rollout_id: str, api_key: str | None) -> None:
-        state = self._get(rollout_id)
-        if api_key is None or not hmac.compare_digest(api_key, state.api_key):
+        """The key is checked before the rollout is looked up, and an unknown rollout costs
+        the same comparison: a caller without the key cannot tell which ids exist."""
+        state = self._rollouts.get(rollout_id)
+        expected = state.api_key if state is not None else self._decoy_key
+        if not keys_match(api_key, expected) or state is None:
             raise AuthError(f"wrong or missing key for rollout {rollout_id!r}")
 
     async def chat(
@@ -332,3 +335,7 @@ def _assistant_message(parsed: ParsedCompletion) -> Message:
             "tool_calls": parsed.tool_calls,
         }
     return {"role": "assistant", "content": parsed.content}
+
+
+def _new_key() -> str:
+    return f"rk-{secrets.token_urlsafe(24)}"

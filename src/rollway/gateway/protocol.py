@@ -46,10 +46,18 @@ class ToolCall(BaseModel):
     function: FunctionCall
 
 
+class TextPart(BaseModel):
+    """A content part; only text is rendered (images and audio have no place in the prompt)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -64,7 +72,8 @@ class SamplingFields(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    #: A 64-bit seed: what engines (torch, SGLang, vLLM) accept.
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
 
     @field_validator("stop")
     @classmethod
@@ -132,12 +141,22 @@ class ChatCompletionRequest(SamplingFields):
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
 
+# How pydantic labels the branches of a union in an error's location (``content.str``,
+# ``input.list[...]``): no field of a wire model is named so.
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_label(part: str | int) -> bool:
+    return isinstance(part, str) and (part in _TYPE_LABELS or not part.isidentifier())
+
+
 def parse_model(model: type[ModelT], data: Any) -> ModelT:
-    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field."""
+    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field.
+    The deepest error is named: for a union that is the branch that got furthest."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
+        first = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+        where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None

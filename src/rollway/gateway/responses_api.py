@@ -9,22 +9,88 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from rollway.errors import InvalidFieldsError
 from rollway.gateway.chat_template import Message
 from rollway.gateway.core import ChatResult
+
+
+class _Lenient(BaseModel):
+    # SDKs echo whole output items back (``id``, ``status``, ``annotations``...).
+    model_config = ConfigDict(extra="ignore")
+
+
+class InputText(_Lenient):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class MessageItem(_Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputText]
+
+
+class FunctionCallItem(_Lenient):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str = "{}"
+
+
+class FunctionCallOutputItem(_Lenient):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str | list[Any] | dict[str, Any] = ""
+
+
+def _item_type(item: Any) -> str | None:
+    """A message item may leave out its ``type``."""
+    if isinstance(item, dict):
+        return item.get("type", "message")
+    return getattr(item, "type", None)
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+    Discriminator(
+        _item_type,
+        custom_error_type="unsupported_item",
+        custom_error_message="this input item is not supported "
+        "(only message, function_call and function_call_output)",
+    ),
+]
+
+
+class FunctionTool(BaseModel):
+    model_config = ConfigDict(extra="allow")  # echoed back as sent
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class TextFormat(_Lenient):
+    #: Only plain text output: structured outputs would need constrained decoding.
+    type: Literal["text"] = "text"
+
+
+class TextOptions(_Lenient):
+    format: TextFormat | None = None
+    verbosity: str | None = None
 
 
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: str | list[InputItem]
     instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -46,23 +112,16 @@ class ResponsesRequest(BaseModel):
     safety_identifier: str | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
     background: bool = Field(default=False, le=False)
-    #: Only plain text output: ``{"format": {"type": "text"}}``, with any ``verbosity``.
-    text: dict[str, Any] | None = None
-
-    @field_validator("text")
-    @classmethod
-    def _plain_text_only(cls, text: dict[str, Any] | None) -> dict[str, Any] | None:
-        kind = ((text or {}).get("format") or {}).get("type", "text")
-        if kind != "text":
-            raise ValueError(f"text.format {kind!r} is not supported (plain text only)")
-        return text
+    text: TextOptions | None = None
 
     def to_chat(self, history: list[Message]) -> dict[str, Any]:
         messages: list[Message] = list(history)
         if self.instructions and not history:
             messages.append({"role": "system", "content": self.instructions})
         items = (
-            [{"role": "user", "content": self.input}] if isinstance(self.input, str) else self.input
+            [MessageItem(role="user", content=self.input)]
+            if isinstance(self.input, str)
+            else self.input
         )
         for item in items:
             _append_item(messages, item)
@@ -78,43 +137,37 @@ class ResponsesRequest(BaseModel):
                 chat[name] = getattr(self, name)
         return chat
 
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        """The tools as the caller sent them, for the response body."""
+        return [t.model_dump(exclude_unset=True) for t in self.tools or []]
 
-def _chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
-    if tool.get("type") != "function" or not tool.get("name"):
-        raise InvalidFieldsError("only function tools with a name are supported", param="tools")
-    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+
+def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
+    function = tool.model_dump(include={"name", "description", "parameters"}, exclude_none=True)
     return {"type": "function", "function": function}
 
 
-def _append_item(messages: list[Message], item: dict[str, Any]) -> None:
-    kind = item.get("type", "message")
-    if kind == "message":
-        messages.append({"role": item["role"], "content": _text(item.get("content", ""))})
-    elif kind == "function_call":
-        function = {"name": item["name"], "arguments": item.get("arguments", "{}")}
-        call = {"id": item["call_id"], "type": "function", "function": function}
+def _append_item(
+    messages: list[Message], item: MessageItem | FunctionCallItem | FunctionCallOutputItem
+) -> None:
+    if isinstance(item, MessageItem):
+        messages.append({"role": item.role, "content": _text(item.content)})
+    elif isinstance(item, FunctionCallItem):
+        function = {"name": item.name, "arguments": item.arguments}
+        call = {"id": item.call_id, "type": "function", "function": function}
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant" and not last.get("content"):
             last.setdefault("tool_calls", []).append(call)  # parallel calls share one turn
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    elif kind == "function_call_output":
-        output = item.get("output", "")
-        text = output if isinstance(output, str) else json.dumps(output)
-        messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": text})
     else:
-        raise InvalidFieldsError(f"input item of type {kind!r} is not supported", param="input")
+        output = item.output
+        text = output if isinstance(output, str) else json.dumps(output)
+        messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    parts = []
-    for part in content:
-        if part.get("type") not in ("input_text", "output_text", "text"):
-            raise InvalidFieldsError(f"content part {part.get('type')!r} is not text", "input")
-        parts.append(part.get("text", ""))
-    return "".join(parts)
+def _text(content: str | list[InputText]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
 
 
 def response_body(
@@ -161,7 +214,7 @@ def response_body(
         "model": model,
         "output": output,
         "instructions": request.instructions,
-        "tools": request.tools or [],
+        "tools": request.tool_dicts(),
         "tool_choice": request.tool_choice or "auto",
         "parallel_tool_calls": True,
         "temperature": request.temperature,

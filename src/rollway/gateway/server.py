@@ -1,4 +1,6 @@
-"""Run an ASGI app on a loopback port in a background thread (demo, tests, notebooks)."""
+"""Run an ASGI app on a loopback port in a background thread (demo, tests, notebooks), or on
+the current event loop; both under ``ServerLimits`` (request deadline, keep-alive, connection
+cap)."""
 
 from __future__ import annotations
 
@@ -14,19 +16,28 @@ from types import TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
+from rollway.webserver import ServerLimits, uvicorn_config
+
 
 class BackgroundServer:
     """``with BackgroundServer(app) as url:`` serves ``app`` until the block ends."""
 
-    def __init__(self, app: ASGIApp, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ServerLimits | None = None,
+    ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._socket.bind((host, port))
         bound_host, bound_port = self._socket.getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5
-        )
+        config = uvicorn_config(
+            app, limits or ServerLimits(), log_level="warning", lifespan="on",
+            timeout_graceful_shutdown=5,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -69,6 +80,7 @@ class LoopServer:
         host: str = "127.0.0.1",
         port: int = 0,
         unix_socket: bool = False,
+        limits: ServerLimits | None = None,
     ) -> None:
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -84,7 +96,7 @@ class LoopServer:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             unix.bind(self.unix_path)
             self._sockets.append(unix)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        config = uvicorn_config(app, limits or ServerLimits(), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
         self._task: asyncio.Task[None] | None = None
 

@@ -5,11 +5,11 @@ GET  /v1/rollout/{id}            its status, and its report once finished
 POST /v1/rollout/{id}/cancel     stop it (it still reports, as ``cancelled``)
 GET  /v1/health                  agent, tools, load (needs the key)
 GET  /health                     liveness (no key)
+GET  /openapi.json               the OpenAPI document of these routes (no key)
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +18,6 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.server.protocol import InitRequest
@@ -26,7 +25,9 @@ from rollway.agents.server.service import AgentService, Run, ServiceConfig
 from rollway.agents.validate import ready_agent
 from rollway.errors import AuthError, InvalidFieldsError, OverloadedError
 from rollway.gateway.protocol import parse_model
-from rollway.webapp import JSONResponse, bearer, error_body, guarded, read_json, route_error
+from rollway.ids import IdempotencyKey, keys_match
+from rollway.openapi import Endpoint, Param, routes_and_document
+from rollway.webapp import JSONResponse, bearer, error_body, read_json, route_error
 
 
 def create_app(
@@ -40,7 +41,7 @@ def create_app(
     service = AgentService(ready_agent(agent), config)
 
     def require_key(request: Request) -> None:
-        if not hmac.compare_digest(bearer(request) or "", api_key):
+        if not keys_match(bearer(request), api_key):
             raise AuthError("wrong or missing agent server key")
 
     async def init(request: Request) -> Response:
@@ -91,13 +92,43 @@ def create_app(
         yield
         await service.close()
 
-    routes = [
-        Route("/v1/rollout/init", guarded(init), methods=["POST"]),
-        Route("/v1/rollout/{rollout_id}", guarded(status), methods=["GET"]),
-        Route("/v1/rollout/{rollout_id}/cancel", guarded(cancel), methods=["POST"]),
-        Route("/v1/health", guarded(health_detail), methods=["GET"]),
-        Route("/health", guarded(health), methods=["GET"]),
+    endpoints = [
+        Endpoint(
+            "POST",
+            "/v1/rollout/init",
+            init,
+            "Start a rollout (202 with the agent's tools)",
+            InitRequest,
+            auth="agentKey",
+            status=202,
+            errors=(400, 409, 413, 422, 429),
+            params=(Param("Idempotency-Key", "header", IdempotencyKey),),
+        ),
+        Endpoint(
+            "GET",
+            "/v1/rollout/{rollout_id}",
+            status,
+            "Its status, and its report once finished",
+            auth="agentKey",
+            errors=(404,),
+        ),
+        Endpoint(
+            "POST",
+            "/v1/rollout/{rollout_id}/cancel",
+            cancel,
+            "Stop it (it still reports)",
+            auth="agentKey",
+            errors=(404,),
+        ),
+        Endpoint("GET", "/v1/health", health_detail, "Agent, tools, load", auth="agentKey"),
+        Endpoint("GET", "/health", health, "Liveness"),
     ]
+    routes = routes_and_document(
+        endpoints,
+        title="rollway agent server",
+        description=f"Runs rollouts of the agent {service.agent.name!r}.",
+        security={"agentKey": "the agent server's key"},
+    )
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error}
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-_NAME = r"^[A-Za-z0-9._-]+$"
+from rollway.ids import IdempotencyKey, SafeId
 
 
 class _Strict(BaseModel):
@@ -23,8 +23,9 @@ class InitRequest(_Strict):
     """``POST /v1/rollout/init``. The rollout is already registered at the gateway named by
     ``base_url`` (its OpenAI base URL) and ``api_key``; the agent server only runs the agent."""
 
-    rollout_id: str = Field(min_length=1, max_length=256, pattern=_NAME)
-    exp_id: str = Field(min_length=1, max_length=256, pattern=_NAME)
+    rollout_id: SafeId
+    #: Names the experiment's folder in the store.
+    exp_id: SafeId
     base_url: str = Field(pattern=r"^https?://")
     api_key: str = Field(min_length=1)
     model: str | None = None
@@ -38,5 +39,5 @@ class InitRequest(_Strict):
     callback_url: str | None = Field(default=None, pattern=r"^https?://")
     callback_key: str | None = None
     #: A repeated init with the same key returns the same rollout (also ``Idempotency-Key``).
-    idempotency_key: str | None = Field(default=None, max_length=300, pattern=_NAME)
+    idempotency_key: IdempotencyKey | None = None
     debug: bool = False

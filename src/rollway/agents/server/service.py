@@ -87,6 +87,7 @@ class AgentService:
         key = init.idempotency_key or f"{init.rollout_id}-{uuid.uuid4().hex[:12]}"
         if key in self._runs:
             run = self._runs[key]
+            _check_same_rollout(run.init, init, key)
             if run.finished_at is None and init.callback_url:
                 # A restarted client re-attaching: call back where it listens now.
                 callback = {"callback_url": init.callback_url, "callback_key": init.callback_key}
@@ -94,6 +95,8 @@ class AgentService:
             return run, False
         stored = await self._stored_report(init.exp_id, key)
         if stored is not None:  # finished and forgotten (TTL) or started before a restart
+            if stored.rollout_id != init.rollout_id:
+                raise _key_reused(key, stored.rollout_id, init.rollout_id)
             run = Run(key, init, [], stored, callback="none", finished_at=time.monotonic())
             self._remember(run)
             return run, False
@@ -249,3 +252,17 @@ class AgentService:
                 del self._runs[key]
                 if self._latest.get(run.init.rollout_id) == key:
                     del self._latest[run.init.rollout_id]
+
+
+def _check_same_rollout(started: InitRequest, init: InitRequest, key: str) -> None:
+    """An idempotency key names one rollout of one experiment: reusing it for another must
+    not hand back that other rollout's run."""
+    if (started.rollout_id, started.exp_id) != (init.rollout_id, init.exp_id):
+        raise _key_reused(key, started.rollout_id, init.rollout_id)
+
+
+def _key_reused(key: str, owner: str, asked: str) -> RolloutClosedError:
+    return RolloutClosedError(
+        f"idempotency key {key!r} belongs to rollout {owner!r}, not {asked!r}",
+        param="idempotency_key",
+    )

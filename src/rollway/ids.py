@@ -1,0 +1,53 @@
+"""Ids and keys at the boundary: the one rule for ids that end up in URL paths and file paths
+(rollout ids, experiment ids, idempotency keys), and the one way to compare keys.
+
+An id is ASCII letters, digits, ``.``, ``_`` and ``-``, not starting with ``.``: it needs no
+percent-encoding in a URL (``h#1`` or ``a?b`` would silently name another rollout), and it
+cannot leave its folder (``.``, ``..``) or hide a file.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from typing import Annotated
+
+from pydantic import StringConstraints
+
+from rollway.errors import InvalidFieldsError
+
+ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"
+ID_MAX_LENGTH = 256
+#: Idempotency keys are a rollout id plus a suffix.
+KEY_MAX_LENGTH = 300
+
+SafeId = Annotated[
+    str, StringConstraints(min_length=1, max_length=ID_MAX_LENGTH, pattern=ID_PATTERN)
+]
+IdempotencyKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=KEY_MAX_LENGTH, pattern=ID_PATTERN)
+]
+
+_ID = re.compile(ID_PATTERN)
+
+
+def is_safe_id(value: str) -> bool:
+    return len(value) <= ID_MAX_LENGTH and _ID.fullmatch(value) is not None
+
+
+def check_id(value: str, param: str) -> str:
+    """``value`` when it follows the id rule, else an ``InvalidFieldsError`` naming ``param``."""
+    if not is_safe_id(value):
+        raise InvalidFieldsError(
+            f"{param} {value[:80]!r} is not a valid id: use 1-{ID_MAX_LENGTH} ASCII letters, "
+            "digits, '.', '_' or '-', not starting with '.'",
+            param=param,
+        )
+    return value
+
+
+def keys_match(given: str | None, expected: str) -> bool:
+    """Constant-time comparison of a caller's key with the expected one. Compares bytes:
+    ``hmac.compare_digest`` raises on non-ASCII ``str`` (a header may carry any latin-1)."""
+    given_bytes = (given or "").encode("utf-8", "surrogatepass")
+    return hmac.compare_digest(given_bytes, expected.encode("utf-8", "surrogatepass"))

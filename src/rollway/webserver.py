@@ -1,0 +1,106 @@
+"""How rollway's HTTP servers run under uvicorn, so that they can face a network
+(``--host 0.0.0.0``): a deadline to send each request, an idle keep-alive timeout, and a cap
+on connections.
+
+uvicorn has no timeout on *reading* a request: ``timeout_keep_alive`` starts only after a
+response and stops at the next byte, so a client that connects and sends nothing, or trickles
+its headers a byte at a time, holds a connection and a file descriptor forever; a few hundred
+such clients starve the server. ``RequestDeadlineProtocol`` adds that deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    #: Seconds a client has to send a whole request (headers and body), counted from when
+    #: the server starts waiting for it (the connection, or the previous answer); then the
+    #: connection is closed. Answers may take as long as they need.
+    request_timeout_s: float = 30.0
+    #: Seconds an idle connection is kept open between requests.
+    keep_alive_s: float = 5.0
+    #: Connections (and requests in progress) at once; beyond, requests get a 503.
+    max_connections: int = 4096
+
+
+class RequestDeadlineProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a deadline on receiving each request. The timer runs
+    whenever the server waits for request bytes, and stops while a fully received request is
+    being answered, so long (streamed) answers are never cut."""
+
+    request_timeout_s: ClassVar[float] = ServerLimits.request_timeout_s
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._received = 0  # requests fully received
+        self._answered = 0  # responses completed
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def on_message_complete(self) -> None:
+        self._received += 1
+        self._arm_if_waiting()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        self._answered += 1
+        super().on_response_complete()
+        self._arm_if_waiting()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm_if_waiting(self) -> None:
+        # An answer may go out before its body is read (a 401): then the server waits again.
+        if self._received > self._answered:
+            self._disarm()
+        else:
+            self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        if not self.transport.is_closing():
+            self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+def uvicorn_config(app: ASGIApp, limits: ServerLimits, **options: Any) -> uvicorn.Config:
+    """A uvicorn config for ``app`` under ``limits``; ``options`` go to ``uvicorn.Config``."""
+    protocol = type(
+        "RequestDeadlineProtocol",
+        (RequestDeadlineProtocol,),
+        {"request_timeout_s": limits.request_timeout_s},
+    )
+    return uvicorn.Config(
+        app,
+        http=protocol,
+        timeout_keep_alive=limits.keep_alive_s,
+        limit_concurrency=limits.max_connections,
+        **options,
+    )
+
+
+def run_server(app: ASGIApp, limits: ServerLimits, *, host: str, port: int) -> None:
+    """Serve ``app`` until interrupted (the CLI's servers)."""
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level="warning")).run()

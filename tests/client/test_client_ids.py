@@ -1,0 +1,36 @@
+"""The client's ids follow the gateway's id rule: a bad experiment id fails at construction
+(not in every rollout's registration), and task ids that could not be part of a rollout id
+are hashed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from rollway.client import RolloutClient
+from rollway.client.rollout import task_key
+from rollway.errors import InvalidFieldsError
+from rollway.ids import is_safe_id
+
+
+@pytest.mark.parametrize("exp_id", ["my run", "..", "a/b", "h#1"])
+def test_an_exp_id_outside_the_rule_fails_at_construction(
+    make_client: Callable[..., RolloutClient], exp_id: str
+) -> None:
+    with pytest.raises(InvalidFieldsError, match="exp_id"):
+        make_client(exp_id=exp_id)
+
+
+def test_task_ids_become_keys_only_when_they_fit_in_a_rollout_id() -> None:
+    assert task_key({"task_id": "task_1-a"}) == "task_1-a"
+    for given in ("café", "a b", "h#1", "..", 7):
+        key = task_key({"task_id": given})
+        assert is_safe_id(key), key
+    assert task_key({"task_id": "café"}) != "café"
+
+
+def test_a_valid_exp_id_runs(make_client: Callable[..., RolloutClient]) -> None:
+    client = make_client(exp_id="Run_2.b-3")
+    item = next(iter(client.run_batch([{"task_id": "café", "chats": 1}])))
+    assert item.success, item.error
