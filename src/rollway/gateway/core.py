@@ -262,7 +262,8 @@ class Gateway:
 
     def _refuse_long_prompt(self, state: RolloutState, tokens: int) -> ChatResult:
         """Past its own ``max_seq_len`` a rollout is truncated (finish 'length', as designed);
-        past the model's context the request is refused, as OpenAI's API does."""
+        past the model's context the request is refused, as OpenAI's API does. ``tokens`` is
+        exact, or a lower bound when the prompt's length alone ruled it out."""
         own = state.max_seq_len
         if own is not None and (self.context_length is None or own <= self.context_length):
             return self._truncate(state, "max_seq_len", tokens)
