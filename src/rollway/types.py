@@ -99,7 +99,9 @@ class Drift(_Wire):
     recorded_tokens: int
     rerendered_tokens: int
     first_mismatch: int | None = Field(description="First differing position; None if equal.")
-    differing_tokens: int = Field(description="Tokens outside the longest matching blocks.")
+    differing_tokens: int = Field(
+        description="Tokens between the common prefix and the common suffix, in both; 0 if equal."
+    )
 
 
 class Trajectory(_Wire):

@@ -48,7 +48,7 @@ async def test_turns_are_recorded_as_messages_without_token_ids(
     first = await gateway.chat("eval", {"messages": messages})
     messages += [first.message, {"role": "user", "content": "again"}]
     second = await gateway.chat("eval", {"messages": messages})
-    trajectory = gateway.trajectory("eval")
+    trajectory = await gateway.trajectory("eval")
     await engine.close()
     assert first.message["content"].startswith("tok") and first.completion_tokens == 5
     assert second.prompt_tokens > 0
@@ -71,7 +71,7 @@ async def test_cancel_aborts_the_hosted_call(chat_api: Any, renderer: ChatRender
     seen = await stats(url, "wait_idle")
     await engine.close()
     assert seen["in_flight"] == [] and len(seen["aborted"]) == 1
-    assert gateway.trajectory("c").turns[0].finish_reason == "abort"
+    assert (await gateway.trajectory("c")).turns[0].finish_reason == "abort"
 
 
 async def test_a_failing_api_is_an_engine_error(chat_api: Any, renderer: ChatRenderer) -> None:

@@ -163,7 +163,7 @@ async def test_gateway_records_exact_turns_and_cancel_leaves_nothing_running(
         gateway = Gateway(make_engine(protocol, url), renderer, model_name="sim")
         gateway.register("r", {"max_tokens": 6, "seed": 1})
         reply = await gateway.chat("r", {"messages": messages})
-        turn = gateway.trajectory("r").turns[0]
+        turn = (await gateway.trajectory("r")).turns[0]
         assert (await server_stats(url))["generations"] == {turn.request_id: 1}
         assert reply.completion_ids == turn.completion_ids and len(turn.logprobs) == 6
         await gateway.engine.close()
@@ -177,7 +177,7 @@ async def test_gateway_records_exact_turns_and_cancel_leaves_nothing_running(
             await chat
         seen = await server_stats(url, "wait_idle")
         assert seen["in_flight"] == [] and seen["aborted"] == ["c-1"]
-        assert gateway.trajectory("c").turns[0].finish_reason == "abort"
+        assert (await gateway.trajectory("c")).turns[0].finish_reason == "abort"
         await gateway.engine.close()
 
 

@@ -163,5 +163,5 @@ async def test_cancel_aborts_the_in_flight_generation(renderer: ChatRenderer) ->
     await gateway.cancel("slow")
     with pytest.raises(RolloutClosedError):
         await chat
-    trajectory = gateway.trajectory("slow")
+    trajectory = await gateway.trajectory("slow")
     assert trajectory.is_cancelled and trajectory.turns[0].finish_reason == "abort"

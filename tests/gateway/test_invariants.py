@@ -25,7 +25,7 @@ async def run_tool_conversation(gateway: Gateway, rollout_id: str, turns: int) -
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42"})
         if not result.message.get("tool_calls"):
             messages.append({"role": "user", "content": "And what is 6 + 7?"})
-    return gateway.trajectory(rollout_id)
+    return await gateway.trajectory(rollout_id)
 
 
 def forward_logprobs(engine: EmbeddedEngine, ids: list[int]) -> torch.Tensor:
@@ -96,7 +96,7 @@ async def test_a_history_rewrite_starts_a_second_exact_segment(
     await run_tool_conversation(gateway, "fold", turns=2)
     folded = [{"role": "user", "content": "Summary so far: 17 + 25 = 42. What is 42 + 1?"}]
     await gateway.chat("fold", {"messages": folded, "tools": [ADD_TOOL]})
-    trajectory = gateway.trajectory("fold")
+    trajectory = await gateway.trajectory("fold")
     assert trajectory.segment_count == 2 and len(trajectory.samples) == 2
     second = trajectory.samples[1]
     assert second.prompt_ids == trajectory.turns[-1].prompt_ids
@@ -117,7 +117,7 @@ async def test_parallel_calls_branching_from_one_turn_become_separate_exact_segm
     reply = (await gateway.chat("branch", {"messages": first})).message
     branches = [[*first, reply, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
     await asyncio.gather(*[gateway.chat("branch", {"messages": b}) for b in branches])
-    trajectory = gateway.trajectory("branch")
+    trajectory = await gateway.trajectory("branch")
     assert trajectory.segment_count == 2 and len(trajectory.turns) == 3
     assert len({t.request_id for t in trajectory.turns}) == 3
     for sample in trajectory.samples:
@@ -132,4 +132,4 @@ async def test_changing_tools_starts_a_new_segment(renderer: ChatRenderer) -> No
     reply = (await gateway.chat("tools", {"messages": first})).message
     follow = [*first, reply, {"role": "user", "content": "Go on."}]
     await gateway.chat("tools", {"messages": follow, "tools": [ADD_TOOL]})
-    assert gateway.trajectory("tools").segment_count == 2
+    assert (await gateway.trajectory("tools")).segment_count == 2

@@ -28,10 +28,19 @@ def serve(
     request_timeout: RequestTimeoutOption = _DEFAULT.request_timeout_s,
     keep_alive: KeepAliveOption = _DEFAULT.keep_alive_s,
     max_connections: MaxConnectionsOption = _DEFAULT.max_connections,
+    rollout_ttl: Annotated[
+        float,
+        typer.Option(
+            envvar="ROLLWAY_ROLLOUT_TTL",
+            min=0.0,
+            help="Seconds a rollout may sit unused before it is dropped (0: never).",
+        ),
+    ] = 3600.0,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
-    app = create_app(build_gateway(engine, model=model), admin_key=admin_key)
+    gateway = build_gateway(engine, model=model, rollout_ttl_s=rollout_ttl or None)
+    app = create_app(gateway, admin_key=admin_key)
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:
         typer.echo(f"admin key: {admin_key}")

@@ -51,7 +51,7 @@ class LocalGateway:
         return await self.gateway.chat(rollout_id, request)
 
     async def trajectory(self, rollout_id: str) -> Trajectory:
-        return self.gateway.trajectory(rollout_id)
+        return await self.gateway.trajectory(rollout_id)
 
     async def cancel(self, rollout_id: str) -> None:
         await self.gateway.cancel(rollout_id)

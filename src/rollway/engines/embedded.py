@@ -3,7 +3,8 @@
 Requests queue for one worker thread. Requests that arrive while a batch decodes join the next
 batch. A batch computes its prompts' shared prefix once, left-pads the rest with explicit
 position ids and decodes step by step with a KV cache, every row sampling under its own params
-and generator. Logprobs are the log-softmax of
+and generator. A row whose sampling fails (NaN logits) fails its own request only; the batch
+decodes on. Logprobs are the log-softmax of
 the fp32 logits at temperature 1 for each sampled token, whatever the sampling temperature.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from rollway.engines.models import resolve_model_path
-from rollway.engines.sampling import choose_token, make_generator
+from rollway.engines.sampling import check_sampling, choose_token, make_generator
 from rollway.errors import EngineError, InvalidFieldsError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
@@ -40,11 +41,19 @@ class _Request:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    #: Set when this row alone failed; its batch goes on without it.
+    error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
 
     def finish(self, reason: FinishReason) -> None:
         self.finish_reason = reason
 
-    def resolve(self, error: BaseException | None = None) -> None:
+    def resolve(self, batch_error: BaseException | None = None) -> None:
+        error = batch_error or self.error
+
         def settle() -> None:
             if self.future.done():
                 return
@@ -105,6 +114,7 @@ class EmbeddedEngine:
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
         self._check_input(input_ids)
+        check_sampling(sampling)
         room = self.context_length - len(input_ids)
         max_new = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
         loop = asyncio.get_running_loop()
@@ -140,6 +150,12 @@ class EmbeddedEngine:
     def _check_input(self, input_ids: list[int]) -> None:
         if not input_ids:
             raise InvalidFieldsError("input_ids is empty", param="input_ids")
+        if len(input_ids) >= self.context_length:
+            raise InvalidFieldsError(
+                f"{len(input_ids)} input ids leave no room in the context of "
+                f"{self.context_length} tokens",
+                param="input_ids",
+            )
         bad = next((t for t in input_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
             raise InvalidFieldsError(f"token id {bad} is outside the vocabulary", "input_ids")
@@ -191,7 +207,7 @@ class EmbeddedEngine:
         while True:
             logits = out.logits[:, -1, :].float()
             next_ids = self._sample_step(live, logits)
-            if all(r.finish_reason is not None for r in live):
+            if all(r.done for r in live):
                 return
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], 1)
             positions = positions[:, -1:] + 1
@@ -249,12 +265,16 @@ class EmbeddedEngine:
         logprobs = torch.log_softmax(logits, dim=-1)
         next_ids = torch.full((len(live),), self._pad_id, dtype=torch.long)
         for row, request in enumerate(live):
-            if request.finish_reason is not None:
+            if request.done:
                 continue
             if self._is_aborted(request):
                 request.finish("abort")
                 continue
-            token = choose_token(logits[row], request.sampling, request.generator)
+            try:
+                token = choose_token(logits[row], request.sampling, request.generator)
+            except Exception as exc:  # this row's failure, not its neighbours'
+                request.error = EngineError(f"sampling failed: {exc}")
+                continue
             request.output_ids.append(token)
             request.logprobs.append(float(logprobs[row, token].item()))
             next_ids[row] = token

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -107,8 +109,9 @@ def create_app(
 
     async def trajectory(request: Request) -> Response:
         require_admin(request)
-        found = gateway.trajectory(request.path_params["rollout_id"])
-        return Response(found.model_dump_json(), media_type="application/json")
+        found = await gateway.trajectory(request.path_params["rollout_id"])
+        body = await asyncio.to_thread(found.model_dump_json)  # grows with the rollout
+        return Response(body, media_type="application/json")
 
     async def cancel(request: Request) -> Response:
         require_admin(request)
@@ -130,7 +133,11 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        expiry = asyncio.create_task(gateway.expire_idle_forever())
         yield
+        expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expiry
         if close_engine:
             await gateway.engine.close()
 

@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from rollway.errors import InvalidFieldsError
+from rollway.gateway.token_bound import TokenBound
 from rollway.gateway.tool_calls import render_tool_calls, render_tool_result, tool_system_prompt
 
 Message = dict[str, Any]
@@ -27,13 +28,24 @@ _BASE: list[Message] = [
 ]
 
 
+class TokenBudgetExceeded(Exception):
+    """A text needs more tokens than allowed: ``at_least`` is its exact count, or a lower
+    bound when its length alone ruled it out (then it was never tokenized)."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(at_least)
+        self.at_least = at_least
+
+
 class ChatRenderer:
-    """Renders and tokenizes conversations for one HF tokenizer."""
+    """Renders and tokenizes conversations for one HF tokenizer. Methods that take
+    ``max_tokens`` raise ``TokenBudgetExceeded`` past it, before tokenizing where they can."""
 
     def __init__(self, tokenizer: Any) -> None:
         if not tokenizer.chat_template:
             raise InvalidFieldsError("the model's tokenizer has no chat template")
         self.tokenizer = tokenizer
+        self.bound = TokenBound(tokenizer)
         self.native_tools = "tools" in tokenizer.chat_template
         self.eos_text: str = tokenizer.eos_token or ""
         base = self.render(_BASE, None, add_generation_prompt=False)
@@ -41,8 +53,13 @@ class ChatRenderer:
         self._assistant_tail = base[base.rindex(_SENTINEL) + len(_SENTINEL) :]
         self._base_renders: dict[str, str] = {}
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
+        if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
+            raise TokenBudgetExceeded(least)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenBudgetExceeded(len(ids))
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -59,9 +76,14 @@ class ChatRenderer:
             prepared, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
 
-    def prompt_ids(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+    def prompt_ids(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        max_tokens: int | None = None,
+    ) -> list[int]:
         """The whole conversation, ready for the model to answer."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        return self.encode(self.render(messages, tools, add_generation_prompt=True), max_tokens)
 
     def transcript_ids(
         self, messages: list[Message], tools: list[dict[str, Any]] | None
@@ -82,6 +104,7 @@ class ChatRenderer:
         completion_ids: list[int],
         new_messages: list[Message],
         tools: list[dict[str, Any]] | None,
+        max_tokens: int | None = None,
     ) -> list[int] | None:
         """Ids to append after a completion for ``new_messages`` and the generation prompt.
 
@@ -92,7 +115,7 @@ class ChatRenderer:
         extended = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
         if not extended.startswith(base):
             return None
-        return self.encode(self.closing_glue(completion_ids) + extended[len(base) :])
+        return self.encode(self.closing_glue(completion_ids) + extended[len(base) :], max_tokens)
 
     def _base_render(self, tools: list[dict[str, Any]] | None) -> str:
         key = json.dumps(tools, sort_keys=True) if tools else ""

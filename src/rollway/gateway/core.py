@@ -5,6 +5,7 @@ In-process agents call this object directly; ``rollway.gateway.app`` is a thin H
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
@@ -22,12 +23,12 @@ from rollway.errors import (
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.gateway.chat_template import ChatRenderer, Message
+from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.passthrough import chat_passthrough
+from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
 from rollway.gateway.rollout import (
-    MessageKey,
     RolloutState,
     build_trajectory,
     message_key,
@@ -59,22 +60,28 @@ class ChatResult:
     turn_index: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    prompt_ids: list[int]
-    segment: int | None
-    parent: int | None
-
-
 class Gateway:
-    """Records every model call of every registered rollout, token-exactly."""
+    """Records every model call of every registered rollout, token-exactly.
+
+    ``context_length`` is the model's context: a prompt that leaves no room in it is refused
+    (a ``RequestError``) and never reaches the engine. A rollout unused for ``rollout_ttl_s``
+    seconds (no chat call, fetch, cancel) is dropped by ``expire_idle`` (None: never).
+    """
 
     def __init__(
-        self, engine: Engine | ChatEngine, renderer: ChatRenderer, *, model_name: str
+        self,
+        engine: Engine | ChatEngine,
+        renderer: ChatRenderer,
+        *,
+        model_name: str,
+        context_length: int | None = None,
+        rollout_ttl_s: float | None = 3600.0,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.model_name = model_name
+        self.context_length = context_length
+        self.rollout_ttl_s = rollout_ttl_s
         self.metrics = GatewayMetrics()
         self._rollouts: dict[str, RolloutState] = {}
         self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
@@ -127,20 +134,31 @@ class Gateway:
             request = parse_model(ChatCompletionRequest, request)
         if state.cancelled:
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
+        state.busy += 1  # a busy rollout never expires
+        try:
+            return await self._chat(state, request)
+        finally:
+            state.busy -= 1
+            state.last_active = time.monotonic()
+
+    async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> ChatResult:
         messages, tools = request.message_dicts(), request.tool_dicts()
         keys = [message_key(m) for m in messages]
         if state.max_turns is not None and state.turns_started >= state.max_turns:
             return self._truncate(state, "max_turns")
         if isinstance(self.engine, ChatEngine):
             return await chat_passthrough(self, state, request, messages, keys)
-        plan = self._plan(state, messages, keys, tools)
+        try:
+            budget = self._prompt_budget(state)
+            plan = await plan_prompt(self.renderer, state, messages, keys, tools, budget)
+        except TokenBudgetExceeded as exc:
+            return self._refuse_long_prompt(state, exc.at_least)
         sampling = self.effective_sampling(state, request)
         if state.max_seq_len is not None:
             room = state.max_seq_len - len(plan.prompt_ids)
-            if room <= 0:
-                return self._truncate(state, "max_seq_len", len(plan.prompt_ids))
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
         state.turns_started += 1
+        rollout_id = state.rollout_id
         request_id = f"{rollout_id}-{state.turns_started}"
         result, latency = await self._generate(state, request_id, plan.prompt_ids, sampling)
         if (
@@ -186,8 +204,11 @@ class Gateway:
             )
         return history
 
-    def trajectory(self, rollout_id: str) -> Trajectory:
-        return build_trajectory(self._get(rollout_id), self.renderer)
+    async def trajectory(self, rollout_id: str) -> Trajectory:
+        """The rollout's record, built in a worker thread from a snapshot: the drift figure
+        re-renders and tokenizes the whole conversation, which grows with the rollout."""
+        state = self._get(rollout_id)
+        return await asyncio.to_thread(build_trajectory, state.snapshot(), self.renderer)
 
     async def cancel(self, rollout_id: str) -> None:
         state = self._get(rollout_id)
@@ -200,32 +221,60 @@ class Gateway:
         del self._rollouts[rollout_id]
         self.metrics.rollouts_active.dec()
 
+    def expire_idle(self) -> list[str]:
+        """Drop (as cancelled) every rollout unused for longer than the TTL, except those with
+        a chat call running: a client that died leaves its rollouts behind. Their ids back."""
+        if self.rollout_ttl_s is None:
+            return []
+        now = time.monotonic()
+        expired = [
+            rollout_id
+            for rollout_id, state in self._rollouts.items()
+            if not state.busy and not state.in_flight
+            and now - state.last_active > self.rollout_ttl_s
+        ]  # fmt: skip
+        for rollout_id in expired:
+            self._rollouts.pop(rollout_id).cancelled = True
+            self.metrics.rollouts_active.dec()
+            self.metrics.rollouts_expired.inc()
+            log.info("rollout expired", extra={"rollout_id": rollout_id, "stage": "expire"})
+        return expired
+
+    async def expire_idle_forever(self) -> None:
+        """Run ``expire_idle`` a few times per TTL until cancelled (a served app's lifespan
+        owns this task); returns at once when rollouts never expire."""
+        if self.rollout_ttl_s is None:
+            return
+        interval = min(max(self.rollout_ttl_s / 4, 0.01), 30.0)
+        while True:
+            await asyncio.sleep(interval)
+            self.expire_idle()
+
     def _get(self, rollout_id: str) -> RolloutState:
         state = self._rollouts.get(rollout_id)
         if state is None:
             raise UnknownRolloutError(f"no rollout {rollout_id!r} is registered")
+        state.last_active = time.monotonic()
         return state
 
-    def _plan(
-        self,
-        state: RolloutState,
-        messages: list[Message],
-        keys: list[MessageKey],
-        tools: list[dict[str, Any]] | None,
-    ) -> _Plan:
-        """Extend the last turn when the request appends to it; else render a new segment."""
-        last = state.turns[-1] if state.turns else None
-        known = len(state.message_keys)
-        if (
-            last is not None
-            and last.finish_reason != "abort"
-            and tools == state.tools
-            and keys[:known] == state.message_keys
-        ):
-            tail = self.renderer.continuation_ids(last.completion_ids, messages[known:], tools)
-            if tail is not None:
-                return _Plan(last.prompt_ids + last.completion_ids + tail, last.segment, last.index)
-        return _Plan(self.renderer.prompt_ids(messages, tools), None, None)
+    def _prompt_budget(self, state: RolloutState) -> int | None:
+        """The most prompt tokens a turn may have: one under the tighter of the rollout's
+        ``max_seq_len`` and the model's context, so that one token at least can be sampled."""
+        limits = [n for n in (state.max_seq_len, self.context_length) if n is not None]
+        return min(limits) - 1 if limits else None
+
+    def _refuse_long_prompt(self, state: RolloutState, tokens: int) -> ChatResult:
+        """Past its own ``max_seq_len`` a rollout is truncated (finish 'length', as designed);
+        past the model's context the request is refused, as OpenAI's API does. ``tokens`` is
+        exact, or a lower bound when the prompt's length alone ruled it out."""
+        own = state.max_seq_len
+        if own is not None and (self.context_length is None or own <= self.context_length):
+            return self._truncate(state, "max_seq_len", tokens)
+        raise RequestError(
+            f"the prompt needs at least {tokens} tokens; the model's context is "
+            f"{self.context_length} tokens, one of which the answer needs",
+            param="messages",
+        )
 
     @staticmethod
     def effective_sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
@@ -285,7 +334,7 @@ class Gateway:
         self,
         state: RolloutState,
         request_id: str,
-        plan: _Plan,
+        plan: PromptPlan,
         sampling: SamplingParams,
         result: GenerationResult,
         parsed: ParsedCompletion,

@@ -10,10 +10,14 @@ from rollway.gateway.core import Gateway
 
 
 def build_gateway(
-    engine: str | Engine | ChatEngine = "embedded", *, model: str | None = None
+    engine: str | Engine | ChatEngine = "embedded",
+    *,
+    model: str | None = None,
+    rollout_ttl_s: float | None = 3600.0,
 ) -> Gateway:
     """A gateway over ``engine`` (a spec or an engine object), templating with ``model``'s
-    tokenizer (default: SmolLM2-135M-Instruct). An embedded engine's own tokenizer is reused."""
+    tokenizer (default: SmolLM2-135M-Instruct). An embedded engine's own tokenizer is reused,
+    and its context bounds prompts; a server enforces its own."""
     if isinstance(engine, str):
         engine = engine_from_spec(engine, model=model)
     tokenizer = getattr(engine, "tokenizer", None)
@@ -24,4 +28,10 @@ def build_gateway(
     name = getattr(engine, "model_name", None) or (
         DEFAULT_MODEL_NAME if model is None else model.rstrip("/").rsplit("/", 1)[-1]
     )
-    return Gateway(engine, ChatRenderer(tokenizer), model_name=name)
+    return Gateway(
+        engine,
+        ChatRenderer(tokenizer),
+        model_name=name,
+        context_length=getattr(engine, "context_length", None),
+        rollout_ttl_s=rollout_ttl_s,
+    )

@@ -23,6 +23,10 @@ class GatewayMetrics:
         self.engine_errors = Counter(
             "rollway_engine_errors", "Failed generations.", registry=self.registry
         )
+        self.rollouts_expired = Counter(
+            "rollway_rollouts_expired", "Rollouts dropped after idling past the TTL.",
+            registry=self.registry,
+        )  # fmt: skip
         self.truncations = Counter(
             "rollway_truncations", "Limits hit.", ["reason"], registry=self.registry
         )

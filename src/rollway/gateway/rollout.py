@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import hashlib
 import json
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,10 @@ class RolloutState:
     has_token_ids: bool = True
     #: Responses API ids this rollout answered, with the conversation each closed.
     responses: dict[str, list[Message]] = field(default_factory=dict)
+    #: When the rollout was last used (``time.monotonic``), and chat calls running now: an
+    #: idle rollout expires after the gateway's TTL, a busy one never.
+    last_active: float = field(default_factory=time.monotonic)
+    busy: int = 0
 
     def next_segment(self) -> int:
         self.segment_count += 1
@@ -48,6 +53,11 @@ class RolloutState:
 
     def last_in_segment(self, segment: int) -> Turn | None:
         return next((t for t in reversed(self.turns) if t.segment == segment), None)
+
+    def snapshot(self) -> RolloutState:
+        """A copy whose turn list stays as it is now, to read off the event loop while the
+        loop goes on recording (turns are appended, the other fields are replaced whole)."""
+        return dataclasses.replace(self, turns=list(self.turns))
 
 
 def message_key(message: Message) -> MessageKey:
@@ -103,17 +113,22 @@ def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRend
     closing = renderer.encode(renderer.closing_glue(last_turn.completion_ids)) if last_turn else []
     recorded = last.prompt_ids + last.response_ids + closing
     fresh = renderer.transcript_ids(state.messages, state.tools)
-    matcher = difflib.SequenceMatcher(None, recorded, fresh, autojunk=False)
-    matched = sum(block.size for block in matcher.get_matching_blocks())
-    first = next((i for i, (a, b) in enumerate(zip(recorded, fresh, strict=False)) if a != b), None)
-    if first is None and len(recorded) != len(fresh):
-        first = min(len(recorded), len(fresh))
-    return Drift(
-        recorded_tokens=len(recorded),
-        rerendered_tokens=len(fresh),
-        first_mismatch=first,
-        differing_tokens=len(recorded) + len(fresh) - 2 * matched,
-    )
+    return compare_ids(recorded, fresh)
+
+
+def compare_ids(recorded: list[int], fresh: list[int]) -> Drift:
+    """The drift figure in linear time: the common prefix gives the first mismatch, and the
+    common prefix and suffix together bound the differing window (see docs/trajectory.md).
+    A full diff would be quadratic on repetitive ids, which a collapsing policy produces."""
+    sizes = {"recorded_tokens": len(recorded), "rerendered_tokens": len(fresh)}
+    if recorded == fresh:  # the common case, compared in C
+        return Drift(**sizes, first_mismatch=None, differing_tokens=0)
+    shorter = min(len(recorded), len(fresh))
+    prefix = next((i for i in range(shorter) if recorded[i] != fresh[i]), shorter)
+    room = shorter - prefix
+    suffix = next((i for i in range(room) if recorded[-1 - i] != fresh[-1 - i]), room)
+    window = len(recorded) + len(fresh) - 2 * (prefix + suffix)
+    return Drift(**sizes, first_mismatch=prefix, differing_tokens=window)
 
 
 def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:

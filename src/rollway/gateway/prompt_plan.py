@@ -1,0 +1,77 @@
+"""A turn's prompt ids: the last turn extended when the request appends to it, else a fresh
+render that starts a new segment; within a token budget, and off the event loop when large."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
+from rollway.gateway.rollout import MessageKey, RolloutState
+
+#: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
+#: worker thread would cost about as much as the work. Larger ones never block the loop.
+INLINE_CHARS = 8192
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class PromptPlan:
+    prompt_ids: list[int]
+    #: The segment and turn this prompt extends; None for a fresh render.
+    segment: int | None
+    parent: int | None
+
+
+async def plan_prompt(
+    renderer: ChatRenderer,
+    state: RolloutState,
+    messages: list[Message],
+    keys: list[MessageKey],
+    tools: list[dict[str, Any]] | None,
+    budget: int | None,
+) -> PromptPlan:
+    """The prompt for ``messages``; raises ``TokenBudgetExceeded`` past ``budget`` tokens,
+    ruling out an over-long prompt from its length before tokenizing it where it can."""
+    last = state.turns[-1] if state.turns else None
+    known = len(state.message_keys)
+    if (
+        last is not None
+        and last.finish_reason != "abort"
+        and tools == state.tools
+        and keys[:known] == state.message_keys
+    ):
+        recorded = last.prompt_ids + last.completion_ids
+        room = None if budget is None else budget - len(recorded)
+        extend = renderer.continuation_ids
+        try:
+            tail = await _render(
+                keys[known:], tools, extend, last.completion_ids, messages[known:], tools, room
+            )
+        except TokenBudgetExceeded as exc:
+            raise TokenBudgetExceeded(len(recorded) + exc.at_least) from None
+        if tail is not None:
+            return PromptPlan(recorded + tail, last.segment, last.index)
+    ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
+    return PromptPlan(ids, None, None)
+
+
+async def _render(
+    keys: list[MessageKey],
+    tools: list[dict[str, Any]] | None,
+    render: Callable[P, R],
+    *args: P.args,
+    **kwargs: P.kwargs,
+) -> R:
+    """``render(...)``, in a worker thread unless the messages (``keys``) and ``tools`` are
+    small: templating and tokenizing grow with the input."""
+    size = sum(len(key[1]) + sum(len(arguments) for _, arguments in key[2]) for key in keys)
+    size += len(json.dumps(tools)) if tools else 0
+    if size <= INLINE_CHARS:
+        return render(*args, **kwargs)
+    return await asyncio.to_thread(render, *args, **kwargs)
