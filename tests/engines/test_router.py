@@ -232,6 +232,10 @@ async def test_a_dead_server_in_the_fleet_costs_no_rollout(
     # Ejected by the first wave (at most `limit` rollouts chose it at once), never sent more.
     assert stats["healthy"] is False and stats["ejections"] == 1
     assert 1 <= stats["refused"] <= 9 and router.moves == stats["refused"]
+    metrics = GatewayMetrics()
+    metrics.observe_engine(router)
+    refused = f'rollway_engine_endpoint_refused{{endpoint="{dead}"}} {float(stats["refused"])}'
+    assert refused in metrics.render().decode()
 
 
 async def test_a_server_that_starts_late_is_skipped_then_admitted(renderer: ChatRenderer) -> None:

@@ -43,6 +43,11 @@ class GatewayMetrics:
             "rollway_engine_endpoint_ejections", "Times an engine endpoint was ejected.",
             ["endpoint"], registry=self.registry,
         )  # fmt: skip
+        self.endpoint_refused = Gauge(
+            "rollway_engine_endpoint_refused",
+            "Requests an engine endpoint refused before they were sent (sent elsewhere).",
+            ["endpoint"], registry=self.registry,
+        )  # fmt: skip
 
     def observe_engine(self, engine: object) -> None:
         """Copy a routed engine's endpoint states into the gauges (at scrape time)."""
@@ -53,6 +58,7 @@ class GatewayMetrics:
             self.endpoint_healthy.labels(name).set(1 if endpoint["healthy"] else 0)
             self.endpoint_in_flight.labels(name).set(endpoint["in_flight"])
             self.endpoint_ejections.labels(name).set(endpoint["ejections"])
+            self.endpoint_refused.labels(name).set(endpoint["refused"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
