@@ -63,7 +63,9 @@ def test_an_idle_rollout_expires_but_one_generating_does_not(admin: httpx.Client
     assert busy.status_code == 200 and len(busy.json()["turns"]) == 1
     assert expired_count(admin) == 1
     assert "rollway_rollouts_active 1.0" in admin.get("/metrics").text
-    # Once its client stops calling, the busy one expires too, and its key stops working.
+    # Once its client stops calling, the busy one expires too, and its key stops working
+    # (401, as for any key the gateway does not know: ids cannot be probed).
     wait_for_expired(admin, 2, within_s=GENERATION_S)
     again = admin.post("/v1/rollouts/busy/chat/completions", json=body, headers=busy_headers)
-    assert again.status_code == 404
+    assert again.status_code == 401
+    assert admin.get("/v1/rollouts/busy/trajectory").status_code == 404
