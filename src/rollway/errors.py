@@ -142,6 +142,13 @@ def http_status_for(error: RollwayError) -> int:
     return 500
 
 
+#: Outcome kinds that say nothing about the policy: the client retries them (new attempt),
+#: resume reruns them, and group statistics leave them out. An engine failure is one: the
+#: server crashed or was cut off mid-turn (a turn that may have reached it is never re-sent,
+#: but the rollout can be run again from the start).
+TRANSIENT_KINDS = frozenset({"infrastructure", "engine"})
+
+
 def error_kind(error: BaseException) -> str:
     """The outcome kind of an exception raised while a rollout ran: anything that is not a
     known engine, reward or infrastructure error is the agent's."""

@@ -123,6 +123,9 @@ class Trajectory(_Wire):
     drift: Drift | None
     has_token_ids: bool = True
     metadata: dict[str, Any] = Field(default_factory=dict)
+    engine_errors: list[str] = Field(
+        default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,6 +124,25 @@ def test_a_crashing_program_is_an_agent_error_with_its_stderr(
     assert "exited with 2" in record.reason and "kaboom" in record.reason
 
 
+def test_a_program_that_exits_on_an_engine_failure_is_an_engine_error(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    """The program sees a 502 and gives up: the engine failed, not the agent, so the rollout
+    is an engine error (retried, rerun by resume), not an agent error."""
+
+    class DeadEngine(SimEngine):
+        async def generate(self, input_ids, sampling, request_id):  # type: ignore[override]
+            raise ConnectionResetError("server went away mid-generation")
+
+    record = run_one(
+        Gateway(DeadEngine(), renderer, model_name="sim"), ProgramAgent(OPENAI_AGENT), tmp_path,
+        max_retry_attempts=1,
+    )  # fmt: skip
+    assert (record.status, record.error_kind) == ("error", "engine"), record.reason
+    assert "server went away" in record.reason
+    assert "server went away" in record.trajectory.engine_errors[0]
+
+
 def test_a_program_that_never_calls_the_model_still_gets_one_outcome(
     renderer: ChatRenderer, tmp_path: Path
 ) -> None:

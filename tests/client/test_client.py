@@ -75,6 +75,7 @@ def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> N
     record = item.result
     assert record.status == "timeout" and "0.3" in record.reason
     assert record.trajectory.turns[0].finish_reason == "abort"
+    assert record.trajectory.is_cancelled  # the timeout's abort cut a generation short
     assert client.gateway.gateway.engine._waiting == {}
 
 
@@ -96,6 +97,8 @@ def test_a_hanging_or_raising_agent_costs_only_its_own_rollout(make_client: Make
     results = {i.result.task["task_id"]: i.result for i in client.run_batch(tasks)}
     assert results["hang"].status == "timeout" and results["bug"].error_kind == "agent"
     assert all(results[f"ok{i}"].status == "completed" for i in range(4))
+    # The client's cancel at cleanup (nothing in flight) does not mark a finished rollout.
+    assert not any(results[f"ok{i}"].trajectory.is_cancelled for i in range(4))
 
 
 def test_infrastructure_failures_are_retried_and_others_are_not(make_client: MakeClient) -> None:
@@ -108,20 +111,40 @@ def test_infrastructure_failures_are_retried_and_others_are_not(make_client: Mak
     assert results["bug"].attempts == 1
 
 
-def test_engine_failures_are_engine_errors(make_client: MakeClient, renderer) -> None:
+def test_engine_failures_are_engine_errors_retried_and_rerun(
+    make_client: MakeClient, renderer
+) -> None:
+    """An engine failure says nothing about the policy: the rollout is run again (a new
+    attempt) and a resume reruns what is still failed; the trajectory names the failure."""
+    failures = {"left": 1}
+
     class BrokenEngine(SimEngine):
         async def generate(self, input_ids: list[int], sampling: SamplingParams, request_id: str):
-            raise EngineError("GPU fell off")
+            if failures["left"] != 0:
+                failures["left"] -= 1
+                raise EngineError("GPU fell off")
+            return await super().generate(input_ids, sampling, request_id)
 
-    client = RolloutClient(
-        ScriptedAgent, Gateway(BrokenEngine(), renderer, model_name="x"), store=str(
-            make_client().store.path.parent
-        ), exp_id="broken",
-    )  # fmt: skip
-    with client:
+    def client_over(engine: SimEngine) -> RolloutClient:
+        return RolloutClient(
+            ScriptedAgent, Gateway(engine, renderer, model_name="x"),
+            store=str(make_client().store.path.parent), exp_id="broken", max_retry_attempts=2,
+        )  # fmt: skip
+
+    with client_over(BrokenEngine()) as client:  # fails once: the second attempt completes
+        (item,) = client.run_batch([{"task_id": "flaky"}])
+    assert (item.result.status, item.result.attempts) == ("completed", 2)
+    failures["left"] = -1  # fails for good
+    with client_over(BrokenEngine()) as client:
         (item,) = client.run_batch([{"task_id": "e"}])
-    assert (item.result.status, item.result.error_kind) == ("error", "engine")
-    assert "GPU fell off" in item.result.reason
+    record = item.result
+    assert (record.status, record.error_kind, record.attempts) == ("error", "engine", 2)
+    assert "GPU fell off" in record.reason
+    assert record.trajectory.engine_errors == ["GPU fell off"]
+    failures["left"] = 0  # the engine is back: a resume reruns the failed rollout
+    with client_over(BrokenEngine()) as client:
+        (item,) = client.run_batch([{"task_id": "e"}])
+    assert item.result.status == "completed" and not item.result.trajectory.engine_errors
 
 
 def test_rewards_from_agent_or_function_sync_async_and_dict(make_client: MakeClient) -> None:

@@ -109,6 +109,8 @@ def test_register_with_bad_limits_is_422(admin: httpx.Client) -> None:
 def test_cancelled_rollout_refuses_further_turns_with_409(admin: httpx.Client) -> None:
     rid, key = new_rollout(admin)
     assert admin.post(f"/v1/rollouts/{rid}/cancel").status_code == 200
+    # A cancel with nothing in flight (the client's own at cleanup) cuts nothing short...
+    assert admin.get(f"/v1/rollouts/{rid}/trajectory").json()["is_cancelled"] is False
     body = {"messages": [{"role": "user", "content": "x"}]}
     assert_error(post_chat(admin, rid, key, json=body), 409, "cancelled")
     assert admin.get(f"/v1/rollouts/{rid}/trajectory").json()["is_cancelled"] is True

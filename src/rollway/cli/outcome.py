@@ -14,10 +14,10 @@ from rollway.cli.failures import fail
 from rollway.client.batch import BatchItem, should_rerun
 
 #: What to do when most rollouts ended this way; resume reruns only cancelled rollouts and
-#: infrastructure failures, so the rest need --no-resume (or a new --exp-id) to run again.
+#: infrastructure and engine failures, so the rest need --no-resume (or a new --exp-id).
 _ADVICE = {
     "error/infrastructure": "rerun to retry them (resume reruns infrastructure failures)",
-    "error/engine": "check the engine (--engine), then rerun with --no-resume",
+    "error/engine": "check the engine (--engine), then rerun (resume reruns engine failures)",
     "error/reward": "fix the reward function, then rerun with --no-resume",
     "error/agent": "fix the agent (`rollway validate AGENT`), then rerun with --no-resume",
     "timeout": "raise --timeout, then rerun with --no-resume",
@@ -61,8 +61,8 @@ def warn_about_reruns(items: Sequence[BatchItem]) -> None:
     again = [item for item in items if should_rerun(item.result)]
     if again:
         typer.secho(
-            f"warning: {len(again)} of {len(items)} rollouts failed as infrastructure or were "
-            "cancelled; rerun to retry them",
+            f"warning: {len(again)} of {len(items)} rollouts failed (infrastructure, engine) "
+            "or were cancelled; rerun to retry them",
             err=True, fg="yellow",
         )  # fmt: skip
 

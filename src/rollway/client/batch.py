@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.client.rollout import RolloutSpec, task_key
+from rollway.errors import TRANSIENT_KINDS
 from rollway.types import RolloutRecord, TrajectoryStats
 
 
@@ -50,9 +51,9 @@ def plan(
 
 
 def should_rerun(record: RolloutRecord | None) -> bool:
-    """Resume reruns rollouts with no record, cancelled ones, and infrastructure failures:
-    those say nothing about the policy."""
-    return record is None or record.status == "cancelled" or record.error_kind == "infrastructure"
+    """Resume reruns rollouts with no record, cancelled ones, and infrastructure and engine
+    failures: those say nothing about the policy."""
+    return record is None or record.status == "cancelled" or record.error_kind in TRANSIENT_KINDS
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def group_stats(records: Iterable[RolloutRecord]) -> list[GroupStats]:
     infra: Counter[str] = Counter()
     for record in records:
         rewards.setdefault(record.group_id, [])
-        if record.error_kind == "infrastructure":
+        if record.error_kind in TRANSIENT_KINDS:
             infra[record.group_id] += 1
         elif record.reward is not None:
             rewards[record.group_id].append(record.reward)

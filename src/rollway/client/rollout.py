@@ -21,7 +21,13 @@ from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.client.gateways import GatewayHandle
 from rollway.client.rewards import RewardFn, score
-from rollway.errors import RewardError, RolloutClosedError, UnknownRolloutError, error_kind
+from rollway.errors import (
+    TRANSIENT_KINDS,
+    RewardError,
+    RolloutClosedError,
+    UnknownRolloutError,
+    error_kind,
+)
 from rollway.gateway.core import Registration
 from rollway.logs import log_stage
 from rollway.store.base import Store
@@ -138,7 +144,7 @@ class RolloutRunner:
             stop=stop_after_attempt(max(1, self.settings.max_retry_attempts)),
             wait=wait_exponential(multiplier=self.settings.retry_wait_s, max=30),
             retry=retry_if_result(
-                lambda r: r.error_kind == "infrastructure" and not cancel.is_set()
+                lambda r: r.error_kind in TRANSIENT_KINDS and not cancel.is_set()
             ),
             retry_error_callback=lambda state: state.outcome.result(),
         )
@@ -221,6 +227,10 @@ class RolloutRunner:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
             if trajectory is None and outcome.status != "cancelled":
                 outcome = _unrecorded(outcome, cleanup_errors[-1])
+            elif trajectory is not None and outcome.kind == "agent" and trajectory.engine_errors:
+                # A program agent exits on the gateway's 502: the engine failed, not the agent.
+                reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
+                outcome = AgentOutcome("error", "engine", reason + str(outcome.reason))
         reward, reward_info = None, {}
         if outcome.status == "completed" and trajectory is not None:
             if trajectory.is_truncated:

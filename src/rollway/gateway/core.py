@@ -133,6 +133,7 @@ class Gateway:
         if isinstance(request, dict):
             request = parse_model(ChatCompletionRequest, request)
         if state.cancelled:
+            state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
         state.busy += 1  # a busy rollout never expires
         try:
@@ -213,6 +214,7 @@ class Gateway:
     async def cancel(self, rollout_id: str) -> None:
         state = self._get(rollout_id)
         state.cancelled = True
+        state.cut_by_cancel |= bool(state.in_flight)
         for request_id in list(state.in_flight):
             await self.engine.abort(request_id)
 
@@ -297,14 +299,19 @@ class Gateway:
             yield
         except RequestError:
             raise
-        except EngineError:
-            self.metrics.engine_errors.inc()
+        except EngineError as exc:
+            self._engine_failed(state, exc)
             raise
         except Exception as exc:
-            self.metrics.engine_errors.inc()
-            raise EngineError(f"engine failed: {exc!r}") from exc
+            error = EngineError(f"engine failed: {exc!r}")
+            self._engine_failed(state, error)
+            raise error from exc
         finally:
             state.in_flight.discard(request_id)
+
+    def _engine_failed(self, state: RolloutState, error: EngineError) -> None:
+        self.metrics.engine_errors.inc()
+        state.engine_errors = [*state.engine_errors[-4:], str(error)]
 
     async def _generate(
         self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams

@@ -37,6 +37,12 @@ class RolloutState:
     segment_count: int = 0
     in_flight: set[str] = field(default_factory=set)
     cancelled: bool = False
+    #: The cancel cut the rollout short: it aborted a generation or refused a later call.
+    #: (The client cancels every rollout at cleanup; that alone marks nothing.)
+    cut_by_cancel: bool = False
+    #: Engine failures its calls met (the last few): a program agent that exits on a 502
+    #: is then known to have failed for the engine, not for itself.
+    engine_errors: list[str] = field(default_factory=list)
     truncation_reason: str | None = None
     #: False behind a chat-level engine: turns hold messages, not token ids.
     has_token_ids: bool = True
@@ -145,7 +151,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         samples=samples,
         is_truncated=state.truncation_reason is not None,
         truncation_reason=state.truncation_reason,
-        is_cancelled=state.cancelled,
+        is_cancelled=state.cut_by_cancel,
+        engine_errors=list(state.engine_errors),
         segment_count=state.segment_count,
         drift=measure_drift(state, samples, renderer) if samples else None,
         has_token_ids=state.has_token_ids,
