@@ -14,12 +14,17 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from rollway.errors import InvalidFieldsError
+from rollway.errors import ConfigError, InvalidFieldsError
 
 ID_PATTERN = r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$"
-ID_MAX_LENGTH = 256
+# Ids become file names (``<id>.json``, ``<id>-<12 hex>.json``), which may not pass 255 bytes.
+ID_MAX_LENGTH = 200
 #: Idempotency keys are a rollout id plus a suffix.
-KEY_MAX_LENGTH = 300
+KEY_MAX_LENGTH = 220
+#: A client's experiment id starts every rollout id it makes (``<exp>.<task>.<n>.<attempt>``).
+EXP_ID_MAX_LENGTH = 100
+#: A task's own ``task_id`` is its key up to this length; a longer one is hashed.
+TASK_KEY_MAX_LENGTH = 64
 
 SafeId = Annotated[
     str, StringConstraints(min_length=1, max_length=ID_MAX_LENGTH, pattern=ID_PATTERN)
@@ -42,6 +47,18 @@ def check_id(value: str, param: str) -> str:
             f"{param} {value[:80]!r} is not a valid id: use 1-{ID_MAX_LENGTH} ASCII letters, "
             "digits, '.', '_' or '-', not starting with '.'",
             param=param,
+        )
+    return value
+
+
+def check_exp_id(value: str) -> str:
+    """A client's experiment id: an id short enough that the rollout ids made from it are ids
+    too; a ``ConfigError`` (the caller's setting) otherwise."""
+    if len(value) > EXP_ID_MAX_LENGTH or not is_safe_id(value):
+        raise ConfigError(
+            f"exp_id {value[:80]!r} is not a valid experiment id: use 1-{EXP_ID_MAX_LENGTH} "
+            "ASCII letters, digits, '.', '_' or '-', not starting with '.'",
+            param="exp_id",
         )
     return value
 

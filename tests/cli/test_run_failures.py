@@ -109,7 +109,10 @@ def test_a_run_with_some_completed_rollouts_exits_0_and_names_those_to_rerun(
                      "--out", "runs", cwd=workdir)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "error:" not in result.stderr and "results in runs/echo-tasks" in result.stdout
-    assert "warning: 1 of 4 rollouts failed (infrastructure, engine) or were cancelled" in result.stderr
+    assert (
+        "warning: 1 of 4 rollouts failed (infrastructure, engine) or were cancelled"
+        in result.stderr
+    )
 
 
 def unshare_tmpfs(mountpoint: Path, options: str) -> tuple[str, ...]:

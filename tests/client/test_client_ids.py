@@ -10,15 +10,15 @@ import pytest
 
 from rollway.client import RolloutClient
 from rollway.client.rollout import task_key
-from rollway.errors import InvalidFieldsError
+from rollway.errors import ConfigError
 from rollway.ids import is_safe_id
 
 
-@pytest.mark.parametrize("exp_id", ["my run", "..", "a/b", "h#1"])
+@pytest.mark.parametrize("exp_id", ["my run", "..", "a/b", "h#1", "e" * 101])
 def test_an_exp_id_outside_the_rule_fails_at_construction(
     make_client: Callable[..., RolloutClient], exp_id: str
 ) -> None:
-    with pytest.raises(InvalidFieldsError, match="exp_id"):
+    with pytest.raises(ConfigError, match="exp_id"):
         make_client(exp_id=exp_id)
 
 
@@ -28,9 +28,21 @@ def test_task_ids_become_keys_only_when_they_fit_in_a_rollout_id() -> None:
         key = task_key({"task_id": given})
         assert is_safe_id(key), key
     assert task_key({"task_id": "café"}) != "café"
+    assert task_key({"task_id": "a" * 64}) == "a" * 64
+    assert len(task_key({"task_id": "a" * 251})) == 16  # hashed: file names stay legal
 
 
 def test_a_valid_exp_id_runs(make_client: Callable[..., RolloutClient]) -> None:
     client = make_client(exp_id="Run_2.b-3")
     item = next(iter(client.run_batch([{"task_id": "café", "chats": 1}])))
     assert item.success, item.error
+
+
+def test_the_longest_exp_id_and_task_id_run_and_are_stored(
+    make_client: Callable[..., RolloutClient],
+) -> None:
+    client = make_client(exp_id="e" * 100)
+    tasks = [{"task_id": "a" * 251, "chats": 1}, {"task_id": "b" * 64, "chats": 1}]
+    items = list(client.run_batch(tasks))
+    assert all(item.success for item in items), [item.error for item in items]
+    assert all(item.result.status == "completed" for item in items)

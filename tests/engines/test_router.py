@@ -388,6 +388,8 @@ def test_the_scheme_may_be_repeated_for_each_host() -> None:
         ("sglang://127.0.0.1:1,", "empty host"),
         ("vllm://127.0.0.1:port", "bad host '127.0.0.1:port'"),
         ("sglang://127.0.0.1:1,127.0.0.1:1", "lists 127.0.0.1:1 twice"),
+        ("sglang://a:01,a:1", "lists a:1 twice"),  # one server, spelt two ways
+        ("sglang://A:1,sglang://a:1", "lists a:1 twice"),
         ("sglang://:30000", "bad host ':30000'"),
     ],
 )

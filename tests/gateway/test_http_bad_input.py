@@ -106,6 +106,12 @@ def test_register_with_bad_limits_is_422(admin: httpx.Client) -> None:
     assert_error(response, 422, "max_turns")
 
 
+def test_a_reuse_flag_that_is_not_a_boolean_is_422(admin: httpx.Client) -> None:
+    rid, _ = new_rollout(admin)
+    assert_error(admin.post(f"/v1/rollouts/{rid}/register?reuse=yes", json={}), 422, "reuse")
+    assert admin.post(f"/v1/rollouts/{rid}/register?reuse=TRUE", json={}).status_code == 200
+
+
 def test_cancelled_rollout_refuses_further_turns_with_409(admin: httpx.Client) -> None:
     rid, key = new_rollout(admin)
     assert admin.post(f"/v1/rollouts/{rid}/cancel").status_code == 200

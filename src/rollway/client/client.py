@@ -30,7 +30,7 @@ from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_fro
 from rollway.gateway.core import Gateway
 from rollway.gateway.protocol import RegisterRequest, parse_model
 from rollway.gateway.remote import RemoteGateway
-from rollway.ids import check_id
+from rollway.ids import check_exp_id
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord
@@ -84,7 +84,7 @@ class RolloutClient:
         self.agent = resolve_agent(agent, agent_key, poll)
         parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
-        self.exp_id = check_id(exp_id or self.agent.name, "exp_id")
+        self.exp_id = check_exp_id(exp_id or self.agent.name)
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
         self.settings = RolloutSettings(
             exp_id=self.exp_id,

@@ -29,6 +29,7 @@ from rollway.errors import (
     error_kind,
 )
 from rollway.gateway.core import Registration
+from rollway.ids import TASK_KEY_MAX_LENGTH
 from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.types import (
@@ -67,7 +68,8 @@ def task_key(task: dict[str, Any]) -> str:
     """A stable key: the task's ``task_id`` when it has one, else a hash of its content."""
     given = task.get("task_id")
     text = str(given)
-    if given is not None and text.isascii() and text.replace("-", "").replace("_", "").isalnum():
+    usable = len(text) <= TASK_KEY_MAX_LENGTH and text.isascii()
+    if given is not None and usable and text.replace("-", "").replace("_", "").isalnum():
         return text
     return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 

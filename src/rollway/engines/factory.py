@@ -53,6 +53,7 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
 def _fleet(scheme: str, rest: str, spec: str) -> list[str]:
     """The ``HOST:PORT`` of each comma-separated server, checked; ``SCHEME://`` may lead each."""
     hosts: list[str] = []
+    servers: set[tuple[str, int | None]] = set()
     for item in rest.split(","):
         own, sep, host = item.strip().rpartition("://")
         if sep and own != scheme:
@@ -61,14 +62,16 @@ def _fleet(scheme: str, rest: str, spec: str) -> list[str]:
                 "a routed fleet is one kind of server",
                 "engine",
             )
-        _check_host(host, spec)
-        if host in hosts:
+        server = _check_host(host, spec)
+        if server in servers:  # spelt differently (A:1, a:01), still one server
             raise ConfigError(f"engine spec {spec!r} lists {host} twice", "engine")
+        servers.add(server)
         hosts.append(host)
     return hosts
 
 
-def _check_host(host: str, spec: str) -> None:
+def _check_host(host: str, spec: str) -> tuple[str, int | None]:
+    """The server ``host`` names, normalised (host name lower-cased, port as a number)."""
     expected = "expected HOST:PORT[,HOST:PORT...]"
     if not host:
         raise ConfigError(f"engine spec {spec!r} has an empty host: {expected}", "engine")
@@ -79,6 +82,7 @@ def _check_host(host: str, spec: str) -> None:
         raise ConfigError(f"bad host {host!r} in engine spec {spec!r}: {exc}", "engine") from None
     if not parts.hostname or parts.query or parts.fragment or parts.username:
         raise ConfigError(f"bad host {host!r} in engine spec {spec!r}: {expected}", "engine")
+    return parts.hostname, parts.port
 
 
 def _openai(scheme: str, rest: str) -> ChatEngine:

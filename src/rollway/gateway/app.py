@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute
 
-from rollway.errors import AuthError
+from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.core import Gateway
@@ -57,7 +57,7 @@ def create_app(
         require_admin(request)
         rollout_id = request.path_params["rollout_id"]
         body = parse_model(RegisterRequest, await read_body(request))
-        reuse = request.query_params.get("reuse", "").lower() in ("1", "true")
+        reuse = _flag(request.query_params.get("reuse", ""), "reuse")
         registration = gateway.register(rollout_id, body, reuse=reuse)
         base_url = f"{str(request.base_url).rstrip('/')}/v1/rollouts/{rollout_id}"
         return JSONResponse(
@@ -245,3 +245,11 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={HTTPException: route_error},
     )
+
+
+def _flag(value: str, param: str) -> bool:
+    """A boolean query parameter; anything but true/false/1/0 (or nothing) is a 422."""
+    answer = {"": False, "0": False, "false": False, "1": True, "true": True}.get(value.lower())
+    if answer is None:
+        raise InvalidFieldsError(f"{param} must be true or false, not {value[:40]!r}", param=param)
+    return answer

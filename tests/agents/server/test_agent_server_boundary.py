@@ -63,7 +63,7 @@ def test_a_reused_idempotency_key_with_another_rollout_id_is_409(agent_server: S
     other = server.init("r2", idempotency_key="k1")
     assert other.status_code == 409, other.text
     error = other.json()["error"]
-    assert error["param"] == "idempotency_key" and "'r1'" in error["message"]
+    assert error["param"] == "idempotency_key" and "'exp/r1'" in error["message"]
     server.wait_finished("r1")
     assert server.init("r2", idempotency_key="k1").status_code == 409
     assert server.service.runs_started == 1
@@ -82,4 +82,27 @@ def test_a_reused_key_of_a_rollout_known_only_from_the_store_is_409(agent_server
 def test_the_same_key_in_another_experiment_is_409(agent_server: Start) -> None:
     server = agent_server()
     assert server.init("r1", idempotency_key="k1").status_code == 202
-    assert server.init("r1", idempotency_key="k1", exp_id="other").status_code == 409
+    other = server.init("r1", idempotency_key="k1", exp_id="other")
+    assert other.status_code == 409 and "'exp/r1'" in other.json()["error"]["message"]
+    assert "'other/r1'" in other.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("idempotency_key", "k" * 220), ("rollout_id", "R" * 200), ("exp_id", "E" * 200)],
+)
+def test_the_longest_valid_ids_fit_in_file_names(
+    agent_server: Start, tmp_path: Path, field: str, value: str
+) -> None:
+    """Ids become report file names: the longest the rule allows still makes a legal one."""
+    server = agent_server(store=str(tmp_path / "reports"))
+    ids = {"rollout_id": "long", "exp_id": "exp", field: value}
+    rollout_id = ids.pop("rollout_id")
+    answer = server.init(rollout_id, **ids)
+    assert answer.status_code == 202, answer.text
+    assert server.wait_finished(rollout_id)["status"] == "completed"
+    (report,) = (tmp_path / "reports").rglob("agent-reports/*.json")
+    assert len(report.name) <= 255
+    longer = {"rollout_id": "other", **ids, field: value + "x"}
+    too_long = server.init(longer.pop("rollout_id"), **longer)
+    assert too_long.status_code == 422 and too_long.json()["error"]["param"] == field

@@ -96,7 +96,9 @@ class AgentService:
         stored = await self._stored_report(init.exp_id, key)
         if stored is not None:  # finished and forgotten (TTL) or started before a restart
             if stored.rollout_id != init.rollout_id:
-                raise _key_reused(key, stored.rollout_id, init.rollout_id)
+                raise _key_reused(
+                    key, f"{init.exp_id}/{stored.rollout_id}", f"{init.exp_id}/{init.rollout_id}"
+                )
             run = Run(key, init, [], stored, callback="none", finished_at=time.monotonic())
             self._remember(run)
             return run, False
@@ -258,11 +260,13 @@ def _check_same_rollout(started: InitRequest, init: InitRequest, key: str) -> No
     """An idempotency key names one rollout of one experiment: reusing it for another must
     not hand back that other rollout's run."""
     if (started.rollout_id, started.exp_id) != (init.rollout_id, init.exp_id):
-        raise _key_reused(key, started.rollout_id, init.rollout_id)
+        raise _key_reused(
+            key, f"{started.exp_id}/{started.rollout_id}", f"{init.exp_id}/{init.rollout_id}"
+        )
 
 
 def _key_reused(key: str, owner: str, asked: str) -> RolloutClosedError:
     return RolloutClosedError(
-        f"idempotency key {key!r} belongs to rollout {owner!r}, not {asked!r}",
+        f"idempotency key {key!r} belongs to rollout {owner!r} (experiment/rollout), not {asked!r}",
         param="idempotency_key",
     )
