@@ -12,7 +12,7 @@ import pytest
 
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.errors import AgentError, EngineError, InvalidFieldsError
+from rollway.errors import AgentError, ConfigError, EngineError, InvalidFieldsError
 from rollway.gateway import Gateway
 from rollway.types import SamplingParams, Trajectory
 from tests.agents.server.fixtures import wait_until
@@ -313,3 +313,18 @@ def test_rollouts_cancelled_while_queued_register_and_generate_nothing(
     assert all(r.attempts == 1 and r.trajectory is None for r in records[:4])
     assert len(registered) == 2 and len(generations) == 2
     assert len(ScriptedAgent.starts) == 2
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("timeout", -1.0), ("timeout", 0.0), ("reward_timeout", float("nan"))]
+)
+def test_a_timeout_that_is_not_positive_fails_at_construction(
+    make_client: MakeClient, option: str, value: float
+) -> None:
+    with pytest.raises(ConfigError, match=f"{option} must be a positive"):
+        make_client(**{option: value})
+
+
+def test_a_temperature_that_is_not_finite_fails_at_construction(make_client: MakeClient) -> None:
+    with pytest.raises(InvalidFieldsError, match="finite"):
+        make_client(temperature=float("nan"))

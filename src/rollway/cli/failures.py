@@ -37,7 +37,7 @@ _DEBUG = "ROLLWAY_DEBUG=1 shows the traceback"
 #: Hints for each category of the error tree (every direct subclass of ``RollwayError``).
 HINTS: dict[type[RollwayError], str] = {
     ConfigError: "`rollway COMMAND --help` lists the options",
-    RequestError: f"a server refused the request; {_DEBUG}",
+    RequestError: f"the message names the field that was refused; {_DEBUG}",
     AuthError: "check the key (ROLLWAY_ADMIN_KEY for a gateway, ROLLWAY_AGENT_KEY for an agent)",
     UnknownRolloutError: f"the server no longer knows that rollout; {_DEBUG}",
     RolloutClosedError: f"that rollout was cancelled or already registered; {_DEBUG}",

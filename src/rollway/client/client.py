@@ -26,6 +26,7 @@ from rollway.client.remote_agent import PollPolicy, RemoteAgent
 from rollway.client.rewards import RewardFn
 from rollway.client.rollout import RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
+from rollway.errors import ConfigError
 from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.protocol import RegisterRequest, parse_model
@@ -83,6 +84,9 @@ class RolloutClient:
     ) -> None:
         self.agent = resolve_agent(agent, agent_key, poll)
         parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
+        for name, seconds in (("timeout", timeout), ("reward_timeout", reward_timeout)):
+            if seconds is not None and not seconds > 0:  # NaN too
+                raise ConfigError(f"{name} must be a positive number of seconds", name)
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
         self.exp_id = check_exp_id(exp_id or self.agent.name)
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)

@@ -32,6 +32,21 @@ def test_unsafe_ids_are_422_naming_the_field_and_nothing_is_written(
     assert not tmp_path.joinpath("agent-reports").exists() and not reports.exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("base_url", "http://[::1"), ("callback_url", "http://"),
+     ("sampling", {"temperature": "hot"}), ("sampling", {"temperature": 99})],
+)  # fmt: skip
+def test_urls_and_sampling_are_checked_at_init(
+    agent_server: Start, field: str, value: object
+) -> None:
+    server = agent_server()
+    answer = server.init("r1", **{field: value})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == field
+    assert server.service.runs_started == 0
+
+
 NON_ASCII = "ключ-é".encode()
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rollway.gateway.protocol import RegisterRequest
 from rollway.ids import IdempotencyKey, SafeId
 
 
@@ -41,3 +43,30 @@ class InitRequest(_Strict):
     #: A repeated init with the same key returns the same rollout (also ``Idempotency-Key``).
     idempotency_key: IdempotencyKey | None = None
     debug: bool = False
+
+    @field_validator("base_url", "callback_url")
+    @classmethod
+    def _reachable_url(cls, value: str | None) -> str | None:
+        """A URL the server will call: checked now, not when the rollout first uses it."""
+        if value is None:
+            return value
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (raises ValueError when the port is not a number in range)
+        except ValueError as exc:
+            raise ValueError(f"not a URL: {exc}") from None
+        if not parts.hostname:
+            raise ValueError("the URL names no host")
+        return value
+
+    @field_validator("sampling")
+    @classmethod
+    def _known_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """The gateway's own sampling rules, so a bad value fails the init, not every turn."""
+        try:
+            RegisterRequest.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValueError(f"{where}: {first['msg']}") from None
+        return value
