@@ -36,31 +36,30 @@ IdempotencyKey = Annotated[
 _ID = re.compile(ID_PATTERN)
 
 
-def is_safe_id(value: str) -> bool:
-    return len(value) <= ID_MAX_LENGTH and _ID.fullmatch(value) is not None
+def is_safe_id(value: str, max_length: int = ID_MAX_LENGTH) -> bool:
+    return len(value) <= max_length and _ID.fullmatch(value) is not None
 
 
 def check_id(value: str, param: str) -> str:
     """``value`` when it follows the id rule, else an ``InvalidFieldsError`` naming ``param``."""
     if not is_safe_id(value):
-        raise InvalidFieldsError(
-            f"{param} {value[:80]!r} is not a valid id: use 1-{ID_MAX_LENGTH} ASCII letters, "
-            "digits, '.', '_' or '-', not starting with '.'",
-            param=param,
-        )
+        raise InvalidFieldsError(_broken_rule(param, value, ID_MAX_LENGTH), param=param)
     return value
 
 
 def check_exp_id(value: str) -> str:
     """A client's experiment id: an id short enough that the rollout ids made from it are ids
     too; a ``ConfigError`` (the caller's setting) otherwise."""
-    if len(value) > EXP_ID_MAX_LENGTH or not is_safe_id(value):
-        raise ConfigError(
-            f"exp_id {value[:80]!r} is not a valid experiment id: use 1-{EXP_ID_MAX_LENGTH} "
-            "ASCII letters, digits, '.', '_' or '-', not starting with '.'",
-            param="exp_id",
-        )
+    if not is_safe_id(value, EXP_ID_MAX_LENGTH):
+        raise ConfigError(_broken_rule("exp_id", value, EXP_ID_MAX_LENGTH), param="exp_id")
     return value
+
+
+def _broken_rule(param: str, value: str, max_length: int) -> str:
+    return (
+        f"{param} {value[:80]!r} is not a valid id: use 1-{max_length} ASCII letters, "
+        "digits, '.', '_' or '-', not starting with '.'"
+    )
 
 
 def keys_match(given: str | None, expected: str) -> bool:
