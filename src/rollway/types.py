@@ -12,6 +12,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 FinishReason = Literal["stop", "length", "abort"]
+#: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
+#: logits at temperature 1 (rollway's contract, what a trainer's forward pass gives);
+#: ``processed_logprobs`` is taken after temperature, top-p or top-k reshaped the distribution.
+LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
 ErrorKind = Literal["agent", "engine", "reward", "infrastructure"]
 
@@ -41,11 +45,16 @@ class SamplingParams:
 
 @dataclass(frozen=True, slots=True)
 class GenerationResult:
-    """What an engine sampled: token ids, the logprob of each, and why it stopped."""
+    """What an engine sampled: token ids, the logprob of each, and why it stopped.
+
+    ``policy_versions`` holds, per output id, the weights version that sampled it (None from
+    engines without versions); a generation that ran across a ``keep`` update has two."""
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
+    policy_versions: list[int] | None = None
+    logprob_kind: LogprobKind = "raw_logprobs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +90,19 @@ class Turn(_Wire):
     sampling: dict[str, Any]
     latency_ms: float
     prompt_hash: str = Field(description="sha256 (hex, first 16) of the prompt ids as int32.")
+    policy_versions: list[int] | None = Field(
+        default=None,
+        description="Weights version that sampled each completion id; None: engine has none.",
+    )
+    logprob_kind: LogprobKind = Field(
+        default="raw_logprobs",
+        description="raw_logprobs: temperature-1 log-softmax; processed_logprobs: after "
+        "temperature/top-p/top-k (a trainer must not mix them).",
+    )
+    reissued: int = Field(
+        default=0,
+        description="Times the engine aborted this turn (a weight update) and it was sent again.",
+    )
 
 
 class Sample(_Wire):
@@ -91,6 +113,11 @@ class Sample(_Wire):
     response_ids: list[int]
     loss_mask: list[int] = Field(description="1 on engine-sampled tokens, 0 elsewhere.")
     logprobs: list[float] = Field(description="Aligned with response_ids; 0.0 where mask is 0.")
+    policy_versions: list[int] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the weights version of each sampled token, "
+        "-1 where mask is 0; None when the engine has no versions.",
+    )
 
 
 class Drift(_Wire):

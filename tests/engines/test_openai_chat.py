@@ -13,9 +13,9 @@ import pytest
 from rollway.engines import engine_from_spec
 from rollway.engines.openai_chat import OpenAIChatEngine, parse_chat_completion
 from rollway.engines.sim import SimConfig
-from rollway.engines.sim_server import Fault, create_sim_server_app
 from rollway.errors import ConfigError, EngineError, RolloutClosedError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.simulators import Fault, create_sim_server_app
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ import pytest
 from rollway.engines.remote import RemoteClient
 from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
 from rollway.engines.vllm import VLLMEngine, parse_completion
 from rollway.errors import EngineConnectError, EngineError, RolloutClosedError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]

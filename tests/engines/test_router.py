@@ -20,11 +20,11 @@ from rollway.engines import engine_from_spec
 from rollway.engines.router import RoutedEngine
 from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
-from rollway.engines.sim_server import Fault, Protocol, create_sim_server_app
 from rollway.engines.vllm import VLLMEngine
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
 from rollway.gateway.metrics import GatewayMetrics
+from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
 
 AfterTurn = Callable[[str, int], Awaitable[None]]

@@ -9,8 +9,8 @@ import typer
 import uvicorn
 
 from rollway.engines.sim import SimConfig
-from rollway.engines.sim_server import Fault, create_sim_server_app
 from rollway.errors import ConfigError
+from rollway.simulators import Fault, create_sim_server_app
 
 FAULTS = ("none", "drop", "5xx", "hang")
 PROTOCOLS = ("sglang", "vllm", "openai")

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+import os
+from collections.abc import Mapping
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from rollway.types import ChatGeneration, GenerationResult, SamplingParams
+
+#: How ``pause`` treats generations in flight: ``abort`` ends them at once (finish ``abort``;
+#: the gateway re-issues the turn after ``resume``), ``drain`` lets them finish, ``keep``
+#: freezes them and continues them after ``resume`` (their later tokens carry the new version).
+PauseMode = Literal["abort", "drain", "keep"]
+#: New weights: a checkpoint folder (every engine; for a remote engine, a path on the server),
+#: or an in-memory state dict (the embedded engine).
+WeightSource = str | os.PathLike[str] | Mapping[str, Any]
 
 
 @runtime_checkable
@@ -44,3 +54,25 @@ class ChatEngine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """An engine whose weights a training loop replaces between (or during) generations.
+
+    ``policy_version`` is the version of the weights sampling now (0 before any update).
+    ``pause(mode)`` returns once no forward pass of the old weights is running (see
+    ``PauseMode``; ``pause_modes`` lists those this engine supports); ``generate`` calls made
+    while paused wait for ``resume``. ``update_weights(source, version)`` loads new weights:
+    while paused it only loads; otherwise it pauses (``drain``), loads and resumes. Versions
+    must increase. Every result's ``policy_versions`` say which weights sampled each token.
+    """
+
+    policy_version: int
+    pause_modes: frozenset[PauseMode]
+
+    async def pause(self, mode: PauseMode = "abort") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def update_weights(self, source: WeightSource, version: int) -> None: ...
