@@ -27,7 +27,7 @@ async def test_abort_ends_a_waiting_request() -> None:
     engine = SimEngine(SimConfig(latency_s=60.0))
     task = asyncio.create_task(engine.generate([1], SamplingParams(), "slow"))
     await asyncio.sleep(0)  # let the task run up to its first wait
-    assert "slow" in engine._waiting
+    assert "slow" in engine._running
     await engine.abort("slow")
     result = await task
     assert result.finish_reason == "abort" and result.output_ids == []

@@ -2,6 +2,8 @@
 
 It is not a model. It returns deterministic token ids drawn from a seed (the request's seed,
 else a hash of the prompt), well-formed negative logprobs, and waits a configurable latency.
+It follows the weight-sync seam (``WeightSync``) so that pause, update and resume can be load-
+and fault-tested: an "update" only moves the version its tokens are stamped with.
 """
 
 from __future__ import annotations
@@ -9,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
+from typing import Any
 
-from rollway.errors import InvalidFieldsError
+from rollway.engines.base import PauseMode
+from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
 
@@ -26,51 +31,119 @@ class SimConfig:
     eos_token_id: int | None = 2
 
 
+@dataclass(eq=False)
+class _Running:
+    """A generation in its latency wait: ``wake`` ends the wait early (abort)."""
+
+    delay: float
+    started: float = field(default_factory=time.monotonic)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Under a ``keep`` pause: the version and the share of the wait done when it froze.
+    frozen_at: tuple[int, float] | None = None
+
+
 class SimEngine:
-    """Simulated engine: deterministic ids, zero or configurable latency, abortable."""
+    """Simulated engine: deterministic ids, zero or configurable latency, abortable, and
+    pausable and versioned like a real engine (``pause_modes``)."""
+
+    pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
     def __init__(self, config: SimConfig | None = None) -> None:
         self.config = config or SimConfig()
-        self._waiting: dict[str, asyncio.Event] = {}
+        self.policy_version = 0
+        #: Weight sources it was given, in order (what a test asserts on).
+        self.updates: list[tuple[Any, int]] = []
+        self._running: dict[str, _Running] = {}
+        self._resumed = asyncio.Event()
+        self._resumed.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
         if not input_ids:
             raise InvalidFieldsError("input_ids is empty", param="input_ids")
+        await self._resumed.wait()
         cfg = self.config
         wanted = cfg.output_len if sampling.max_tokens is None else sampling.max_tokens
         length = min(cfg.output_len, wanted)
         reason: FinishReason = "stop" if cfg.output_len <= wanted else "length"
-        delay = cfg.latency_s + cfg.per_token_s * length
-        if delay > 0 and await self._aborted_while_waiting(request_id, delay):
-            return GenerationResult([], [], "abort")
+        running = self._running[request_id] = _Running(cfg.latency_s + cfg.per_token_s * length)
+        self._idle.clear()
+        try:
+            aborted = await self._wait(running)
+        finally:
+            del self._running[request_id]
+            if not self._running:
+                self._idle.set()
+        if aborted:
+            return GenerationResult([], [], "abort", [])
+        if running.frozen_at is not None:  # paused with ``keep``: go on under the new weights
+            await self._resumed.wait()
         rng = random.Random(sampling.seed if sampling.seed is not None else _digest(input_ids))
         low, high = cfg.token_range
         ids = [rng.randrange(low, high) for _ in range(length)]
         if reason == "stop" and cfg.eos_token_id is not None and ids:
             ids[-1] = cfg.eos_token_id
         logprobs = [-rng.random() * 4.0 for _ in ids]
-        return GenerationResult(ids, logprobs, reason)
+        return GenerationResult(ids, logprobs, reason, self._versions(running, len(ids)))
 
     async def abort(self, request_id: str) -> None:
-        event = self._waiting.get(request_id)
-        if event is not None:
-            event.set()
+        running = self._running.get(request_id)
+        if running is not None:
+            running.wake.set()
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        self._resumed.clear()
+        if mode == "abort":
+            for running in self._running.values():
+                running.wake.set()
+        elif mode == "keep":
+            now = time.monotonic()
+            for running in self._running.values():
+                done = (now - running.started) / running.delay if running.delay > 0 else 1.0
+                running.frozen_at = (self.policy_version, min(done, 1.0))
+        if mode != "keep":
+            await self._idle.wait()
+
+    async def resume(self) -> None:
+        self._resumed.set()
+
+    async def update_weights(self, source: Any, version: int) -> None:
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+        paused = not self._resumed.is_set()
+        if not paused:
+            await self.pause("drain")
+        self.updates.append((source, version))
+        self.policy_version = version
+        if not paused:
+            await self.resume()
 
     async def close(self) -> None:
-        for event in self._waiting.values():
-            event.set()
+        for running in self._running.values():
+            running.wake.set()
+        self._resumed.set()
 
-    async def _aborted_while_waiting(self, request_id: str, delay: float) -> bool:
-        event = self._waiting[request_id] = asyncio.Event()
+    async def _wait(self, running: _Running) -> bool:
+        """Wait out the latency; True when aborted first."""
+        if running.delay <= 0:
+            return False
         try:
-            await asyncio.wait_for(event.wait(), timeout=delay)
+            await asyncio.wait_for(running.wake.wait(), timeout=running.delay)
         except TimeoutError:
             return False
-        finally:
-            self._waiting.pop(request_id, None)
         return True
+
+    def _versions(self, running: _Running, length: int) -> list[int]:
+        if running.frozen_at is None:
+            return [self.policy_version] * length
+        old, share = running.frozen_at
+        before = int(length * share)
+        return [old] * before + [self.policy_version] * (length - before)
 
 
 def _digest(input_ids: list[int]) -> int:
