@@ -30,6 +30,18 @@ class GatewayHandle(Protocol):
 
     async def unregister(self, rollout_id: str) -> None: ...
 
+    async def update_weights(
+        self, source: Any, version: int | None = None, mode: str = "abort"
+    ) -> dict[str, Any]:
+        """Pause the engine (``mode``), load ``source`` as ``version``, resume."""
+        ...
+
+    async def pause(self, mode: str = "abort") -> None: ...
+
+    async def resume(self) -> None: ...
+
+    async def policy(self) -> dict[str, Any]: ...
+
 
 class LocalGateway:
     def __init__(self, gateway: Gateway) -> None:
@@ -58,3 +70,18 @@ class LocalGateway:
 
     async def unregister(self, rollout_id: str) -> None:
         await self.gateway.unregister(rollout_id)
+
+    async def update_weights(
+        self, source: Any, version: int | None = None, mode: str = "abort"
+    ) -> dict[str, Any]:
+        update = await self.gateway.weights.update(source, version, mode)  # type: ignore[arg-type]
+        return update.to_dict()
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self.gateway.weights.pause(mode)  # type: ignore[arg-type]
+
+    async def resume(self) -> None:
+        await self.gateway.weights.resume()
+
+    async def policy(self) -> dict[str, Any]:
+        return self.gateway.weights.describe()

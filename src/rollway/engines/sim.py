@@ -54,6 +54,8 @@ class SimEngine:
         #: Weight sources it was given, in order (what a test asserts on).
         self.updates: list[tuple[Any, int]] = []
         self._running: dict[str, _Running] = {}
+        #: Requests waiting for ``resume``: an abort must reach them too.
+        self._queued: dict[str, asyncio.Event] = {}
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._idle = asyncio.Event()
@@ -64,7 +66,8 @@ class SimEngine:
     ) -> GenerationResult:
         if not input_ids:
             raise InvalidFieldsError("input_ids is empty", param="input_ids")
-        await self._resumed.wait()
+        if not self._resumed.is_set() and await self._aborted_while_paused(request_id):
+            return GenerationResult([], [], "abort", [])
         cfg = self.config
         wanted = cfg.output_len if sampling.max_tokens is None else sampling.max_tokens
         length = min(cfg.output_len, wanted)
@@ -93,6 +96,9 @@ class SimEngine:
         running = self._running.get(request_id)
         if running is not None:
             running.wake.set()
+        queued = self._queued.get(request_id)
+        if queued is not None:
+            queued.set()
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         self._resumed.clear()
@@ -126,7 +132,21 @@ class SimEngine:
     async def close(self) -> None:
         for running in self._running.values():
             running.wake.set()
+        for queued in self._queued.values():
+            queued.set()
         self._resumed.set()
+
+    async def _aborted_while_paused(self, request_id: str) -> bool:
+        """Wait for ``resume``; True when aborted first."""
+        aborted = self._queued[request_id] = asyncio.Event()
+        waits = [asyncio.ensure_future(aborted.wait()), asyncio.ensure_future(self._resumed.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+            del self._queued[request_id]
+        return aborted.is_set()
 
     async def _wait(self, running: _Running) -> bool:
         """Wait out the latency; True when aborted first."""

@@ -19,7 +19,13 @@ from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.core import Gateway
-from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
+from rollway.gateway.protocol import (
+    ChatCompletionRequest,
+    PauseRequest,
+    RegisterRequest,
+    WeightUpdateRequest,
+    parse_model,
+)
 from rollway.gateway.responses import completion_body, logprobs_body, sse_events
 from rollway.gateway.responses_api import ResponsesRequest, response_body
 from rollway.gateway.responses_api import sse_events as responses_sse
@@ -122,6 +128,27 @@ def create_app(
         require_admin(request)
         await gateway.unregister(request.path_params["rollout_id"])
         return JSONResponse({"unregistered": True})
+
+    async def update_weights(request: Request) -> Response:
+        require_admin(request)
+        body = parse_model(WeightUpdateRequest, await read_body(request))
+        update = await gateway.weights.update(body.source, body.version, body.mode)
+        return JSONResponse(update.to_dict())
+
+    async def pause(request: Request) -> Response:
+        require_admin(request)
+        body = parse_model(PauseRequest, await read_body(request))
+        await gateway.weights.pause(body.mode)
+        return JSONResponse(gateway.weights.describe())
+
+    async def resume(request: Request) -> Response:
+        require_admin(request)
+        await gateway.weights.resume()
+        return JSONResponse(gateway.weights.describe())
+
+    async def policy(request: Request) -> Response:
+        require_admin(request)
+        return JSONResponse(gateway.weights.describe())
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": gateway.model_name})
@@ -227,6 +254,28 @@ def create_app(
             path_types=ids,
             errors=(404,),
         ),
+        Endpoint(
+            "POST",
+            "/admin/weights",
+            update_weights,
+            "Pause, load new weights (a folder the engine reads), resume",
+            WeightUpdateRequest,
+            auth="adminKey",
+            errors=(400, 422, 502),
+        ),
+        Endpoint(
+            "POST",
+            "/admin/pause",
+            pause,
+            "Pause generation (abort, drain or keep what runs)",
+            PauseRequest,
+            auth="adminKey",
+            errors=(400, 422, 502),
+        ),
+        Endpoint(
+            "POST", "/admin/resume", resume, "Resume generation", auth="adminKey", errors=(400,)
+        ),
+        Endpoint("GET", "/admin/policy", policy, "Policy version and pause state", auth="adminKey"),
         Endpoint("GET", "/health", health, "Liveness"),
         Endpoint("GET", "/metrics", metrics, "Prometheus metrics", auth="adminKey"),
     ]

@@ -35,6 +35,7 @@ from rollway.gateway.rollout import (
     prompt_hash,
 )
 from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
+from rollway.gateway.weights import WeightControl
 from rollway.ids import check_id, keys_match
 from rollway.types import GenerationResult, SamplingParams, Trajectory, Turn
 
@@ -66,6 +67,10 @@ class Gateway:
     ``context_length`` is the model's context: a prompt that leaves no room in it is refused
     (a ``RequestError``) and never reaches the engine. A rollout unused for ``rollout_ttl_s``
     seconds (no chat call, fetch, cancel) is dropped by ``expire_idle`` (None: never).
+
+    ``weights`` pauses, updates and resumes the engine for a training loop. A turn the engine
+    aborted while its rollout was not cancelled (a pause in ``abort`` mode) is sent again,
+    under a new request id, up to ``max_reissues`` times: the agent sees a slower turn.
     """
 
     def __init__(
@@ -76,13 +81,16 @@ class Gateway:
         model_name: str,
         context_length: int | None = None,
         rollout_ttl_s: float | None = 3600.0,
+        max_reissues: int = 16,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
         self.model_name = model_name
         self.context_length = context_length
         self.rollout_ttl_s = rollout_ttl_s
+        self.max_reissues = max_reissues
         self.metrics = GatewayMetrics()
+        self.weights = WeightControl(engine)
         self._rollouts: dict[str, RolloutState] = {}
         self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
         self._decoy_key = _new_key()
@@ -161,7 +169,9 @@ class Gateway:
         state.turns_started += 1
         rollout_id = state.rollout_id
         request_id = f"{rollout_id}-{state.turns_started}"
-        result, latency = await self._generate(state, request_id, plan.prompt_ids, sampling)
+        result, latency, request_id, reissued = await self._sample(
+            state, request_id, plan.prompt_ids, sampling
+        )
         if (
             result.finish_reason == "length"
             and state.max_seq_len is not None
@@ -170,7 +180,7 @@ class Gateway:
             self._mark_truncated(state, "max_seq_len")
         use_tools = bool(tools) and request.tool_choice != "none"
         parsed = self._parse(result, sampling, use_tools)
-        turn = self._record(state, request_id, plan, sampling, result, parsed, latency)
+        turn = self._record(state, request_id, plan, sampling, result, parsed, latency, reissued)
         message = _assistant_message(parsed)
         state.messages = [*messages, message]
         state.message_keys = [*keys, message_key(message)]
@@ -313,6 +323,34 @@ class Gateway:
         self.metrics.engine_errors.inc()
         state.engine_errors = [*state.engine_errors[-4:], str(error)]
 
+    async def _sample(
+        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
+    ) -> tuple[GenerationResult, float, str, int]:
+        """One turn's generation: the result, the time it took (re-issues included), the id
+        of the request whose tokens count, and how many times the engine aborted it first."""
+        sent_as, spent = request_id, 0.0
+        for reissued in range(self.max_reissues + 1):
+            result, latency = await self._generate(state, sent_as, prompt_ids, sampling)
+            spent += latency
+            versions = result.policy_versions
+            if versions is not None and len(versions) != len(result.output_ids):
+                error = EngineError(f"the engine gave {len(versions)} policy versions for "
+                                    f"{len(result.output_ids)} tokens")  # fmt: skip
+                self._engine_failed(state, error)
+                raise error
+            if result.finish_reason != "abort" or state.cancelled:
+                return result, spent, sent_as, reissued
+            # Not our cancel: the engine dropped it (a weight update). It runs again once the
+            # engine resumes; a new id, because an engine may still hold the old one.
+            self.metrics.turns_reissued.inc()
+            sent_as = f"{request_id}.{reissued + 1}"
+        error = EngineError(
+            f"the engine aborted turn {request_id} {self.max_reissues + 1} times; "
+            "is something pausing it in abort mode over and over?"
+        )
+        self._engine_failed(state, error)
+        raise error
+
     async def _generate(
         self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
     ) -> tuple[GenerationResult, float]:
@@ -346,6 +384,7 @@ class Gateway:
         result: GenerationResult,
         parsed: ParsedCompletion,
         latency: float,
+        reissued: int = 0,
     ) -> Turn:
         segment = plan.segment
         # A concurrent call may have extended the same parent first: then this is a branch.
@@ -365,6 +404,9 @@ class Gateway:
             sampling=sampling.to_dict(),
             latency_ms=latency * 1000.0,
             prompt_hash=prompt_hash(plan.prompt_ids),
+            policy_versions=result.policy_versions,
+            logprob_kind=result.logprob_kind,
+            reissued=reissued,
         )
         state.turns.append(turn)
         return turn

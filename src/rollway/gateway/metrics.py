@@ -27,6 +27,14 @@ class GatewayMetrics:
             "rollway_rollouts_expired", "Rollouts dropped after idling past the TTL.",
             registry=self.registry,
         )  # fmt: skip
+        self.turns_reissued = Counter(
+            "rollway_turns_reissued", "Turns the engine aborted (a weight update), sent again.",
+            registry=self.registry,
+        )  # fmt: skip
+        self.policy_version = Gauge(
+            "rollway_policy_version", "Weights version the engine samples with (-1: none).",
+            registry=self.registry,
+        )  # fmt: skip
         self.truncations = Counter(
             "rollway_truncations", "Limits hit.", ["reason"], registry=self.registry
         )
@@ -50,7 +58,10 @@ class GatewayMetrics:
         )  # fmt: skip
 
     def observe_engine(self, engine: object) -> None:
-        """Copy a routed engine's endpoint states into the gauges (at scrape time)."""
+        """Copy the engine's version and a routed engine's endpoint states into the gauges
+        (at scrape time)."""
+        version = getattr(engine, "policy_version", None)
+        self.policy_version.set(-1 if version is None else version)
         stats = getattr(engine, "stats", None)
         if stats is None:
             return

@@ -160,3 +160,18 @@ def parse_model(model: type[ModelT], data: Any) -> ModelT:
         where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None
+
+
+class WeightUpdateRequest(_Strict):
+    """``POST /admin/weights``: a checkpoint folder the engine can read (on a remote engine's
+    server, a path there), the version it becomes (default: the next), and the pause mode."""
+
+    source: str = Field(min_length=1)
+    version: int | None = Field(default=None, ge=0)
+    mode: Literal["abort", "drain", "keep"] = "abort"
+
+
+class PauseRequest(_Strict):
+    """``POST /admin/pause``: how generations in flight are treated (see ``PauseMode``)."""
+
+    mode: Literal["abort", "drain", "keep"] = "abort"

@@ -8,6 +8,7 @@ as the same rollway errors the in-process gateway raises."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import aiohttp
@@ -89,6 +90,30 @@ class RemoteGateway:
     async def unregister(self, rollout_id: str) -> None:
         await self._admin("POST", f"{self.base_url(rollout_id)}/unregister")
         self._keys.pop(rollout_id, None)
+
+    async def update_weights(
+        self, source: Any, version: int | None = None, mode: str = "abort"
+    ) -> dict[str, Any]:
+        """Pause, load, resume the served gateway's engine; ``source`` is a folder path the
+        engine can read (in-memory weights cannot cross HTTP). Returns what the update did."""
+        if not isinstance(source, str | os.PathLike):
+            raise ConfigError(
+                "a served gateway takes new weights as a checkpoint folder path, not "
+                f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
+                "source",
+            )
+        body = {"source": os.fspath(source), "version": version, "mode": mode}
+        return await self._admin("POST", f"{self.url}/admin/weights", body)
+
+    async def pause(self, mode: str = "abort") -> None:
+        await self._admin("POST", f"{self.url}/admin/pause", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._admin("POST", f"{self.url}/admin/resume")
+
+    async def policy(self) -> dict[str, Any]:
+        """The engine's policy version (None: no versions), pause state and pause modes."""
+        return await self._admin("GET", f"{self.url}/admin/policy")
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

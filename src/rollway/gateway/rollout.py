@@ -90,9 +90,12 @@ def prompt_hash(ids: list[int]) -> str:
 
 
 def build_samples(turns: list[Turn]) -> list[Sample]:
-    """One sample per segment: the first prompt, then completions (mask 1) and glue (mask 0)."""
+    """One sample per segment: the first prompt, then completions (mask 1) and glue (mask 0).
+    Policy versions follow the tokens (-1 on glue), where every turn of the segment has them."""
     samples: dict[int, Sample] = {}
     consumed: dict[int, int] = {}
+    versioned = {t.segment for t in turns if t.policy_versions is not None}
+    versioned -= {t.segment for t in turns if t.policy_versions is None}
     for turn in turns:
         sample = samples.get(turn.segment)
         if sample is None:
@@ -102,12 +105,15 @@ def build_samples(turns: list[Turn]) -> list[Sample]:
                 response_ids=[],
                 loss_mask=[],
                 logprobs=[],
+                policy_versions=[] if turn.segment in versioned else None,
             )
             consumed[turn.segment] = len(turn.prompt_ids)
         glue = turn.prompt_ids[consumed[turn.segment] :]
         sample.response_ids += glue + turn.completion_ids
         sample.loss_mask += [0] * len(glue) + [1] * len(turn.completion_ids)
         sample.logprobs += [0.0] * len(glue) + list(turn.logprobs)
+        if sample.policy_versions is not None and turn.policy_versions is not None:
+            sample.policy_versions += [-1] * len(glue) + list(turn.policy_versions)
         consumed[turn.segment] = len(turn.prompt_ids) + len(turn.completion_ids)
     return [samples[k] for k in sorted(samples)]
 

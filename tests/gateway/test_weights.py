@@ -1,0 +1,234 @@
+"""Weight updates through the gateway: a turn the update aborts is sent again and recorded once
+under the new version, a user's cancel is still a cancel, every token carries its version, and
+the admin routes check what they are given."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from rollway.engines.sim import SimConfig, SimEngine
+from rollway.errors import EngineError, InvalidFieldsError, RequestError, RolloutClosedError
+from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.types import GenerationResult, SamplingParams
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+class CountingSim(SimEngine):
+    """The simulated engine, counting generations per request id."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.sent: Counter[str] = Counter()
+        self.started = asyncio.Event()
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> GenerationResult:
+        self.sent[request_id] += 1
+        self.started.set()
+        return await super().generate(input_ids, sampling, request_id)
+
+
+def gateway_over(engine: object, renderer: ChatRenderer) -> Gateway:
+    return Gateway(engine, renderer, model_name="sim")  # type: ignore[arg-type]
+
+
+async def start_turn(gateway: Gateway, engine: CountingSim, rollout_id: str) -> asyncio.Task:
+    gateway.register(rollout_id, {})
+    engine.started.clear()
+    turn = asyncio.create_task(gateway.chat(rollout_id, {"messages": USER}))
+    await asyncio.wait_for(engine.started.wait(), 5)
+    return turn
+
+
+async def test_an_update_in_abort_mode_reissues_the_turn_under_the_new_version(
+    renderer: ChatRenderer,
+) -> None:
+    engine = CountingSim(SimConfig(latency_s=0.5, output_len=6))
+    gateway = gateway_over(engine, renderer)
+    turn = await start_turn(gateway, engine, "r1")
+    update = await gateway.weights.update("ckpt-1", mode="abort")
+    answer = await turn  # the agent sees an answer, only later
+    assert update.version == 1 and engine.updates == [("ckpt-1", 1)]
+    trajectory = await gateway.trajectory("r1")
+    (recorded,) = trajectory.turns
+    assert recorded.reissued == 1 and recorded.request_id == "r1-1.1"
+    assert recorded.policy_versions == [1] * 6 == [1] * len(answer.completion_ids)
+    assert engine.sent == {"r1-1": 1, "r1-1.1": 1}  # no request id sent twice
+    assert not trajectory.is_cancelled and trajectory.engine_errors == []
+    assert gateway.metrics.turns_reissued._value.get() == 1
+
+
+async def test_a_cancel_during_an_update_is_still_a_cancel(renderer: ChatRenderer) -> None:
+    engine = CountingSim(SimConfig(latency_s=5.0))
+    gateway = gateway_over(engine, renderer)
+    turn = await start_turn(gateway, engine, "r2")
+    await gateway.weights.pause("abort")
+    await gateway.cancel("r2")
+    with pytest.raises(RolloutClosedError):
+        await turn
+    await gateway.weights.resume()
+    # The pause aborted r2-1, so it was sent again (waiting for resume); the cancel ended that
+    # wait, and nothing was sent after it.
+    assert engine.sent == {"r2-1": 1, "r2-1.1": 1}
+    assert (await gateway.trajectory("r2")).is_cancelled
+
+
+async def test_drain_finishes_the_turn_on_the_old_weights_and_the_next_turn_uses_the_new(
+    renderer: ChatRenderer,
+) -> None:
+    engine = CountingSim(SimConfig(latency_s=0.3, output_len=3))
+    gateway = gateway_over(engine, renderer)
+    turn = await start_turn(gateway, engine, "r3")
+    update = asyncio.create_task(gateway.weights.update("ckpt", mode="drain"))
+    first = await turn
+    await update
+    second = await gateway.chat(
+        "r3", {"messages": [*USER, first.message, {"role": "user", "content": "more"}]}
+    )
+    trajectory = await gateway.trajectory("r3")
+    assert [t.policy_versions for t in trajectory.turns] == [[0] * 3, [1] * 3]
+    assert [t.reissued for t in trajectory.turns] == [0, 0]
+    # One segment: the sample's versions follow its tokens, -1 on the glue between turns.
+    (sample,) = trajectory.samples
+    assert sample.policy_versions is not None
+    assert len(sample.policy_versions) == len(sample.response_ids)
+    for version, mask in zip(sample.policy_versions, sample.loss_mask, strict=True):
+        assert (version == -1) == (mask == 0)
+    assert sample.policy_versions[:3] == [0, 0, 0] and sample.policy_versions[-3:] == [1, 1, 1]
+    assert len(second.completion_ids) == 3
+
+
+async def test_keep_continues_the_turn_and_stamps_each_token(renderer: ChatRenderer) -> None:
+    engine = CountingSim(SimConfig(latency_s=0.0, per_token_s=0.05, output_len=10))
+    gateway = gateway_over(engine, renderer)
+    turn = await start_turn(gateway, engine, "r4")
+    await asyncio.sleep(0.25)  # about half-way
+    await gateway.weights.update("ckpt", mode="keep")
+    await turn
+    (recorded,) = (await gateway.trajectory("r4")).turns
+    versions = recorded.policy_versions
+    assert versions is not None and versions[0] == 0 and versions[-1] == 1
+    assert versions == sorted(versions) and recorded.reissued == 0
+    assert engine.sent == {"r4-1": 1}
+
+
+async def test_an_engine_that_aborts_forever_fails_the_turn_after_max_reissues(
+    renderer: ChatRenderer,
+) -> None:
+    class AlwaysAborts(SimEngine):
+        async def generate(
+            self, input_ids: list[int], sampling: SamplingParams, request_id: str
+        ) -> GenerationResult:
+            return GenerationResult([], [], "abort", [])
+
+    gateway = Gateway(AlwaysAborts(), renderer, model_name="sim", max_reissues=3)
+    gateway.register("r5", {})
+    with pytest.raises(EngineError, match="aborted turn r5-1 4 times"):
+        await gateway.chat("r5", {"messages": USER})
+    assert (await gateway.trajectory("r5")).engine_errors
+
+
+async def test_versions_that_do_not_match_the_tokens_are_an_engine_error(
+    renderer: ChatRenderer,
+) -> None:
+    class Miscounts(SimEngine):
+        async def generate(
+            self, input_ids: list[int], sampling: SamplingParams, request_id: str
+        ) -> GenerationResult:
+            return GenerationResult([5, 6], [-1.0, -1.0], "stop", [0])
+
+    gateway = gateway_over(Miscounts(), renderer)
+    gateway.register("r6", {})
+    with pytest.raises(EngineError, match="1 policy versions for 2 tokens"):
+        await gateway.chat("r6", {"messages": USER})
+
+
+async def test_updates_are_checked_before_the_engine_pauses(renderer: ChatRenderer) -> None:
+    engine = CountingSim(SimConfig())
+    gateway = gateway_over(engine, renderer)
+    await gateway.weights.update("a", version=5)
+    with pytest.raises(InvalidFieldsError, match="does not follow the engine's version 5"):
+        await gateway.weights.update("b", version=5)
+    with pytest.raises(InvalidFieldsError, match="unknown pause mode"):
+        await gateway.weights.update("b", mode="later")  # type: ignore[arg-type]
+    assert engine.policy_version == 5 and gateway.weights.paused is None
+
+    class Fixed:  # an engine without weight sync (a hosted API, say)
+        async def generate(self, *args: object) -> GenerationResult:
+            raise AssertionError
+
+        async def abort(self, request_id: str) -> None: ...
+
+        async def close(self) -> None: ...
+
+    fixed = gateway_over(Fixed(), renderer)
+    with pytest.raises(RequestError, match="cannot take new weights"):
+        await fixed.weights.update("a")
+    assert fixed.weights.describe()["policy_version"] is None
+
+
+@pytest.fixture
+def served(renderer: ChatRenderer) -> Iterator[tuple[httpx.Client, Gateway]]:
+    gateway = Gateway(SimEngine(SimConfig(latency_s=0.3)), renderer, model_name="sim")
+    admin_key = f"ak-{secrets.token_hex(8)}"
+    with BackgroundServer(create_app(gateway, admin_key=admin_key)) as url:
+        headers = {"Authorization": f"Bearer {admin_key}"}
+        with httpx.Client(base_url=url, headers=headers, timeout=30.0) as client:
+            yield client, gateway
+
+
+@pytest.mark.timeout(60)
+def test_the_admin_routes_update_pause_and_report_the_version(
+    served: tuple[httpx.Client, Gateway],
+) -> None:
+    admin, _ = served
+    assert (
+        admin.post(
+            "/admin/weights", json={"source": "x"}, headers={"Authorization": ""}
+        ).status_code
+        == 401
+    )
+    assert admin.get("/admin/policy").json() == {
+        "policy_version": 0,
+        "paused": None,
+        "pause_modes": ["abort", "drain", "keep"],
+    }
+    answer = admin.post("/admin/weights", json={"source": "/ckpt/step-1", "mode": "drain"})
+    assert answer.status_code == 200 and answer.json()["policy_version"] == 1
+    stale = admin.post("/admin/weights", json={"source": "/ckpt/old", "version": 1})
+    assert stale.status_code == 422 and stale.json()["error"]["param"] == "version"
+    typo = admin.post("/admin/weights", json={"source": "/ckpt", "mdoe": "drain"})
+    assert typo.status_code == 422 and "mdoe" in typo.text
+    assert admin.post("/admin/pause", json={"mode": "drain"}).json()["paused"] == "drain"
+    # While paused, a turn waits; it answers once the gateway resumes.
+    key = admin.post("/v1/rollouts/p1/register", json={}).json()["api_key"]
+    with httpx.Client(base_url=str(admin.base_url), timeout=30.0) as agent:
+        with pytest.raises(httpx.ReadTimeout):
+            agent.post(
+                "/v1/rollouts/p1/chat/completions",
+                json={"messages": USER},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=1.0,
+            )
+        admin.post("/admin/weights", json={"source": "/ckpt/step-2"})  # loads, stays paused
+        assert admin.get("/admin/policy").json()["paused"] == "drain"
+        assert admin.post("/admin/resume").json() == {
+            "policy_version": 2,
+            "paused": None,
+            "pause_modes": ["abort", "drain", "keep"],
+        }
+        reply = agent.post(
+            "/v1/rollouts/p1/chat/completions",
+            json={"messages": USER},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert reply.status_code == 200
+    assert "rollway_policy_version 2.0" in admin.get("/metrics").text
