@@ -6,23 +6,32 @@ position ids and decodes step by step with a KV cache, every row sampling under 
 and generator. A row whose sampling fails (NaN logits) fails its own request only; the batch
 decodes on. Logprobs are the log-softmax of
 the fp32 logits at temperature 1 for each sampled token, whatever the sampling temperature.
+
+Weights are replaced in place (``WeightSync``): ``pause`` stops the worker from starting a
+batch (``abort`` ends the running rows at the next step, ``drain`` lets them finish, ``keep``
+freezes them between two decode steps with their KV cache, as SGLang's in-place pause does);
+the new tensors are copied into the existing parameters only while no forward pass runs, and
+each sampled token carries the version of the weights whose forward pass produced it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.models import resolve_model_path
 from rollway.engines.sampling import check_sampling, choose_token, make_generator
-from rollway.errors import EngineError, InvalidFieldsError
+from rollway.engines.weights import check_state_dict, copy_weights, read_state_dict
+from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
 #: Shorter shared prefixes are not worth a separate forward pass.
@@ -40,7 +49,13 @@ class _Request:
     generator: torch.Generator
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: The weights version that sampled each output id.
+    versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    #: Set by ``abort`` (or ``pause("abort")``); the worker ends the row at its next step.
+    abort_requested: bool = False
+    #: Answered (its future is settled or about to be); the worker answers each row once.
+    settled: bool = False
     #: Set when this row alone failed; its batch goes on without it.
     error: BaseException | None = None
 
@@ -60,7 +75,13 @@ class _Request:
             if error is not None:
                 self.future.set_exception(error)
             else:
-                result = GenerationResult(self.output_ids, self.logprobs, self.finish_reason)
+                result = GenerationResult(
+                    self.output_ids,
+                    self.logprobs,
+                    self.finish_reason,
+                    policy_versions=self.versions,
+                    logprob_kind="raw_logprobs",
+                )
                 self.future.set_result(result)
 
         # A closed loop means the caller is gone; the worker thread must live on regardless.
@@ -69,7 +90,10 @@ class _Request:
 
 
 class EmbeddedEngine:
-    """A causal LM from a local HF folder (default: SmolLM2-135M-Instruct), batched."""
+    """A causal LM from a local HF folder (default: SmolLM2-135M-Instruct), batched, whose
+    weights a training loop may replace (``WeightSync``)."""
+
+    pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
     def __init__(
         self, model: Any, tokenizer: Any, *, device: torch.device, max_batch_size: int = 32
@@ -82,10 +106,19 @@ class EmbeddedEngine:
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        #: The version of the weights sampling now; changed only while no forward pass runs.
+        self.policy_version = 0
+        # One condition guards the state below; the worker never holds it during a forward pass.
+        self._cond = threading.Condition()
         self._active: dict[str, _Request] = {}
-        self._aborted: set[str] = set()
-        self._lock = threading.Lock()
+        self._pending: deque[_Request] = deque()
+        self._batch: list[_Request] = []
+        #: True while the worker may run a forward pass (in a batch and not frozen).
+        self._decoding = False
+        self._paused: PauseMode | None = None
+        #: True while new weights are copied in: no batch starts, no frozen batch goes on.
+        self._loading = False
+        self._closing = False
         #: Batches decoded and requests aborted so far (concurrent requests share batches).
         self.batches_run = 0
         self.aborted_total = 0
@@ -127,11 +160,14 @@ class EmbeddedEngine:
             future=loop.create_future(),
             generator=make_generator(sampling.seed, self.device),
         )
-        with self._lock:
+        with self._cond:
+            if self._closing:
+                raise EngineError("the embedded engine is closed")
             if request_id in self._active:
                 raise InvalidFieldsError(f"request id {request_id!r} is already in flight")
             self._active[request_id] = request
-        self._queue.put(request)
+            self._pending.append(request)
+            self._cond.notify_all()
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -139,13 +175,82 @@ class EmbeddedEngine:
             raise
 
     async def abort(self, request_id: str) -> None:
-        with self._lock:
-            if request_id in self._active:
-                self._aborted.add(request_id)
+        with self._cond:
+            request = self._active.get(request_id)
+            if request is None:
+                return
+            if request in self._pending:  # never started: answer now, even while paused
+                self._pending.remove(request)
+                request.finish("abort")
+                self._settle(request)
+            else:
+                request.abort_requested = True
+                self._cond.notify_all()  # a frozen batch answers it at once
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        if mode not in self.pause_modes:
+            raise ConfigError(f"pause mode {mode!r} is not one of {sorted(self.pause_modes)}")
+        with self._cond:
+            self._paused = mode
+            if mode == "abort":
+                for request in self._batch:
+                    request.abort_requested = True
+            self._cond.notify_all()
+        await asyncio.to_thread(self._wait_until, lambda: not self._decoding)
+
+    async def resume(self) -> None:
+        with self._cond:
+            self._paused = None
+            self._cond.notify_all()
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        self._check_version(version)
+        # Read and check before pausing: the pause lasts only as long as the copy.
+        state = await asyncio.to_thread(self._read_checked, source)
+        with self._cond:
+            paused = self._paused is not None
+        if not paused:
+            await self.pause("drain")
+        try:
+            await asyncio.to_thread(self._swap_weights, state, version)
+        finally:
+            if not paused:
+                await self.resume()
 
     async def close(self) -> None:
-        self._queue.put(None)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         await asyncio.to_thread(self._worker.join)
+
+    def _check_version(self, version: int) -> None:
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+
+    def _read_checked(self, source: WeightSource) -> dict[str, torch.Tensor]:
+        return check_state_dict(self.model, read_state_dict(source))
+
+    def _swap_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._decoding and not self._loading)
+            self._check_version(version)  # a concurrent update may have gone first
+            self._loading = True
+        copied = False
+        try:
+            copy_weights(self.model, state)
+            copied = True
+        finally:
+            with self._cond:
+                self._loading = False
+                if copied:
+                    self.policy_version = version
+                self._cond.notify_all()
+
+    def _wait_until(self, predicate: Callable[[], bool]) -> None:
+        with self._cond:
+            self._cond.wait_for(predicate)
 
     def _check_input(self, input_ids: list[int]) -> None:
         if not input_ids:
@@ -161,20 +266,26 @@ class EmbeddedEngine:
             raise InvalidFieldsError(f"token id {bad} is outside the vocabulary", "input_ids")
 
     def _work(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch, stop = [first], False
-            while len(batch) < self.max_batch_size and not self._queue.empty():
-                more = self._queue.get()
-                if more is None:
-                    stop = True
-                    break
-                batch.append(more)
+        while (batch := self._next_batch()) is not None:
             self._run(batch)
-            if stop:
-                return
+
+    def _next_batch(self) -> list[_Request] | None:
+        """Wait for requests and an open gate (not paused, not loading); None once closed."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing or (self._pending and self._gate_open()))
+            if not (self._pending and self._gate_open()):  # closing: answer what waits
+                while self._pending:
+                    request = self._pending.popleft()
+                    request.finish("abort")
+                    self._settle(request)
+                return None
+            count = min(len(self._pending), self.max_batch_size)
+            self._batch = [self._pending.popleft() for _ in range(count)]
+            self._decoding = True
+            return self._batch
+
+    def _gate_open(self) -> bool:
+        return self._paused is None and not self._loading
 
     def _run(self, batch: list[_Request]) -> None:
         error: BaseException | None = None
@@ -183,20 +294,52 @@ class EmbeddedEngine:
             self._decode(batch)
         except Exception as exc:  # one bad batch fails its requests, never the worker
             error = EngineError(f"embedded engine failed: {exc!r}")
-        for request in batch:
-            self.aborted_total += request.finish_reason == "abort"
-            with self._lock:
-                self._active.pop(request.request_id, None)
-                self._aborted.discard(request.request_id)
-            request.resolve(error)
+        with self._cond:
+            for request in batch:
+                self._settle(request, error)
+            self._batch = []
+            self._decoding = False
+            self._cond.notify_all()
 
-    def _is_aborted(self, request: _Request) -> bool:
-        return request.request_id in self._aborted
+    def _settle(self, request: _Request, error: BaseException | None = None) -> None:
+        """Answer ``request`` once (call with the condition held)."""
+        if request.settled:
+            return
+        request.settled = True
+        self.aborted_total += request.finish_reason == "abort"
+        if self._active.get(request.request_id) is request:
+            del self._active[request.request_id]
+        request.resolve(error)
+
+    def _between_steps(self, live: list[_Request]) -> bool:
+        """Answer finished and aborted rows; freeze while paused with ``keep`` or loading.
+
+        Returns whether any row goes on to the next forward pass.
+        """
+        with self._cond:
+            while True:
+                for request in live:
+                    if request.abort_requested and not request.done:
+                        request.finish("abort")
+                    if request.done:
+                        self._settle(request)
+                if all(r.done for r in live):
+                    return False
+                if not (self._paused == "keep" or self._loading):
+                    self._decoding = True
+                    return True
+                if self._closing:  # frozen rows would never go on
+                    for request in live:
+                        request.abort_requested = True
+                    continue
+                self._decoding = False
+                self._cond.notify_all()
+                self._cond.wait()
 
     @torch.inference_mode()
     def _decode(self, batch: list[_Request]) -> None:
         for request in batch:
-            if self._is_aborted(request):
+            if request.abort_requested:
                 request.finish("abort")
             elif request.max_new_tokens == 0:
                 request.finish("length")
@@ -207,7 +350,7 @@ class EmbeddedEngine:
         while True:
             logits = out.logits[:, -1, :].float()
             next_ids = self._sample_step(live, logits)
-            if all(r.done for r in live):
+            if not self._between_steps(live):
                 return
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], 1)
             positions = positions[:, -1:] + 1
@@ -267,7 +410,7 @@ class EmbeddedEngine:
         for row, request in enumerate(live):
             if request.done:
                 continue
-            if self._is_aborted(request):
+            if request.abort_requested:
                 request.finish("abort")
                 continue
             try:
@@ -277,6 +420,8 @@ class EmbeddedEngine:
                 continue
             request.output_ids.append(token)
             request.logprobs.append(float(logprobs[row, token].item()))
+            # Weights change only while no forward pass runs, so these logits are this version's.
+            request.versions.append(self.policy_version)
             next_ids[row] = token
             reason = self._stop_reason(request, token)
             if reason is not None:
