@@ -273,7 +273,8 @@ def sim_server_process(*options: str) -> Iterator[tuple[subprocess.Popen[bytes],
     with subprocess.Popen(command, stdout=subprocess.DEVNULL) as proc:
         try:
             deadline = time.monotonic() + 60
-            while not _answers(f"http://{address}/health"):
+            # Not /health: SGLang's runs a generation and answers after a second at best.
+            while not _answers(f"http://{address}/get_model_info"):
                 assert proc.poll() is None and time.monotonic() < deadline, f"{address} not up"
                 time.sleep(0.05)
             yield proc, address

@@ -7,10 +7,20 @@ OpenAI-compatible server, token ids in and out); several hosts, comma-separated,
 (``sglang://h1:p1,h2:p2``; each host may repeat the scheme, ``sglang://h1:p1,sglang://h2:p2``);
 ``openai://HOST:PORT[/PATH]?model=NAME`` or ``openai+https://...`` (any chat-completions API,
 messages only: for evaluation).
+
+Options follow the hosts, for every host: ``?api_key=KEY`` for servers started with
+``--api-key`` (else ``ROLLWAY_ENGINE_API_KEY``; the environment keeps a key out of specs, which
+get copied around; a spec in an error message shows ``api_key=***``); for ``sglang://`` also
+``context_length=N``, ``default_max_tokens=N`` and ``original_logprobs=1`` (the server runs with
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``), see ``engines/sglang.py``.
 """
 
 from __future__ import annotations
 
+import os
+import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rollway.engines.base import ChatEngine, Engine
@@ -18,7 +28,32 @@ from rollway.engines.remote import RemoteClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 
-_SIM_OPTIONS = {"latency_s": float, "per_token_s": float, "output_len": int}
+#: The API key of remote engine servers, when the spec gives none.
+API_KEY_ENV = "ROLLWAY_ENGINE_API_KEY"
+
+
+def _flag(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError(value)
+
+
+_SIM_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "latency_s": float,
+    "per_token_s": float,
+    "output_len": int,
+}
+_REMOTE_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
+    "sglang": {
+        "api_key": str,
+        "context_length": int,
+        "default_max_tokens": int,
+        "original_logprobs": _flag,
+    },
+    "vllm": {"api_key": str},
+}
 
 
 def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEngine:
@@ -30,24 +65,34 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
 
         return EmbeddedEngine.from_pretrained(rest or model)
     if scheme in ("sglang", "vllm") and rest:
-        hosts = _fleet(scheme, rest, spec)
+        shown = redact(spec)
+        location, _, query = rest.partition("?")
+        options = _options(query, _REMOTE_OPTIONS[scheme], f"{scheme}:// option")
+        key = options.pop("api_key", None) or os.environ.get(API_KEY_ENV) or None
+        hosts = _fleet(scheme, location, shown)
         if len(hosts) == 1:
-            return _remote(scheme, hosts[0], RemoteClient())
+            return _remote(scheme, hosts[0], RemoteClient(bearer=key), options)
         from rollway.engines.router import RoutedEngine
 
         # One connection pool for every endpoint; the router, not the pool, retries a refused
         # connect (on another endpoint).
-        shared = RemoteClient(connect_attempts=1)
-        return RoutedEngine([_remote(scheme, host, shared) for host in hosts], hosts)
+        shared = RemoteClient(connect_attempts=1, bearer=key)
+        return RoutedEngine([_remote(scheme, host, shared, options) for host in hosts], hosts)
     if scheme in ("openai", "openai+https") and rest:
         return _openai(scheme, rest)
     if scheme == "sim":
-        return SimEngine(SimConfig(**_sim_options(rest.partition("?")[2])))
+        return SimEngine(SimConfig(**_options(rest.partition("?")[2], _SIM_OPTIONS, "sim option")))
     raise ConfigError(
-        f"unknown engine spec {spec!r}: expected embedded, sim, sglang://HOST:PORT[,HOST:PORT], "
-        "vllm://HOST:PORT[,HOST:PORT] or openai://HOST:PORT?model=NAME",
+        f"unknown engine spec {redact(spec)!r}: expected embedded, sim, "
+        "sglang://HOST:PORT[,HOST:PORT], vllm://HOST:PORT[,HOST:PORT] or "
+        "openai://HOST:PORT?model=NAME",
         "engine",
     )
+
+
+def redact(spec: str) -> str:
+    """``spec`` with its API key hidden, for messages and logs."""
+    return re.sub(r"(api_key=)[^&]*", r"\1***", spec)
 
 
 def _fleet(scheme: str, rest: str, spec: str) -> list[str]:
@@ -97,24 +142,31 @@ def _openai(scheme: str, rest: str) -> ChatEngine:
     return OpenAIChatEngine(f"{protocol}://{host}/{path if slash else 'v1'}", model=model)
 
 
-def _remote(scheme: str, host: str, http: RemoteClient) -> Engine:
+def _remote(scheme: str, host: str, http: RemoteClient, options: dict[str, Any]) -> Engine:
     if scheme == "sglang":
         from rollway.engines.sglang import SGLangEngine
 
-        return SGLangEngine(f"http://{host}", http=http)
+        return SGLangEngine(f"http://{host}", http=http, **options)
     from rollway.engines.vllm import VLLMEngine
 
-    return VLLMEngine(f"http://{host}", http=http)
+    return VLLMEngine(f"http://{host}", http=http, **options)
 
 
-def _sim_options(query: str) -> dict[str, float | int]:
-    options: dict[str, float | int] = {}
-    for key, value in parse_qsl(query):
-        if key not in _SIM_OPTIONS:
-            known = ", ".join(_SIM_OPTIONS)
-            raise ConfigError(f"unknown sim option {key!r}; known: {known}", "engine")
+def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> dict[str, Any]:
+    """The ``key=value`` options of a spec's query, each checked and converted."""
+    try:
+        pairs = parse_qsl(query, strict_parsing=True) if query else []
+    except ValueError:
+        message = f"bad {what}s {redact(query)!r}: expected key=value&..."
+        raise ConfigError(message, "engine") from None
+    options: dict[str, Any] = {}
+    for key, value in pairs:
+        if key not in known:
+            names = ", ".join(known)
+            raise ConfigError(f"unknown {what} {key!r}; known: {names}", "engine")
         try:
-            options[key] = _SIM_OPTIONS[key](value)
+            options[key] = known[key](value)
         except ValueError:
-            raise ConfigError(f"sim option {key}={value!r} is not a number", "engine") from None
+            kind = "a number" if known[key] in (int, float) else "1 or 0"
+            raise ConfigError(f"{what} {key}={value!r} is not {kind}", "engine") from None
     return options

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -33,6 +34,20 @@ _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 class _MayHaveRun(Exception):
     """The server answered with a 5xx: the generation may have happened."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A control call's answer: the status, the JSON body (None when empty or not JSON) and the
+    start of the raw body (for messages)."""
+
+    status: int
+    body: Any
+    text: str
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
 
 
 class RemoteClient:
@@ -69,15 +84,8 @@ class RemoteClient:
     async def send(self, url: str, payload: dict[str, Any], abort: Abort) -> Any:
         """POST ``payload`` as JSON and return the decoded answer, under the rules above."""
         data = orjson.dumps(payload)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.connect_attempts),
-            retry=retry_if_exception_type(_NOT_SENT),
-            after=self._count_connect_failure,
-            before_sleep=_log_connect_retry,
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
+            async for attempt in self._connect_retries():
                 with attempt:
                     return await self._post(url, data)
         except _NOT_SENT as exc:
@@ -91,11 +99,35 @@ class RemoteClient:
         raise AssertionError("unreachable")
 
     async def post_quietly(self, url: str, payload: dict[str, Any]) -> None:
-        """Best effort (aborts): log failures, never raise them."""
+        """Best effort (aborts): log failures, never raise them. The body is not read as JSON:
+        SGLang's ``/abort_request`` answers 200 with an empty body."""
         try:
-            await self._post(url, orjson.dumps(payload))
+            await self._post(url, orjson.dumps(payload), decode=False)
         except Exception as exc:
             log.warning("best-effort call to %s failed: %r", url, exc)
+
+    async def call(
+        self,
+        method: str,
+        url: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> Answer:
+        """One control call (a probe, a pause, a weight load). Any HTTP status comes back as an
+        ``Answer``; a connect failure is retried once and then is an ``EngineConnectError``;
+        a failure after sending (timeout, cut connection) is an ``EngineError``."""
+        data = None if payload is None else orjson.dumps(payload)
+        timeout = self.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        try:
+            async for attempt in self._connect_retries():
+                with attempt:
+                    return await self._call(method, url, data, limits=timeout)
+        except _NOT_SENT as exc:
+            raise EngineConnectError(f"cannot connect to {url}: {exc}") from exc
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"{method} {url} failed: {exc!r}") from exc
+        raise AssertionError("unreachable")
 
     async def get_ok(self, url: str, timeout_s: float = 5.0) -> bool:
         """True when ``url`` answers 2xx within ``timeout_s`` (health checks)."""
@@ -106,7 +138,7 @@ class RemoteClient:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
-    async def _post(self, url: str, data: bytes) -> Any:
+    async def _post(self, url: str, data: bytes, *, decode: bool = True) -> Any:
         async with self.session().post(url, data=data, headers=self._headers) as response:
             body = await response.read()
             if response.status >= 500:
@@ -115,7 +147,31 @@ class RemoteClient:
                 raise EngineError(
                     f"{url} refused the request: HTTP {response.status} {body[:300]!r}"
                 )
-            return orjson.loads(body)
+            return orjson.loads(body) if decode else None
+
+    async def _call(
+        self, method: str, url: str, data: bytes | None, *, limits: aiohttp.ClientTimeout
+    ) -> Answer:
+        session = self.session()
+        async with session.request(
+            method, url, data=data, headers=self._headers, timeout=limits
+        ) as response:
+            raw = await response.read()
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = None
+        return Answer(response.status, body, raw[:300].decode(errors="replace"))
+
+    def _connect_retries(self) -> AsyncRetrying:
+        """Attempts that go again only when nothing was sent (no TCP connection)."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.connect_attempts),
+            retry=retry_if_exception_type(_NOT_SENT),
+            after=self._count_connect_failure,
+            before_sleep=_log_connect_retry,
+            reraise=True,
+        )
 
     def _count_connect_failure(self, state: RetryCallState) -> None:
         self.connect_failures += 1
@@ -161,9 +217,32 @@ class DisconnectAbort:
             call.cancel()
 
 
+def token_cap(
+    max_tokens: int | None, prompt_len: int, context_length: int | None, default_max_tokens: int
+) -> int:
+    """The explicit cap every remote request carries (servers default to 16 or 128 tokens):
+    what is asked, no more than the room the context leaves; with nothing asked, that room;
+    with neither known, ``default_max_tokens``."""
+    room = None if context_length is None else max(context_length - prompt_len, 0)
+    if max_tokens is None:
+        return default_max_tokens if room is None else room
+    return max_tokens if room is None else min(max_tokens, room)
+
+
+async def served_context_length(http: RemoteClient, base_url: str) -> int | None:
+    """The context length the server reports: ``max_model_len`` of the first model in
+    ``GET /v1/models`` (vLLM and SGLang both give it); None when it says nothing usable."""
+    answer = await http.call("GET", f"{base_url}/v1/models", timeout_s=10.0)
+    try:
+        length = answer.body["data"][0]["max_model_len"]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return length if isinstance(length, int) and length > 0 else None
+
+
 def _log_connect_retry(state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
-    log.warning("connect failed, retrying once with the same request id: %s", error)
+    log.warning("connect failed, retrying once (same request, same id): %s", error)
 
 
 async def _already_disconnected() -> None:

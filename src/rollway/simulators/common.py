@@ -1,11 +1,18 @@
 """What every simulated server shares: fault injection, per-request counting, generation on
-the simulated engine, the test routes (``/rollway/stats``, long polls) and the response helpers.
+the simulated engine, the test routes (``/rollway/stats``, long polls) and the response helpers;
+and what a server with weight sync shares: a pause gate (``Simulator.pause``/``resume``: calls
+made while paused wait, as in SGLang's tokenizer manager and vLLM's engine), weight loads that
+move a version label (``Simulator.load_weights``), per-token version labels, server versions
+(``ServerVersion``, for version-dependent behaviour) and a bearer-key check
+(``RequireBearer``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -14,8 +21,9 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.types import GenerationResult, SamplingParams
 
@@ -35,14 +43,47 @@ class SimServerState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(frozen=True, order=True)
+class ServerVersion:
+    """A server's release, compared by its leading numbers (``0.5.4.post1`` is 0.5.4);
+    ``latest`` is newer than any number."""
+
+    parts: tuple[int, ...]
+    text: str = field(compare=False, default="")
+
+    @classmethod
+    def parse(cls, text: str) -> ServerVersion:
+        if text == "latest":
+            return cls((1 << 30,), text)
+        numbers = re.findall(r"\d+", text.split("+")[0].split("post")[0].split("rc")[0])
+        if not numbers:
+            raise ValueError(f"not a version: {text!r}")
+        return cls(tuple(int(n) for n in numbers[:3]), text)
+
+    @property
+    def latest(self) -> bool:
+        return self.text == "latest"
+
+    def at_least(self, *parts: int) -> bool:
+        return self.parts >= parts
+
+
 class Simulator:
-    """The shared part: fault choice, counting, generation, abort."""
+    """The shared part: fault choice, counting, generation, abort; and the weight-sync state
+    (pause gate, version labels) that a server with pause and weight loads exposes."""
 
     def __init__(self, config: SimConfig, fault: Fault, fault_count: int) -> None:
         self.engine = SimEngine(config)
         self.hanging = SimEngine(SimConfig(latency_s=24 * 3600.0))
         self.fault = fault
         self.state = SimServerState(faults_left=fault_count if fault != "none" else 0)
+        #: The pause mode in force (None: serving); ``resumed`` is set while serving.
+        self.paused: PauseMode | None = None
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        #: The label of each loaded weights version (the engine counts versions 0, 1, ...).
+        self.labels: list[str] = ["default"]
+        self.loads: list[str] = []
 
     def next_fault(self) -> Fault:
         if self.state.faults_left <= 0:
@@ -67,9 +108,50 @@ class Simulator:
                 state.idle.set()
 
     async def abort(self, rid: str) -> None:
+        """Record an abort by ``rid`` and stop that generation (if it runs)."""
         self.state.aborted.append(rid)
+        await self.stop(rid)
+
+    async def stop(self, rid: str) -> None:
+        """End the running generation ``rid`` (finish ``abort``), recording nothing."""
         await self.engine.abort(rid)
         await self.hanging.abort(rid)
+
+    async def pause(self, mode: PauseMode) -> None:
+        """Stop serving: new generations wait at the gate until ``resume``; ``abort`` ends
+        those running (finish ``abort``) and returns when none runs, ``drain`` waits for them,
+        ``keep`` freezes them until ``resume``."""
+        self.paused = mode
+        self.resumed.clear()
+        if mode == "abort":
+            for rid in sorted(self.state.in_flight):
+                await self.hanging.abort(rid)
+        await self.engine.pause(mode)
+
+    async def resume(self) -> None:
+        self.paused = None
+        self.resumed.set()
+        await self.engine.resume()
+
+    async def load_weights(self, path: str, label: str | None) -> None:
+        """Load weights from ``path`` (it must exist, as a server reads it from its own disk):
+        the next version, labelled ``label`` (the current label when None). Not paused, it
+        waits for running generations first; while paused it only loads."""
+        if not await asyncio.to_thread(os.path.exists, path):
+            raise FileNotFoundError(f"no such checkpoint: {path}")
+        await self.engine.update_weights(path, len(self.labels))
+        self.labels.append(self.labels[-1] if label is None else label)
+        self.loads.append(path)
+
+    @property
+    def label(self) -> str:
+        """The label of the weights sampling now."""
+        return self.labels[self.engine.policy_version]
+
+    def token_labels(self, result: GenerationResult) -> list[str]:
+        """The label of the weights that sampled each output token."""
+        versions = result.policy_versions or [self.engine.policy_version] * len(result.output_ids)
+        return [self.labels[v] for v in versions]
 
     def respond(self, payload: dict[str, Any], fault: Fault) -> Response:
         if fault == "5xx":
@@ -92,9 +174,13 @@ def test_routes(sim: Simulator) -> list[Route]:
         )
 
     async def wait_in_flight(request: Request) -> Response:
-        """Answers once a generation is running (or after 30 s)."""
+        """Answers once ``?count=`` generations (default 1) are running (or after 30 s)."""
+        count = int(request.query_params.get("count", "1"))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(sim.state.started.wait(), 30.0)
+            async with asyncio.timeout(30.0):
+                while len(sim.state.in_flight) < count:
+                    sim.state.started.clear()
+                    await sim.state.started.wait()
         return await stats(request)
 
     async def wait_idle(request: Request) -> Response:
@@ -144,6 +230,29 @@ def sampling_from(params: dict[str, Any], max_tokens: Any, seed: Any) -> Samplin
         stop_token_ids=tuple(params.get("stop_token_ids") or ()),
         seed=seed,
     )
+
+
+class RequireBearer:
+    """ASGI middleware: HTTP requests without ``Authorization: Bearer <api_key>`` get 401
+    ``{"error": "Unauthorized"}``, except under ``open_prefixes`` (health probes, test routes)
+    and ``OPTIONS`` (the check SGLang's ``add_api_key_middleware`` makes)."""
+
+    def __init__(self, app: ASGIApp, api_key: str, open_prefixes: tuple[str, ...]) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.open_prefixes = open_prefixes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self._open(scope):
+            headers = dict(scope["headers"])
+            if headers.get(b"authorization") != self.expected:
+                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _open(self, scope: Scope) -> bool:
+        return scope["method"] == "OPTIONS" or scope["path"].startswith(self.open_prefixes)
 
 
 class Dropped(Response):
