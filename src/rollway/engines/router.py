@@ -13,7 +13,15 @@ after ``eject_after`` failed health checks in a row; an ejected one is re-admitt
 ``readmit_after`` good checks. Ejections and re-admissions are logged and counted.
 
 The rollout a request belongs to is read from its id: the gateway names requests
-``<rollout_id>-<turn>``.
+``<rollout_id>-<turn>`` (``.<n>`` after it when a turn is re-issued).
+
+Weight sync (``WeightSync``) goes to every endpoint at once: ``pause``, ``update_weights`` and
+``resume`` fan out, and the fleet's ``policy_version`` is the last update every healthy endpoint
+took. An endpoint that fails to pause or load is ejected and stays out until it has loaded the
+fleet's current weights: a re-admission first replays the last update on it, so no endpoint
+ever serves stale weights next to fresh ones. (A server that restarts between health checks
+comes back with the weights it was started with and is not caught: start it from the latest
+checkpoint.)
 """
 
 from __future__ import annotations
@@ -25,8 +33,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.engines.base import Engine
-from rollway.errors import EngineConnectError, EngineError
+from rollway.engines.base import Engine, PauseMode, WeightSource, WeightSync
+from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -49,6 +57,8 @@ class Endpoint:
     refused: int = 0
     ejections: int = 0
     readmissions: int = 0
+    #: Missed the fleet's last weight update: replay it before re-admission.
+    stale: bool = False
 
     @property
     def load(self) -> tuple[int, int]:
@@ -80,6 +90,10 @@ class RoutedEngine:
         self._checker: asyncio.Task[None] | None = None
         self.sticky_hits = 0
         self.moves = 0
+        self.policy_version = 0
+        #: The last update the fleet took, replayed on an endpoint that missed it.
+        self._last_update: tuple[WeightSource, int] | None = None
+        self._paused: PauseMode | None = None
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
@@ -125,10 +139,89 @@ class RoutedEngine:
         for endpoint in self.endpoints:
             await endpoint.engine.close()
 
+    @property
+    def pause_modes(self) -> frozenset[PauseMode]:
+        """What every endpoint supports (none, when one has no weight sync)."""
+        modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
+        for endpoint in self.endpoints:
+            engine = endpoint.engine
+            modes &= engine.pause_modes if isinstance(engine, WeightSync) else frozenset()
+        return modes
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        self._paused = mode
+        await self._fan_out("pause", lambda engine: engine.pause(mode))
+
+    async def resume(self) -> None:
+        self._paused = None
+        await self._fan_out("resume", lambda engine: engine.resume(), eject=False)
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+        paused = self._paused is not None
+        if not paused:
+            await self.pause("drain")
+        try:
+            await self._fan_out("load", lambda engine: engine.update_weights(source, version))
+        finally:
+            if not paused:
+                await self.resume()
+        self._last_update = (source, version)
+        self.policy_version = version
+
+    async def _fan_out(
+        self, what: str, call: Callable[[WeightSync], Any], *, eject: bool = True
+    ) -> None:
+        """Run ``call`` on every healthy endpoint at once. One that fails is ejected and marked
+        stale; when every one fails, the first error is raised (a bad source fails them all)."""
+        targets = [e for e in self.endpoints if e.healthy]
+        if not targets and what != "resume":
+            raise EngineConnectError(f"cannot {what}: no healthy engine endpoint")
+        for endpoint in targets:
+            if not isinstance(endpoint.engine, WeightSync):
+                raise ConfigError(f"engine endpoint {endpoint.name} cannot take new weights")
+        results = await asyncio.gather(
+            *[call(e.engine) for e in targets],
+            return_exceptions=True,  # type: ignore[arg-type]
+        )
+        failed = [(e, r) for e, r in zip(targets, results, strict=True) if isinstance(r, Exception)]
+        if failed and len(failed) == len(targets):
+            raise failed[0][1]
+        for endpoint, error in failed:
+            endpoint.stale = True
+            if eject and endpoint.healthy:
+                self._take_out(endpoint, f"{what} failed: {error}")
+        for endpoint in self.endpoints:
+            if not endpoint.healthy and what == "load":
+                endpoint.stale = True
+
+    async def _catch_up(self, endpoint: Endpoint) -> bool:
+        """Bring a returning endpoint to the fleet's weights and pause state; False if it
+        cannot (it stays out)."""
+        engine = endpoint.engine
+        try:
+            if self._last_update is not None and isinstance(engine, WeightSync):
+                source, version = self._last_update
+                if engine.policy_version < version:
+                    await engine.update_weights(source, version)
+            if self._paused is not None and isinstance(engine, WeightSync):
+                await engine.pause(self._paused)
+        except Exception as exc:
+            log.warning("engine endpoint %s cannot catch up: %r", endpoint.name, exc)
+            return False
+        endpoint.stale = False
+        return True
+
     async def check_health(self) -> None:
         """One round of health checks on every endpoint (the loop calls this periodically)."""
         results = await asyncio.gather(*[_healthy(e.engine) for e in self.endpoints])
         for endpoint, ok in zip(self.endpoints, results, strict=True):
+            returning = ok and not endpoint.healthy
+            if returning and endpoint.successes + 1 >= self.readmit_after and endpoint.stale:
+                ok = await self._catch_up(endpoint)
             self._record_check(endpoint, ok)
 
     def stats(self) -> dict[str, Any]:
@@ -143,6 +236,7 @@ class RoutedEngine:
                     "refused": e.refused,
                     "ejections": e.ejections,
                     "readmissions": e.readmissions,
+                    "stale": e.stale,
                 }
                 for e in self.endpoints
             },

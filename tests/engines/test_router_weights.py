@@ -1,0 +1,95 @@
+"""A routed fleet takes new weights as one: every endpoint pauses, loads and resumes together;
+one that misses the update is ejected and comes back only after loading the fleet's weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollway.engines import engine_from_spec
+from rollway.engines.router import RoutedEngine
+from rollway.engines.sim import SimConfig
+from rollway.errors import EngineError
+from rollway.gateway import BackgroundServer
+from rollway.simulators.sglang import SGLangSimOptions, create_app
+from rollway.types import SamplingParams
+
+PROMPT = [1, 9690, 198, 2683]
+SAMPLING = SamplingParams(max_tokens=4)
+
+
+def fleet_of(urls: list[str]) -> RoutedEngine:
+    spec = "sglang://" + ",".join(url.removeprefix("http://") for url in urls)
+    engine = engine_from_spec(spec)
+    assert isinstance(engine, RoutedEngine)
+    return engine
+
+
+async def generate_on_each(fleet: RoutedEngine, tag: str) -> dict[str, list[int]]:
+    """One generation per endpoint (distinct rollouts spread over the least-loaded)."""
+    versions: dict[str, list[int]] = {}
+    for index, endpoint in enumerate(fleet.endpoints):
+        result = await endpoint.engine.generate(PROMPT, SAMPLING, f"{tag}{index}-1")
+        assert result.policy_versions is not None
+        versions[endpoint.name] = result.policy_versions
+    return versions
+
+
+@pytest.mark.timeout(60)
+async def test_every_endpoint_takes_the_update_and_stamps_the_new_version(tmp_path: Path) -> None:
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    with BackgroundServer(app()) as a, BackgroundServer(app()) as b:
+        fleet = fleet_of([a, b])
+        try:
+            assert fleet.pause_modes >= {"abort", "drain"}
+            await fleet.update_weights(str(tmp_path), 1)
+            assert fleet.policy_version == 1
+            assert set(map(tuple, (await generate_on_each(fleet, "v")).values())) == {(1,) * 4}
+            result = await fleet.generate(PROMPT, SAMPLING, "routed-1")
+            assert result.policy_versions == [1] * 4
+        finally:
+            await fleet.close()
+
+
+@pytest.mark.timeout(60)
+async def test_an_endpoint_down_during_the_update_returns_only_with_the_new_weights(
+    tmp_path: Path,
+) -> None:
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    with BackgroundServer(app()) as steady:
+        late = BackgroundServer(app())
+        late_url = late.start()
+        port = int(late_url.rsplit(":", 1)[1])
+        fleet = fleet_of([steady, late_url])
+        fleet.readmit_after = 1
+        try:
+            late.stop()  # down while the fleet updates
+            await fleet.update_weights(str(tmp_path), 1)
+            down = fleet.endpoints[1]
+            assert not down.healthy and down.stale and fleet.policy_version == 1
+            # The same server comes back (with the weights it was started with).
+            with BackgroundServer(app(), port=port):
+                await fleet.check_health()
+                assert down.healthy and not down.stale
+                assert down.engine.policy_version == 1  # the update was replayed on it
+                result = await down.engine.generate(PROMPT, SAMPLING, "back-1")
+                assert result.policy_versions == [1] * 4
+        finally:
+            await fleet.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_source_no_endpoint_can_load_fails_the_update_and_keeps_the_fleet() -> None:
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    with BackgroundServer(app()) as a, BackgroundServer(app()) as b:
+        fleet = fleet_of([a, b])
+        try:
+            with pytest.raises(EngineError, match="Failed to get weights iterator"):
+                await fleet.update_weights("/no/such/checkpoint", 1)
+            assert fleet.policy_version == 0
+            assert all(e.healthy for e in fleet.endpoints)  # a bad source is not a bad server
+            result = await fleet.generate(PROMPT, SAMPLING, "after-1")  # resumed
+            assert result.policy_versions == [0] * 4
+        finally:
+            await fleet.close()
