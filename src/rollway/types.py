@@ -154,6 +154,10 @@ class Trajectory(_Wire):
         default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
     )
 
+    def oldest_policy_version(self) -> int | None:
+        """The oldest weights version among its sampled tokens (None: no versioned token)."""
+        return min((min(t.policy_versions) for t in self.turns if t.policy_versions), default=None)
+
 
 @dataclass(frozen=True, slots=True)
 class RolloutResult:
@@ -216,6 +220,11 @@ class RolloutRecord(_Wire):
     task: dict[str, Any] = Field(default_factory=dict)
     cleanup_errors: list[str] = Field(default_factory=list)
     run_id: str | None = Field(default=None, description="The batch (or invoke) it was run in.")
+    policy_version: int | None = Field(
+        default=None,
+        description="The oldest weights version that sampled any of its tokens (staleness is "
+        "the latest version minus this); None without versioned tokens.",
+    )
     trajectory: Trajectory | None = None
     trajectory_stats: TrajectoryStats | None = Field(
         default=None, description="Set on light copies, whose trajectory stays in the store."

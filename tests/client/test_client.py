@@ -76,7 +76,7 @@ def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> N
     assert record.status == "timeout" and "0.3" in record.reason
     assert record.trajectory.turns[0].finish_reason == "abort"
     assert record.trajectory.is_cancelled  # the timeout's abort cut a generation short
-    assert client.gateway.gateway.engine._waiting == {}
+    assert client.gateway.gateway.engine._running == {}
 
 
 def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) -> None:
@@ -87,7 +87,7 @@ def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) 
     record = future.result(timeout=10)
     assert record.status == "cancelled" and future.cancelled and future.done()
     assert future.cancel() is False and future.elapsed() < 10
-    assert client.gateway.gateway.engine._waiting == {}
+    assert client.gateway.gateway.engine._running == {}
 
 
 def test_a_hanging_or_raising_agent_costs_only_its_own_rollout(make_client: MakeClient) -> None:
@@ -298,7 +298,7 @@ def test_rollouts_cancelled_while_queued_register_and_generate_nothing(
     gateway = Counting(engine, renderer, model_name="sim")
     with RolloutClient(ScriptedAgent, gateway, store=str(tmp_path), max_concurrent=2) as client:
         futures = [client.invoke({"task_id": f"q{i}"}) for i in range(6)]
-        wait_until(lambda: len(engine._waiting) == 2)
+        wait_until(lambda: len(engine._running) == 2)
         running, queued = futures[:2], futures[2:]
         for future in queued:
             future.cancel()

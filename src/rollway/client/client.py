@@ -21,6 +21,7 @@ from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, sum
 from rollway.client.future import RolloutFuture
 from rollway.client.gateways import GatewayHandle
 from rollway.client.loop import LoopThread
+from rollway.client.policy import PolicyTracker
 from rollway.client.progress import BatchProgress, summary_table
 from rollway.client.remote_agent import PollPolicy, RemoteAgent
 from rollway.client.rewards import RewardFn
@@ -51,7 +52,12 @@ class RolloutClient:
 
     ``executor`` is where rollouts run: ``"local"`` (this process), ``"ray"`` or a
     ``RayExecutor(...)`` (worker actors on a Ray cluster; records come back light, their
-    trajectories are in the store). The cap and the rate limit hold across all of them."""
+    trajectories are in the store). The cap and the rate limit hold across all of them.
+
+    In a training loop, ``update_weights`` puts new weights into every engine the rollouts
+    sample from (pausing starts meanwhile) and bumps the policy version stamped on each token;
+    ``max_staleness=k`` restarts a running rollout that an update leaves more than ``k``
+    versions behind (asynchronous RL)."""
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class RolloutClient:
         agent_key: str | None = None,
         callback: bool = True,
         poll: PollPolicy | None = None,
+        max_staleness: int | None = None,
         **sampling: Any,
     ) -> None:
         self.agent = resolve_agent(agent, agent_key, poll)
@@ -110,6 +117,7 @@ class RolloutClient:
         # Capacity 1 spaces starts evenly (no burst): at most tps_limit in any second.
         self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit else None
         self._live: set[RolloutFuture] = set()
+        self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         setup = WorkerSetup(
             agent=self.agent,
@@ -127,9 +135,12 @@ class RolloutClient:
         self._loop = LoopThread()
         try:
             self.executor.start(setup, self._loop)
+            self.policy.version = self._loop.call(self.executor.policy())["policy_version"]
         except BaseException:
+            self.executor.close(self._loop)
             self._loop.close()
             raise
+        self._updating = asyncio.Lock()
 
     @property
     def gateway(self) -> GatewayHandle:
@@ -154,6 +165,42 @@ class RolloutClient:
 
     async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
         return await self.invoke(task, **overrides)
+
+    # -- weights -----------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int | None:
+        """The weights version new rollouts sample from (None: the engine has no versions)."""
+        return self.policy.version
+
+    def update_weights(
+        self, source: Any, version: int | None = None, *, mode: str = "abort"
+    ) -> dict[str, Any]:
+        """Load new weights into every engine the rollouts use, as ``version`` (default: the
+        next). ``source``: a checkpoint folder (every engine; a path on the servers for remote
+        ones) or a state dict (an in-process embedded engine, or Ray workers' own). ``mode``:
+        ``abort`` (turns in flight stop and are sent again under the new weights; the agent
+        sees a slower turn), ``drain`` (they finish on the old weights first) or ``keep``
+        (they freeze and go on under the new ones). Rollout starts wait meanwhile. Safe to
+        call from another thread while a batch runs. Returns what the update did."""
+        return self._loop.call(self.update_weights_async(source, version, mode=mode))
+
+    async def update_weights_async(
+        self, source: Any, version: int | None = None, *, mode: str = "abort"
+    ) -> dict[str, Any]:
+        return await asyncio.wrap_future(
+            self._loop.submit(self._update_weights(source, version, mode))
+        )
+
+    async def _update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+        async with self._updating:
+            self.policy.hold_starts()
+            try:
+                update = await self.executor.update_weights(source, version, mode)
+            finally:
+                self.policy.open_starts()
+            update["stale_restarts"] = self.policy.advance(update["policy_version"])
+        return update
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -257,9 +304,25 @@ class RolloutClient:
         try:
             if self._starts is not None:
                 await _unless_cancelled(self._starts.acquire(), cancel)
-            return await self.executor.run(spec, settings, cancel)
+            return await self._run_fresh(spec, settings, cancel)
         finally:
             self._slots.release()
+
+    async def _run_fresh(
+        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+    ) -> RolloutRecord:
+        """Run ``spec``, starting it again (a new attempt) whenever an update leaves it more
+        than ``max_staleness`` versions behind; starts wait while weights load."""
+        while True:
+            await _unless_cancelled(self.policy.wait_open(), cancel)
+            attempt, relay = self.policy.start(cancel)
+            try:
+                record = await self.executor.run(spec, settings, attempt.cancel)
+            finally:
+                self.policy.finish(attempt, relay)
+            if not attempt.stale or cancel.is_set():
+                return record
+            spec = dataclasses.replace(spec, first_attempt=record.attempts + 1)
 
     def _prepare(
         self, tasks: list[dict[str, Any]], group_size: int, resume: bool

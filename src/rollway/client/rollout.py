@@ -107,6 +107,9 @@ def make_record(
     **fields: Any,
 ) -> RolloutRecord:
     """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, ...)."""
+    trajectory = fields.get("trajectory")
+    if trajectory is not None and "policy_version" not in fields:
+        fields["policy_version"] = trajectory.oldest_policy_version()
     return RolloutRecord(
         exp_id=settings.exp_id,
         rollout_key=spec.rollout_key,

@@ -58,6 +58,15 @@ class Executor(Protocol):
         for the rollout's own failures: they are the record's status."""
         ...
 
+    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+        """Give every engine the rollouts sample from the new weights (pause in ``mode``, load,
+        resume); what the update did (``policy_version``, ...) comes back."""
+        ...
+
+    async def policy(self) -> dict[str, Any]:
+        """The engines' policy version (None: no versions), pause state and pause modes."""
+        ...
+
     def close(self, loop: LoopThread) -> None:
         """Release what ``start`` took (engines, servers, workers); nothing is running."""
         ...

@@ -115,6 +115,12 @@ class LocalExecutor:
             )
         return await runner.run(spec, cancel)
 
+    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+        return await self.gateway.update_weights(source, version, mode)
+
+    async def policy(self) -> dict[str, Any]:
+        return await self.gateway.policy()
+
     def close(self, loop: LoopThread) -> None:
         loop.call(self.aclose())
 

@@ -110,6 +110,10 @@ class RayExecutor:
         self._store: Store | None = None
         self._owns_ray = False
         self._ray: Any = None
+        self._engine: Any = None
+        #: The last weight update, replayed on a worker Ray restarts (it starts from the
+        #: weights its engine loads at start).
+        self._last_update: tuple[Any, int, str] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -126,6 +130,7 @@ class RayExecutor:
                 raise ConfigError(f"cannot start Ray ({where}): {_cause(exc)}") from exc
             self._owns_ray = True
         self._store = setup.store
+        self._engine = setup.engine
         count = self.num_workers or self._default_workers(ray)
         actor_class = ray.remote(RolloutWorker).options(**self._actor_options())
         # By value, not ray.put: a restarted actor needs its arguments again.
@@ -178,6 +183,47 @@ class RayExecutor:
             "workers": len(self._all_workers),
             "resources_per_worker": self.resources_per_worker,
         }
+
+    # -- weights -----------------------------------------------------------------------------
+
+    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+        """A shared ``RemoteGateway`` takes the update once; workers that each own an engine
+        (``embedded``, ``sim``) all take it, the source shipped once through Ray's object
+        store. Workers sharing remote servers through their own engines would update those
+        servers once per worker: serve one ``rollway gateway`` and share it instead."""
+        if isinstance(self._engine, RemoteGateway):
+            return await self._engine.update_weights(source, version, mode)
+        spec = self._engine if isinstance(self._engine, str) else ""
+        if spec.partition("://")[0] not in ("embedded", "sim"):
+            raise ConfigError(
+                f"with Ray, update weights through a shared gateway: engine {spec!r} is shared "
+                "by every worker (serve `rollway gateway --engine ...` and pass RemoteGateway)",
+                "engine",
+            )
+        if version is None:
+            version = (await self.policy())["policy_version"] + 1
+        ref = self._ray.put(source)
+        answers = await self._on_workers(
+            lambda w: w.actor.update_weights.remote(ref, version, mode)
+        )
+        self._last_update = (ref, version, mode)
+        return answers[0]
+
+    async def policy(self) -> dict[str, Any]:
+        if isinstance(self._engine, RemoteGateway):
+            return await self._engine.policy()
+        return (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
+
+    async def _on_workers(self, call: Any) -> list[Any]:
+        """``call`` on every live worker at once; a worker's failure fails the whole call."""
+        alive = [w for w in self._workers if w.up]
+        if not alive:
+            raise InfrastructureError("no Ray worker is alive")
+        refs = [asyncio.wrap_future(call(w).future()) for w in alive]
+        try:
+            return list(await asyncio.gather(*refs))
+        except self._ray.exceptions.RayTaskError as exc:
+            raise _task_error(exc) from exc
 
     # -- running -----------------------------------------------------------------------------
 
@@ -275,13 +321,28 @@ class RayExecutor:
             except (ray.exceptions.RayError, TimeoutError):
                 await asyncio.sleep(0.5)
             else:
-                worker.up = True
+                worker.up = await self._catch_up(worker)
                 break
         async with self._changed:
             if not worker.up:
                 self._workers.remove(worker)
                 log.error("Ray worker %d is gone", worker.index, extra={"stage": "worker_gone"})
             self._changed.notify_all()
+
+    async def _catch_up(self, worker: _Worker) -> bool:
+        """A restarted worker loads the last update before it takes rollouts again."""
+        if self._last_update is None:
+            return True
+        ref, version, mode = self._last_update
+        try:
+            await asyncio.wrap_future(
+                worker.actor.update_weights.remote(ref, version, mode).future()
+            )
+        except Exception as exc:
+            log.error("restarted Ray worker %d cannot load version %d: %s", worker.index,
+                      version, _cause(exc), extra={"stage": "worker_gone"})  # fmt: skip
+            return False
+        return True
 
     async def _record(
         self,
@@ -377,3 +438,10 @@ def _cause(exc: BaseException) -> str:
     named = [line for line in lines if _EXCEPTION_LINE.match(line)]
     text = named[-1] if named else lines[0] if lines else type(exc).__name__
     return text[:500]
+
+
+def _task_error(exc: BaseException) -> Exception:
+    """The error a worker raised, as itself when Ray kept it (a refused version stays a
+    refused version), else an infrastructure error naming it."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else InfrastructureError(_cause(exc))

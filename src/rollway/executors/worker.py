@@ -65,5 +65,13 @@ class RolloutWorker:
         elif len(self._cancelled_early) < 100_000:  # the cancel overtook its run
             self._cancelled_early.add(token)
 
+    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+        """Load new weights into this worker's own engine (the driver sends the same update
+        to every worker)."""
+        return await self._executor.update_weights(source, version, mode)
+
+    async def policy(self) -> dict[str, Any]:
+        return await self._executor.policy()
+
     async def close(self) -> None:
         await self._executor.aclose()
