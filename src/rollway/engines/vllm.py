@@ -1,18 +1,106 @@
-"""vLLM's OpenAI-compatible server with token ids in and out: ``POST /v1/completions`` with
-the prompt as token ids, ``return_token_ids`` for the sampled ids and ``logprobs: 0`` for the
-sampled tokens' logprobs. vLLM aborts a request when its client disconnects, so ``abort``
-cancels the HTTP request."""
+"""vLLM's OpenAI-compatible server: token ids in and out, and its weight-sync routes.
+
+Generation is ``POST /v1/completions`` with the prompt as token ids, ``request_id``,
+``return_token_ids`` (vLLM >= 0.10.2; older servers ignore the field and answer without ids),
+``logprobs: 0`` (the sampled token's logprob) and always an explicit ``max_tokens``: vLLM samples
+16 tokens when it is missing or null. vLLM aborts a request when its client disconnects, so
+``abort`` drops the HTTP call.
+
+Weight sync uses development routes (the server must run with ``VLLM_SERVER_DEV_MODE=1``, else
+they answer 404) of vLLM >= 0.16.0: ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, new
+weights by ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path":
+DIR}}`` (DIR is a checkpoint folder as the server sees it), then ``POST /reset_prefix_cache``.
+vLLM >= 0.33.0 also labels the weights (``POST /update_weight_version``) and says which label
+sampled each output token (``return_weight_versions``); with older servers the engine stamps a
+completion with the version that was sampling when it arrived.
+
+Read from vLLM's source (PyPI sdists): 0.33.0 ``entrypoints/openai/completion/protocol.py``
+(``max_tokens = 16``, ``normalize_null_max_tokens``, ``return_weight_versions``),
+``entrypoints/rl/online/api_router.py`` (``/pause``, ``/resume``, ``/update_weight_version``),
+``entrypoints/launchers/api_server/routers.py`` (dev routes only with ``VLLM_SERVER_DEV_MODE``),
+``v1/engine/core.py`` (``_reject_add_while_paused``: HTTP 503 while an abort/wait pause lasts),
+``v1/worker/gpu_model_runner.py`` (``reload_weights(weights_path=...)``, also in 0.16.0 but not
+0.15.1), ``entrypoints/serve/instrumentator/health.py``; 0.10.1.1/0.10.2 ``protocol.py``
+(``return_token_ids`` first in 0.10.2); 0.12.0 ``openai/api_server.py`` and 0.13.0-0.15.1
+``serve/rlhf/api_router.py`` (``/pause`` took only ``wait_for_inflight_requests``, so ``mode``
+would be ignored); 0.32.0 ``v1/engine/core.py`` (paused servers queue new requests).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, get_args
 
+import aiohttp
+import orjson
+
+from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote import DisconnectAbort, RemoteClient
-from rollway.errors import EngineError
-from rollway.types import FinishReason, GenerationResult, SamplingParams
+from rollway.errors import ConfigError, EngineConnectError, EngineError
+from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
+
+#: First vLLM releases with what this engine relies on.
+TOKEN_IDS_SINCE = (0, 10, 2)  # return_token_ids
+WEIGHT_SYNC_SINCE = (0, 16, 0)  # /pause?mode=..., reload_weights(weights_path=...)
+WEIGHT_LABELS_SINCE = (0, 33, 0)  # return_weight_versions; paused servers refuse new requests
+#: rollway's pause modes as vLLM names them (vLLM's ``wait`` is rollway's ``drain``).
+VLLM_PAUSE_MODES: dict[PauseMode, str] = {"abort": "abort", "drain": "wait", "keep": "keep"}
+#: What vLLM answers a request that reaches it during an abort or wait pause (HTTP 503).
+PAUSED_REFUSAL = "Generation is paused"
+_FINISH: dict[str, FinishReason] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+    "repetition": "stop",  # vLLM >= 0.17 stops a repetitive pattern when asked to
+}
+_LOGIT_MODES = ("raw_logits", "processed_logits")
+_DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-sync routes are dev routes)"
+
+
+def release_of(version: str | None) -> tuple[int, ...] | None:
+    """``(0, 10, 1)`` for ``"0.10.1.1"`` or ``"0.10.1rc2.dev3+gabc"``; None when unparsable."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    return tuple(int(part or 0) for part in found.groups()) if found else None
+
+
+def named(release: tuple[int, ...]) -> str:
+    return ".".join(map(str, release))
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMServer:
+    """What the engine learned of its server: ``GET /version`` and ``GET /v1/models``."""
+
+    version: str | None = None
+    max_model_len: int | None = None
+
+    def since(self, release: tuple[int, ...]) -> bool:
+        """True when the server is known to be ``release`` or newer."""
+        known = release_of(self.version)
+        return known is not None and known >= release
+
+    def before(self, release: tuple[int, ...]) -> bool:
+        """True when the server is known to be older than ``release``."""
+        known = release_of(self.version)
+        return known is not None and known < release
 
 
 class VLLMEngine:
+    """A vLLM server, token ids in and out, with the ``WeightSync`` seam.
+
+    ``context_length`` caps every request at the room the prompt leaves (default: the server's
+    ``max_model_len``); ``default_max_tokens`` is the cap when neither is known. ``logprobs_mode``
+    is the server's ``--logprobs-mode`` (vLLM's default ``raw_logprobs``; ``processed_logprobs``
+    is after temperature/top-p/top-k); it becomes each result's ``logprob_kind``.
+    ``pause_modes`` is abort and drain until the server is known (``await server()``), then
+    exactly what it supports: none before 0.16, keep from 0.33 (whose labels tell a frozen
+    request's tokens apart). Generate calls made while paused wait for ``resume``.
+    """
+
     def __init__(
         self,
         base_url: str,
@@ -20,38 +108,291 @@ class VLLMEngine:
         model: str | None = None,
         timeout_s: float = 600.0,
         http: RemoteClient | None = None,
+        context_length: int | None = None,
+        default_max_tokens: int = 4096,
+        logprobs_mode: str = "raw_logprobs",
+        health_timeout_s: float = 5.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.http = http or RemoteClient(timeout_s=timeout_s)
+        self.context_length = context_length
+        self.default_max_tokens = default_max_tokens
+        self.logprob_kind = logprob_kind_of(logprobs_mode)
+        self.health_timeout_s = health_timeout_s
+        self.policy_version = 0
+        self.pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain"})
         self._calls = DisconnectAbort()
+        self._gate = _Gate()
+        self._pauses = 0  # pauses begun so far: tells a refusal by our own pause
+        self._sampling_version = 0  # the weights sampling now: during a pause, the old ones
+        self._server: VLLMServer | None = None
+        self._probing = asyncio.Lock()
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
-        payload = vllm_payload(input_ids, sampling, request_id, self.model)
+        try:
+            server = await self.server()
+        except EngineConnectError:
+            server = VLLMServer()  # the send below fails (or succeeds) under the usual rules
+        max_tokens = self._max_tokens(len(input_ids), sampling.max_tokens, server)
+        if max_tokens <= 0:  # the prompt fills the context: nothing can be sampled
+            return GenerationResult([], [], "length", [], self.logprob_kind)
+        payload = vllm_payload(input_ids, sampling, request_id, self.model, max_tokens)
+        if server.since(WEIGHT_LABELS_SINCE):
+            payload["return_weight_versions"] = True
         url = f"{self.base_url}/v1/completions"
-        body = await self._calls.send(self.http, url, payload, request_id)
-        if body is None:
-            return GenerationResult([], [], "abort")
-        return parse_completion(body)
+        while await self._gate.passed(request_id):
+            pauses = self._pauses
+            try:
+                body = await self._calls.send(self.http, url, payload, request_id)
+            except EngineError as exc:
+                if PAUSED_REFUSAL not in str(exc):
+                    raise
+                if pauses == self._pauses and not self._gate.closed:
+                    raise EngineError(
+                        f"vLLM at {self.base_url} is paused by another client: resume it, or "
+                        "pause it through this engine"
+                    ) from exc
+                continue  # our pause refused it before it ran: send it again after resume
+            if body is None:
+                break
+            return parse_completion(
+                body,
+                server_version=server.version,
+                logprob_kind=self.logprob_kind,
+                stamp=self._sampling_version,
+            )
+        return GenerationResult([], [], "abort", [], self.logprob_kind)
 
     async def abort(self, request_id: str) -> None:
+        self._gate.release(request_id)
         self._calls.abort(request_id)
 
     async def health(self) -> bool:
-        return await self.http.get_ok(f"{self.base_url}/health")
+        """vLLM's ``GET /health``: 200 while its engine process lives (it checks nothing else,
+        so a paused or sleeping server is healthy), an error status once the engine died."""
+        return await self.http.get_ok(f"{self.base_url}/health", self.health_timeout_s)
 
     async def close(self) -> None:
+        self._gate.release_all()
         await self.http.close()
+
+    async def server(self) -> VLLMServer:
+        """The server's version and context length, asked once; sets ``pause_modes`` and,
+        unless given, ``context_length``. ``EngineConnectError`` when it does not answer."""
+        if self._server is not None:
+            return self._server
+        async with self._probing:
+            if self._server is None:
+                version = await self._get_json("/version")
+                models = await self._get_json("/v1/models")
+                self._server = VLLMServer(
+                    version=str(version["version"]) if isinstance(version, dict) else None,
+                    max_model_len=_max_model_len(models, self.model),
+                )
+                self.pause_modes = _pause_modes(self._server)
+                if self.context_length is None:
+                    self.context_length = self._server.max_model_len
+        return self._server
+
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        await self._check_weight_sync()
+        if mode not in self.pause_modes:
+            raise ConfigError(self._unsupported(mode), "mode")
+        was_open = not self._gate.closed
+        self._gate.close()
+        self._pauses += 1
+        try:
+            await self._control("/pause", params={"mode": VLLM_PAUSE_MODES[mode]})
+        except BaseException:
+            if was_open:
+                self._gate.open()
+            raise
+
+    async def resume(self) -> None:
+        # Before the server resumes: whatever it samples from now on is the new weights'.
+        self._sampling_version = self.policy_version
+        await self._control("/resume")
+        self._gate.open()
+
+    async def update_weights(self, source: WeightSource, version: int) -> None:
+        """Load the checkpoint folder ``source`` (a path on the server) as ``version``. A
+        failure leaves the engine paused and the version unchanged: call it again."""
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+        if isinstance(source, Mapping):
+            raise ConfigError(
+                "vLLM loads new weights from a checkpoint folder on its machine; "
+                "pass the folder's path (in-memory weights need the embedded engine)",
+                "source",
+            )
+        server = await self._check_weight_sync()
+        pausing = not self._gate.closed
+        if pausing:
+            await self.pause("drain")
+        path = os.fspath(source)
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+        await self._control("/collective_rpc", payload=rpc)
+        reset = await self._control("/reset_prefix_cache", params={"reset_running_requests": 1})
+        if isinstance(reset, dict) and reset.get("success") is False:
+            raise EngineError(
+                f"vLLM loaded {path} but could not reset its prefix cache (blocks still held); "
+                "call update_weights again"
+            )
+        if server.since(WEIGHT_LABELS_SINCE):
+            await self._control("/update_weight_version", payload={"new_version": str(version)})
+        self.policy_version = version
+        if pausing:
+            await self.resume()
+
+    def _max_tokens(self, prompt_len: int, wanted: int | None, server: VLLMServer) -> int:
+        context = self.context_length or server.max_model_len
+        if context is None:
+            return self.default_max_tokens if wanted is None else wanted
+        room = context - prompt_len
+        return room if wanted is None else min(wanted, room)
+
+    async def _check_weight_sync(self) -> VLLMServer:
+        server = await self.server()
+        if server.before(WEIGHT_SYNC_SINCE):
+            raise ConfigError(
+                f"weight sync needs vLLM >= {named(WEIGHT_SYNC_SINCE)} (pause modes, "
+                f"reload_weights from a folder); {self.base_url} runs {server.version}",
+                "engine",
+            )
+        return server
+
+    def _unsupported(self, mode: str) -> str:
+        if mode not in VLLM_PAUSE_MODES:
+            return f"unknown pause mode {mode!r}: expected one of {', '.join(VLLM_PAUSE_MODES)}"
+        version = self._server.version if self._server else None
+        return (
+            f"pause mode {mode!r} needs vLLM >= {named(WEIGHT_LABELS_SINCE)}, which says which "
+            f"weights sampled each token of a frozen request; {self.base_url} runs {version}"
+        )
+
+    def _headers(self) -> dict[str, str]:
+        return self.http._headers  # the pool's bearer key, until RemoteClient offers GET JSON
+
+    async def _get_json(self, path: str) -> Any:
+        """The JSON answer of ``GET path``; None when not 200 or not JSON."""
+        timeout = aiohttp.ClientTimeout(
+            total=self.health_timeout_s, sock_connect=self.http.timeout.sock_connect
+        )
+        url = f"{self.base_url}{path}"
+        try:
+            async with self.http.session().get(
+                url, timeout=timeout, headers=self._headers()
+            ) as response:
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineConnectError(f"cannot reach {url}: {exc!r}") from exc
+        if response.status != 200:
+            return None
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+
+    async def _control(
+        self, path: str, *, params: dict[str, Any] | None = None, payload: Any = None
+    ) -> Any:
+        """POST a control route; its JSON answer, None for an empty body."""
+        url = f"{self.base_url}{path}"
+        data = orjson.dumps(payload) if payload is not None else None
+        try:
+            async with self.http.session().post(
+                url, params=params, data=data, headers=self._headers()
+            ) as response:
+                body = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineError(f"vLLM {path} failed: {exc!r}") from exc
+        if response.status == 404:
+            raise ConfigError(f"{url} answered 404: {_DEV_MODE}", "engine")
+        if response.status >= 400:
+            raise EngineError(f"vLLM {path} failed: HTTP {response.status} {body[:300]!r}")
+        return orjson.loads(body) if body.strip() else None
+
+
+class _Gate:
+    """Holds generate calls while the engine is paused; ``release`` lets one go unsent."""
+
+    def __init__(self) -> None:
+        self._open = asyncio.Event()
+        self._open.set()
+        self._held: dict[str, asyncio.Event] = {}
+        self._released: set[str] = set()
+
+    @property
+    def closed(self) -> bool:
+        return not self._open.is_set()
+
+    def close(self) -> None:
+        self._open.clear()
+
+    def open(self) -> None:
+        self._open.set()
+        for wake in self._held.values():
+            wake.set()
+
+    async def passed(self, request_id: str) -> bool:
+        """True once the gate is open; False when ``release(request_id)`` came first."""
+        while not self._open.is_set() and request_id not in self._released:
+            wake = self._held[request_id] = asyncio.Event()
+            try:
+                await wake.wait()
+            finally:
+                del self._held[request_id]
+        if request_id in self._released:
+            self._released.discard(request_id)
+            return False
+        return True
+
+    def release(self, request_id: str) -> None:
+        if request_id in self._held:
+            self._released.add(request_id)
+            self._held[request_id].set()
+
+    def release_all(self) -> None:
+        for request_id in list(self._held):
+            self.release(request_id)
+
+
+def logprob_kind_of(mode: str) -> LogprobKind:
+    """The ``LogprobKind`` of a vLLM ``--logprobs-mode``; ``ConfigError`` for logit modes."""
+    if mode in get_args(LogprobKind):
+        return mode  # type: ignore[return-value]
+    if mode in _LOGIT_MODES:
+        raise ConfigError(
+            f"vLLM --logprobs-mode {mode} returns logits, not logprobs: run the server with "
+            "raw_logprobs (vLLM's default) or processed_logprobs",
+            "logprobs_mode",
+        )
+    raise ConfigError(
+        f"unknown vLLM logprobs mode {mode!r}: expected raw_logprobs or processed_logprobs",
+        "logprobs_mode",
+    )
 
 
 def vllm_payload(
-    input_ids: list[int], sampling: SamplingParams, request_id: str, model: str | None
+    input_ids: list[int],
+    sampling: SamplingParams,
+    request_id: str,
+    model: str | None,
+    max_tokens: int,
 ) -> dict[str, Any]:
+    """The ``/v1/completions`` body. ``seed`` goes only when asked: vLLM then samples from a
+    generator of its own for this request, so the same request on the same server, vLLM
+    version and hardware gives the same tokens if its batch does not change the logits (vLLM
+    promises that only with batch invariance on); without a seed every call samples afresh."""
     payload: dict[str, Any] = {
         "prompt": input_ids,
         "request_id": request_id,
+        "max_tokens": max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
@@ -64,25 +405,85 @@ def vllm_payload(
     }
     if model is not None:
         payload["model"] = model
-    if sampling.max_tokens is not None:
-        payload["max_tokens"] = sampling.max_tokens
     if sampling.seed is not None:
         payload["seed"] = sampling.seed
     return payload
 
 
-def parse_completion(body: Any) -> GenerationResult:
-    """Ids, logprobs and finish reason of a ``/v1/completions`` answer."""
+def parse_completion(
+    body: Any,
+    *,
+    server_version: str | None = None,
+    logprob_kind: LogprobKind = "raw_logprobs",
+    stamp: int | None = None,
+) -> GenerationResult:
+    """Ids, logprobs, finish reason and weight versions of a ``/v1/completions`` answer: from
+    the server's ``weight_versions`` spans when given, else ``stamp`` on every token."""
     try:
         choice = body["choices"][0]
+    except (KeyError, TypeError, IndexError) as exc:
+        raise EngineError(f"malformed vLLM completion: missing or bad {exc!r}") from exc
+    finish = choice.get("finish_reason")
+    if finish == "error":
+        raise EngineError(
+            "vLLM ended the request with finish_reason 'error' (a request-level engine "
+            "failure, such as a lost KV-cache transfer)"
+        )
+    if choice.get("token_ids") is None:
+        raise EngineError(
+            f"vLLM answered without token_ids: return_token_ids needs vLLM >= "
+            f"{named(TOKEN_IDS_SINCE)} (this server: {server_version or 'unknown version'})"
+        )
+    try:
         ids = [int(t) for t in choice["token_ids"]]
         logprobs = [float(lp) for lp in choice["logprobs"]["token_logprobs"]]
-        finish = choice["finish_reason"]
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise EngineError(f"malformed vLLM completion: missing or bad {exc!r}") from exc
     if len(ids) != len(logprobs):
         raise EngineError("vLLM completion: token_ids and token_logprobs differ in length")
-    reason: FinishReason = (
-        "length" if finish == "length" else "abort" if finish == "abort" else "stop"
-    )
-    return GenerationResult(ids, logprobs, reason)
+    if finish not in _FINISH:
+        raise EngineError(f"vLLM completion: unknown finish_reason {finish!r}")
+    versions: list[int] | None = None
+    if choice.get("weight_versions") is not None:
+        versions = _versions_of(choice["weight_versions"], len(ids))
+    elif stamp is not None:
+        versions = [stamp] * len(ids)
+    return GenerationResult(ids, logprobs, _FINISH[finish], versions, logprob_kind)
+
+
+def _versions_of(spans: Any, length: int) -> list[int]:
+    """Per-token versions from vLLM's ``[{"version", "start", "end"}]`` label spans; the label
+    is the version rollway set (``"default"``, before any update, is version 0)."""
+    versions: list[int] = []
+    try:
+        for span in sorted(spans, key=lambda s: s["start"]):
+            label = span["version"]
+            if span["start"] != len(versions):
+                raise ValueError("spans leave a gap")
+            versions += [0 if label == "default" else int(label)] * (span["end"] - span["start"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(
+            f"vLLM weight_versions {spans!r} are not rollway's versions: {exc!r}"
+        ) from exc
+    if len(versions) != length:
+        raise EngineError(f"vLLM weight_versions {spans!r} do not cover {length} tokens")
+    return versions
+
+
+def _max_model_len(models: Any, model: str | None) -> int | None:
+    """``max_model_len`` of the served model's card in a ``/v1/models`` answer."""
+    cards = models.get("data") if isinstance(models, dict) else None
+    for card in cards if isinstance(cards, list) else []:
+        if isinstance(card, dict) and (model is None or card.get("id") == model):
+            length = card.get("max_model_len")
+            if isinstance(length, int):
+                return length
+    return None
+
+
+def _pause_modes(server: VLLMServer) -> frozenset[PauseMode]:
+    if server.before(WEIGHT_SYNC_SINCE):
+        return frozenset()
+    if server.since(WEIGHT_LABELS_SINCE):
+        return frozenset({"abort", "drain", "keep"})
+    return frozenset({"abort", "drain"})

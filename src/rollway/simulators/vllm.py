@@ -1,56 +1,316 @@
-"""A simulated vLLM server: token-in/token-out ``/v1/completions``, aborted by disconnect."""
+"""A simulated vLLM server with vLLM's quirks, as read from its source (PyPI sdists; 0.33.0
+unless a version is named), so that a client that gets vLLM wrong fails a test:
+
+- ``POST /v1/completions``: a missing or null ``max_tokens`` samples 16 (``completion/
+  protocol.py``: ``max_tokens = 16``, ``normalize_null_max_tokens``); a prompt longer than
+  ``max_model_len`` or ``max_tokens`` above it is a 400, otherwise ``max_tokens`` is clamped to
+  the room left (``serve/utils/api_utils.py`` ``get_max_tokens``); before 0.32 a prompt plus
+  ``max_tokens`` past the context was a 400 too (0.31.0 ``renderers/params.py``).
+  ``token_ids`` only with ``return_token_ids`` and from 0.10.2 (absent from 0.10.1.1's
+  ``CompletionResponseChoice``); ``weight_versions`` label spans only with
+  ``return_weight_versions`` and from 0.33. Without a seed every call samples afresh.
+  ``logprobs_mode="processed_logprobs"`` gives logprobs reshaped by temperature, top-p, top-k.
+  A request that ends with finish reason ``error`` is an HTTP 500 (``generate/base/serving.py``
+  ``_raise_if_error``). The client's disconnect aborts the request.
+- Development routes answer 404 unless ``dev_mode`` (``VLLM_SERVER_DEV_MODE=1``, ``launchers/
+  api_server/routers.py``): ``/pause``, ``/resume``, ``/is_paused`` (0.12 to 0.15 served these
+  without dev mode, and their ``/pause`` knew only ``wait_for_inflight_requests``; ``mode`` came
+  in 0.16.0), ``/collective_rpc`` (``reload_weights``; ``weights_path`` from 0.16.0),
+  ``/reset_prefix_cache`` (answers ``{"success": bool}`` from 0.33, false while requests hold
+  blocks), ``/update_weight_version`` and ``/weight_info`` (from 0.27).
+- During an abort or wait pause a new request is refused with 503 from 0.33 (``v1/engine/
+  core.py`` ``_reject_add_while_paused``); older servers, and keep pauses, queue it until
+  ``/resume``. ``/health`` answers 200 while paused (``instrumentator/health.py``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import random
 import time
 import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollway.simulators.common import Simulator, generate_until_disconnect, sampling_from
+from rollway.engines.base import PauseMode
+from rollway.engines.sim import SimConfig
+from rollway.engines.vllm import PAUSED_REFUSAL, release_of
+from rollway.simulators.common import (
+    Fault,
+    Simulator,
+    generate_until_disconnect,
+    sampling_from,
+    test_routes,
+)
+from rollway.types import GenerationResult, SamplingParams
+
+_SIM_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "drain", "keep": "keep"}
+_TRUE = ("true", "1", "yes", "on")  # what FastAPI reads as a true bool query parameter
 
 
-def routes(sim: Simulator) -> list[Route]:
-    async def completions(request: Request) -> Response:
+@dataclass(frozen=True, slots=True)
+class VLLMSimOptions:
+    """The vLLM being simulated. ``max_model_len=None`` leaves it out of ``/v1/models`` (as a
+    proxy in front of vLLM may). ``errors``: the first that many requests end with finish
+    reason ``error``. ``race_pause``: requests that arrive before the first ``/pause`` wait for
+    it to begin, as a request sent just before a pause would."""
+
+    version: str = "0.33.0"
+    dev_mode: bool = False
+    max_model_len: int | None = 32768
+    logprobs_mode: Literal["raw_logprobs", "processed_logprobs"] = "raw_logprobs"
+    errors: int = 0
+    race_pause: bool = False
+    model: str = "sim"
+
+
+class VLLMSim:
+    """One simulated vLLM server; its lists say what it did (for tests)."""
+
+    def __init__(self, sim: Simulator, options: VLLMSimOptions) -> None:
+        self.sim = sim
+        self.options = options
+        self.release = release_of(options.version) or (0, 0, 0)
+        #: vLLM's pause mode while paused, else None.
+        self.paused: str | None = None
+        self.requests: list[dict[str, Any]] = []
+        self.refused: list[str] = []
+        self.loaded: list[str] = []
+        self.labels = ["default"]  # index: the simulated engine's version
+        self.cache_resets = 0
+        self._errors_left = options.errors
+        self._pause_begun = asyncio.Event()
+
+    def since(self, *release: int) -> bool:
+        return self.release >= release
+
+    def routes(self) -> list[Route]:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/version", self.version, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
+        weight_sync = []
+        if self.since(0, 12):
+            weight_sync += [
+                Route("/pause", self.pause, methods=["POST"]),
+                Route("/resume", self.resume, methods=["POST"]),
+                Route("/is_paused", self.is_paused, methods=["GET"]),
+            ]
+        if self.since(0, 27):
+            weight_sync += [
+                Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+                Route("/weight_info", self.weight_info, methods=["GET"]),
+            ]
+        if self.options.dev_mode:
+            routes += [
+                Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
+                Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+            ]
+        if self.options.dev_mode or not self.since(0, 16):
+            routes += weight_sync
+        return routes
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": self.options.version})
+
+    async def models(self, request: Request) -> Response:
+        card: dict[str, Any] = {"id": self.options.model, "object": "model", "owned_by": "vllm"}
+        if self.options.max_model_len is not None:
+            card["max_model_len"] = self.options.max_model_len
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def completions(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
+        self.requests.append(body)
         prompt = body.get("prompt")
-        if not isinstance(prompt, list) or not prompt or not body.get("return_token_ids"):
-            error = "prompt must be token ids and return_token_ids true"
-            return JSONResponse({"error": error}, status_code=400)
+        if not isinstance(prompt, list) or not prompt:
+            return _error(400, "BadRequestError", "this simulator takes prompts as token ids")
         rid = body.get("request_id") or uuid.uuid4().hex
-        sampling = sampling_from(body, body.get("max_tokens"), body.get("seed"))
-        fault = sim.next_fault()
-        result = await generate_until_disconnect(request, sim, rid, prompt, sampling, fault)
-        logprobs = {
-            "tokens": [f"token_id:{t}" for t in result.output_ids],
-            "token_logprobs": result.logprobs,
-            "top_logprobs": None,
-            "text_offset": [0] * len(result.output_ids),
-        }
-        choice = {
+        if self.options.race_pause:
+            await self._pause_begun.wait()
+        if self.paused in ("abort", "wait") and self.since(0, 33):
+            self.refused.append(rid)
+            message = f"{PAUSED_REFUSAL}. Please retry after it resumes."
+            return _error(503, "ServiceUnavailableError", message)
+        max_tokens = self._max_tokens(len(prompt), body.get("max_tokens"))
+        if isinstance(max_tokens, Response):
+            return max_tokens
+        sampling = sampling_from(body, max_tokens, _seed(body))
+        fault = self.sim.next_fault()
+        result = await generate_until_disconnect(request, self.sim, rid, prompt, sampling, fault)
+        if self._errors_left > 0:
+            self._errors_left -= 1
+            return _error(500, "InternalServerError", "Internal server error")
+        return self.sim.respond(self._answer(body, rid, prompt, sampling, result), fault)
+
+    async def pause(self, request: Request) -> Response:
+        query = request.query_params
+        wait = query.get("wait_for_inflight_requests", "false").lower() in _TRUE
+        mode = query.get("mode", "abort") if self.since(0, 16) else "abort"
+        if mode not in _SIM_MODES:
+            return JSONResponse({"detail": f"bad mode {mode!r}"}, status_code=422)
+        if wait and not self.since(0, 33):  # deprecated in 0.16, gone in 0.33
+            mode = "wait"
+        self.paused = mode
+        self._pause_begun.set()
+        await self.sim.engine.pause(_SIM_MODES[mode])
+        if query.get("clear_cache", "true").lower() in _TRUE:
+            self.cache_resets += 1
+        return JSONResponse({"status": "paused"})
+
+    async def resume(self, request: Request) -> Response:
+        self.paused = None
+        await self.sim.engine.resume()
+        return JSONResponse({"status": "resumed"})
+
+    async def is_paused(self, request: Request) -> Response:
+        return JSONResponse({"is_paused": self.paused is not None})
+
+    async def collective_rpc(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        if body.get("method") != "reload_weights":
+            return Response(f"no method {body.get('method')!r}", status_code=500)
+        kwargs = body.get("kwargs") or {}
+        if kwargs and not self.since(0, 16):
+            return Response("reload_weights() takes no keyword arguments", status_code=500)
+        self.loaded.append(kwargs.get("weights_path") or self.options.model)
+        return JSONResponse({"results": [None]})
+
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        running = request.query_params.get("reset_running_requests", "false").lower() in _TRUE
+        success = running or not self.sim.state.in_flight
+        self.cache_resets += success
+        return JSONResponse({"success": success}) if self.since(0, 33) else Response()
+
+    async def update_weight_version(self, request: Request) -> Response:
+        label = orjson.loads(await request.body()).get("new_version")
+        if not isinstance(label, str):
+            return JSONResponse({"detail": "new_version is required"}, status_code=422)
+        # vLLM relabels at once; the simulated engine drains first when not paused.
+        self.labels.append(label)
+        await self.sim.engine.update_weights(label, len(self.labels) - 1)
+        return JSONResponse({"success": True, "new_version": label})
+
+    async def weight_info(self, request: Request) -> Response:
+        return JSONResponse({"weight_version": self.labels[-1]})
+
+    def _max_tokens(self, prompt_len: int, wanted: Any) -> int | Response:
+        max_tokens = 16 if wanted is None else int(wanted)
+        context = self.options.max_model_len
+        if context is None:
+            return max_tokens
+        if prompt_len > context or max_tokens > context:
+            return _error(400, "BadRequestError", f"maximum context length is {context}")
+        if prompt_len + max_tokens > context and not self.since(0, 32):
+            return _error(400, "BadRequestError", f"maximum context length is {context}")
+        return min(max_tokens, context - prompt_len)
+
+    def _answer(
+        self,
+        body: dict[str, Any],
+        rid: str,
+        prompt: list[int],
+        sampling: SamplingParams,
+        result: GenerationResult,
+    ) -> dict[str, Any]:
+        ids = result.output_ids
+        logprobs = result.logprobs
+        if self.options.logprobs_mode == "processed_logprobs":
+            logprobs = _processed(logprobs, sampling)
+        choice: dict[str, Any] = {
             "index": 0,
             "text": "",
-            "logprobs": logprobs,
+            "logprobs": None,
             "finish_reason": result.finish_reason,
-            "token_ids": result.output_ids,
-            "prompt_token_ids": prompt,
+            "stop_reason": None,
         }
-        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(result.output_ids)}
-        payload = {
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = {
+                "tokens": [f"tok{t}" for t in ids],
+                "token_logprobs": logprobs,
+                "top_logprobs": [{} for _ in ids],
+                "text_offset": [0] * len(ids),
+            }
+        if self.since(0, 10, 2):
+            wanted = bool(body.get("return_token_ids"))
+            choice["token_ids"] = ids if wanted else None
+            choice["prompt_token_ids"] = prompt if wanted else None
+        if self.since(0, 33):
+            wanted = bool(body.get("return_weight_versions"))
+            choice["weight_versions"] = self._spans(result.policy_versions) if wanted else None
+        return {
             "id": f"cmpl-{rid}",
             "object": "text_completion",
             "created": int(time.time()),
-            "model": body.get("model") or "sim",
+            "model": body.get("model") or self.options.model,
             "choices": [choice],
-            "usage": usage,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
         }
-        return sim.respond(payload, fault)
 
-    return [Route("/v1/completions", completions, methods=["POST"])]
+    def _spans(self, versions: list[int] | None) -> list[dict[str, Any]]:
+        """vLLM's ``WeightVersionSpan`` list: the label of each run of output tokens."""
+        spans: list[dict[str, Any]] = []
+        for index, version in enumerate(versions or []):
+            label = self.labels[version]
+            if spans and spans[-1]["version"] == label:
+                spans[-1]["end"] = index + 1
+            else:
+                spans.append({"version": label, "start": index, "end": index + 1})
+        return spans
 
 
-async def health(request: Request) -> Response:
-    return Response(status_code=200)
+def create_vllm_sim_app(
+    config: SimConfig | None = None,
+    options: VLLMSimOptions | None = None,
+    *,
+    fault: Fault = "none",
+    fault_count: int = 1 << 30,
+) -> Starlette:
+    """A simulated vLLM server; ``app.state.vllm`` is its ``VLLMSim``."""
+    sim = Simulator(config or SimConfig(), fault, fault_count)
+    server = VLLMSim(sim, options or VLLMSimOptions())
+    app = Starlette(routes=server.routes() + test_routes(sim))
+    app.state.sim = sim.state
+    app.state.vllm = server
+    return app
+
+
+def routes(sim: Simulator, options: VLLMSimOptions | None = None) -> list[Route]:
+    return VLLMSim(sim, options or VLLMSimOptions()).routes()
+
+
+def _error(status: int, kind: str, message: str) -> Response:
+    """vLLM's ``ErrorResponse`` body (``serve/exception_handling/error_response.py``)."""
+    error = {"message": message, "type": kind, "param": None, "code": status}
+    return JSONResponse({"error": error}, status_code=status)
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    """The request's seed; without one a sampled request draws fresh randomness (greedy
+    decoding stays deterministic)."""
+    if body.get("seed") is not None:
+        return int(body["seed"])
+    if body.get("temperature") is not None and float(body["temperature"]) == 0.0:
+        return None
+    return random.getrandbits(63)
+
+
+def _processed(logprobs: list[float], sampling: SamplingParams) -> list[float]:
+    """A stand-in for vLLM's processed logprobs: equal to the raw ones at temperature 1 with
+    no top-p/top-k, otherwise reshaped (no logits here to do it exactly)."""
+    filtered = sampling.top_p < 1.0 or sampling.top_k > 0
+    if sampling.temperature in (0.0, 1.0) and not filtered:
+        return logprobs
+    temperature = sampling.temperature or 1.0
+    return [lp / temperature * (0.5 if filtered else 1.0) for lp in logprobs]

@@ -1,0 +1,312 @@
+"""The vLLM engine against the simulated vLLM server (over loopback HTTP): vLLM's defaults and
+version-dependent fields, and weight sync through its pause, reload and resume routes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from rollway.engines.base import PauseMode, WeightSync
+from rollway.engines.sim import SimConfig
+from rollway.engines.vllm import VLLMEngine, parse_completion
+from rollway.errors import ConfigError, EngineError
+from rollway.gateway import BackgroundServer
+from rollway.simulators.vllm import VLLMSim, VLLMSimOptions, create_vllm_sim_app
+from rollway.types import GenerationResult, SamplingParams
+
+from .test_remote_engines import never_accepting
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
+SEEDED = SamplingParams(max_tokens=16, seed=3)  # the simulated output is 16 tokens
+
+
+@contextmanager
+def vllm(config: SimConfig | None = None, **options: Any) -> Iterator[tuple[str, VLLMSim]]:
+    app = create_vllm_sim_app(config, VLLMSimOptions(**options))
+    with BackgroundServer(app) as url:
+        yield url, app.state.vllm
+
+
+async def generate(url: str, sampling: SamplingParams, **engine: Any) -> GenerationResult:
+    client = VLLMEngine(url, **engine)
+    try:
+        return await client.generate(PROMPT, sampling, "one")
+    finally:
+        await client.close()
+
+
+async def test_an_unset_max_tokens_becomes_the_room_left_in_the_context() -> None:
+    with vllm(SimConfig(output_len=64), max_model_len=40) as (url, server):
+        async with httpx.AsyncClient() as raw:  # vLLM's own default: 16 tokens
+            plain = {"prompt": PROMPT, "seed": 1, "return_token_ids": True}
+            bare = await raw.post(f"{url}/v1/completions", json=plain)
+        engine = VLLMEngine(url)
+        try:
+            capped = await engine.generate(PROMPT, SamplingParams(), "capped")
+            assert engine.context_length == 40  # GET /v1/models max_model_len
+        finally:
+            await engine.close()
+        asked = await generate(url, SamplingParams(max_tokens=20))
+        given = await generate(url, SamplingParams(), context_length=10)
+    assert bare.json()["choices"][0]["finish_reason"] == "length"
+    assert len(bare.json()["choices"][0]["token_ids"]) == 16
+    assert server.requests[1]["max_tokens"] == 40 - len(PROMPT)
+    assert (len(capped.output_ids), capped.finish_reason) == (33, "length")
+    assert (len(asked.output_ids), asked.finish_reason) == (20, "length")
+    assert (len(given.output_ids), given.finish_reason) == (3, "length")
+
+
+async def test_without_a_known_context_the_default_cap_is_sent() -> None:
+    with vllm(SimConfig(output_len=64), max_model_len=None) as (url, server):
+        result = await generate(url, SamplingParams(), default_max_tokens=50)
+    assert server.requests[0]["max_tokens"] == 50
+    assert (len(result.output_ids), result.finish_reason) == (50, "length")
+
+
+async def test_a_prompt_that_fills_the_context_ends_with_length_unsent() -> None:
+    with vllm(max_model_len=len(PROMPT)) as (url, server):
+        result = await generate(url, SamplingParams())
+    assert (result.output_ids, result.finish_reason, server.requests) == ([], "length", [])
+
+
+async def test_the_logprob_kind_is_the_servers_logprobs_mode() -> None:
+    warm = SamplingParams(max_tokens=8, seed=3, temperature=0.7)
+    with vllm(logprobs_mode="processed_logprobs") as (url, _):
+        processed = await generate(url, warm, logprobs_mode="processed_logprobs")
+    with vllm() as (url, _):
+        raw = await generate(url, warm)
+    assert (raw.logprob_kind, processed.logprob_kind) == ("raw_logprobs", "processed_logprobs")
+    assert raw.output_ids == processed.output_ids and raw.logprobs != processed.logprobs
+    for mode in ("raw_logits", "processed_logits", "logprobs"):
+        with pytest.raises(ConfigError, match="raw_logprobs") as refused:
+            VLLMEngine("http://127.0.0.1:1", logprobs_mode=mode)
+        assert refused.value.param == "logprobs_mode"
+
+
+async def test_a_seed_is_sent_only_when_asked_and_unseeded_calls_differ() -> None:
+    with vllm() as (url, server):
+        seeded = [await generate(url, SEEDED) for _ in range(2)]
+        free = [await generate(url, SamplingParams(max_tokens=8)) for _ in range(2)]
+    assert [body.get("seed") for body in server.requests] == [3, 3, None, None]
+    assert "seed" not in server.requests[2]
+    assert seeded[0].output_ids == seeded[1].output_ids
+    assert free[0].output_ids != free[1].output_ids
+
+
+async def test_a_server_too_old_for_token_ids_is_named() -> None:
+    old = r"vLLM >= 0\.10\.2 \(this server: 0\.10\.1\.1\)"
+    with vllm(version="0.10.1.1") as (url, _), pytest.raises(EngineError, match=old):
+        await generate(url, SEEDED)
+
+
+async def test_an_error_finish_fails_the_request_with_vllms_message() -> None:
+    with vllm(errors=1) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            with pytest.raises(EngineError, match="Internal server error"):
+                await engine.generate(PROMPT, SEEDED, "broken")
+            again = await engine.generate(PROMPT, SEEDED, "fine")
+        finally:
+            await engine.close()
+    assert again.finish_reason == "stop"
+    assert dict(server.sim.state.generations) == {"broken": 1, "fine": 1}  # never retried
+
+
+def test_finish_reasons_map_and_error_and_unknown_ones_fail() -> None:
+    def body(finish: str, ids: list[int], **extra: Any) -> dict[str, Any]:
+        lps = [-0.5] * len(ids)
+        choice = {"token_ids": ids, "logprobs": {"token_logprobs": lps}, "finish_reason": finish}
+        return {"choices": [choice | extra]}
+
+    partial = parse_completion(body("abort", [5, 6]), stamp=4)
+    assert (partial.output_ids, partial.finish_reason, partial.policy_versions) == (
+        [5, 6],
+        "abort",
+        [4, 4],
+    )
+    assert parse_completion(body("repetition", [5])).finish_reason == "stop"
+    with pytest.raises(EngineError, match="finish_reason 'error'"):
+        parse_completion(body("error", [5]))
+    with pytest.raises(EngineError, match="unknown finish_reason 'weird'"):
+        parse_completion(body("weird", [5]))
+    spans = [{"version": "default", "start": 0, "end": 1}, {"version": "3", "start": 1, "end": 3}]
+    split = parse_completion(body("stop", [5, 6, 7], weight_versions=spans), stamp=9)
+    assert split.policy_versions == [0, 3, 3]
+    with pytest.raises(EngineError, match="do not cover"):
+        parse_completion(body("stop", [5, 6, 7, 8], weight_versions=spans))
+
+
+async def test_health_is_a_short_get_and_true_while_paused() -> None:
+    with vllm(dev_mode=True) as (url, _):
+        engine = VLLMEngine(url)
+        try:
+            await engine.pause("abort")
+            assert await engine.health()
+        finally:
+            await engine.close()
+    with never_accepting() as dark:
+        engine = VLLMEngine(dark, health_timeout_s=0.2)
+        try:
+            async with asyncio.timeout(3):
+                assert not await engine.health()
+        finally:
+            await engine.close()
+
+
+async def test_without_dev_mode_weight_sync_says_to_set_it() -> None:
+    with vllm() as (url, _):
+        engine = VLLMEngine(url)
+        try:
+            with pytest.raises(ConfigError, match="VLLM_SERVER_DEV_MODE=1"):
+                await engine.pause("abort")
+            with pytest.raises(ConfigError, match="VLLM_SERVER_DEV_MODE=1"):
+                await engine.update_weights("/ckpt/1", 1)
+            assert (await engine.generate(PROMPT, SEEDED, "after")).finish_reason == "stop"
+        finally:
+            await engine.close()
+
+
+@pytest.mark.parametrize(
+    ("version", "modes"),
+    [("0.14.0", set()), ("0.32.0", {"abort", "drain"}), ("0.33.0", {"abort", "drain", "keep"})],
+)
+async def test_pause_modes_are_exactly_what_the_server_supports(
+    version: str, modes: set[str]
+) -> None:
+    with vllm(version=version, dev_mode=True) as (url, _):
+        engine = VLLMEngine(url)
+        try:
+            assert isinstance(engine, WeightSync)
+            await engine.server()
+            assert engine.pause_modes == modes
+            if "keep" not in modes:
+                with pytest.raises(ConfigError, match=r"vLLM >= 0\.(16|33)\.0"):
+                    await engine.pause("keep")
+            with pytest.raises(ConfigError, match=r"unknown pause mode|0\.16\.0"):
+                await engine.pause("later")  # type: ignore[arg-type]
+        finally:
+            await engine.close()
+
+
+async def test_weights_come_from_a_folder_and_versions_must_increase() -> None:
+    with vllm(SimConfig(latency_s=0.3), dev_mode=True) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            running = asyncio.create_task(engine.generate(PROMPT, SEEDED, "old"))
+            await asyncio.to_thread(httpx.get, f"{url}/rollway/wait_in_flight", timeout=30)
+            await engine.update_weights("/ckpt/step-1", 1)  # drains "old" first
+            new = await engine.generate(PROMPT, SEEDED, "new")
+            with pytest.raises(ConfigError, match="does not follow 1"):
+                await engine.update_weights("/ckpt/step-0", 1)
+            with pytest.raises(ConfigError, match="checkpoint folder"):
+                await engine.update_weights({"w": 1}, 2)
+        finally:
+            await engine.close()
+    old = running.result()
+    assert old.finish_reason == "stop" and set(old.policy_versions or []) == {0}
+    assert set(new.policy_versions or []) == {1} and engine.policy_version == 1
+    assert server.loaded == ["/ckpt/step-1"] and server.labels == ["default", "1"]
+    assert server.paused is None and server.cache_resets == 2  # at the pause, after the load
+
+
+async def turn(engine: VLLMEngine, rid: str) -> tuple[GenerationResult, int]:
+    """One turn as the gateway runs it: a turn the engine aborted is sent again (new id)."""
+    for attempt in range(5):
+        result = await engine.generate(PROMPT, SEEDED, f"{rid}-{attempt}")
+        if result.finish_reason != "abort":
+            return result, attempt
+    raise AssertionError(f"{rid} aborted 5 times")
+
+
+CASES = [
+    ("0.33.0", "abort"),
+    ("0.33.0", "drain"),
+    ("0.33.0", "keep"),
+    ("0.32.0", "abort"),
+    ("0.32.0", "drain"),
+]
+
+
+@pytest.mark.parametrize(("version", "mode"), CASES)
+async def test_a_paused_update_loses_no_turn_and_runs_no_request_twice(
+    version: str, mode: PauseMode
+) -> None:
+    with vllm(SimConfig(latency_s=0.6), version=version, dev_mode=True) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            early = [asyncio.create_task(turn(engine, f"early{i}")) for i in range(4)]
+            await asyncio.to_thread(httpx.get, f"{url}/rollway/wait_in_flight", timeout=30)
+            if mode == "keep":
+                await asyncio.sleep(0.15)  # let the early turns sample part of their tokens
+            await engine.pause(mode)
+            late = [asyncio.create_task(turn(engine, f"late{i}")) for i in range(3)]
+            await engine.update_weights(f"/ckpt/{mode}", 1)
+            await engine.resume()
+            done_early = await asyncio.gather(*early)
+            done_late = await asyncio.gather(*late)
+        finally:
+            await engine.close()
+    counts = dict(server.sim.state.generations)
+    assert all(count == 1 for count in counts.values())
+    assert not [rid for rid in counts if rid.startswith("late") and not rid.endswith("-0")]
+    for result, _ in done_early + done_late:
+        assert result.finish_reason == "stop" and len(result.policy_versions or []) == 16
+    assert all(r.policy_versions == [1] * 16 for r, _ in done_late)
+    early_versions = [r.policy_versions or [] for r, _ in done_early]
+    if mode == "abort":  # cut off, sent again under the new weights
+        assert [tries for _, tries in done_early] == [1] * 4
+        assert early_versions == [[1] * 16] * 4
+    elif mode == "drain":  # finished under the old weights first
+        assert early_versions == [[0] * 16] * 4
+    else:  # frozen, then finished under the new weights
+        assert all(v[0] == 0 and v[-1] == 1 and v == sorted(v) for v in early_versions)
+    assert server.loaded == [f"/ckpt/{mode}"]
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.32.0"])
+async def test_a_request_that_meets_the_pause_on_the_server_runs_once_after_it(
+    version: str,
+) -> None:
+    with vllm(version=version, dev_mode=True, race_pause=True) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            await engine.server()
+            racing = asyncio.create_task(engine.generate(PROMPT, SEEDED, "racer"))
+            await asyncio.sleep(0)  # it passes the engine's gate: sent before the pause
+            await engine.pause("abort")
+            await engine.update_weights("/ckpt/2", 2)
+            await engine.resume()
+            result = await racing
+        finally:
+            await engine.close()
+    assert result.finish_reason == "stop" and result.policy_versions == [2] * 16
+    assert dict(server.sim.state.generations) == {"racer": 1}
+    assert server.refused == (["racer"] if version == "0.33.0" else [])
+
+
+async def test_a_pause_by_another_client_fails_the_request_clearly() -> None:
+    with vllm(dev_mode=True) as (url, _):
+        async with httpx.AsyncClient() as other:
+            await other.post(f"{url}/pause", params={"mode": "abort"})
+        with pytest.raises(EngineError, match="paused by another client"):
+            await generate(url, SEEDED)
+
+
+async def test_an_abort_releases_a_turn_held_by_the_pause() -> None:
+    with vllm(dev_mode=True) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            await engine.pause("drain")
+            held = asyncio.create_task(engine.generate(PROMPT, SEEDED, "held"))
+            await asyncio.sleep(0)  # it reaches the engine's gate and waits there
+            await engine.abort("held")
+            result = await held
+            await engine.resume()
+        finally:
+            await engine.close()
+    assert result.finish_reason == "abort" and server.requests == []
