@@ -1,0 +1,155 @@
+"""A training loop drives weights through the client: updates mid-batch lose no rollout and fail
+none, every record says which policy sampled it, ``max_staleness`` restarts what falls behind,
+and on the embedded model the logprobs after an update are the new model's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollway.client import RolloutClient
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.engines.sim import SimConfig
+from rollway.gateway import ChatRenderer, Gateway
+from rollway.types import RolloutRecord
+from tests.client.conftest import ScriptedAgent
+from tests.gateway.test_invariants import forward_logprobs
+
+MakeClient = Callable[..., RolloutClient]
+
+
+def run_while(client: RolloutClient, tasks: list[dict], action: Callable[[], object]) -> list:
+    """Run a batch on a thread and ``action`` (an update) on this one once it is under way."""
+    records: list[RolloutRecord] = []
+    batch = threading.Thread(
+        target=lambda: records.extend(i.result for i in client.run_batch(tasks))
+    )
+    batch.start()
+    time.sleep(0.3)  # the turns are in flight
+    answer = action()
+    batch.join(60)
+    assert not batch.is_alive()
+    return [records, answer]
+
+
+@pytest.mark.timeout(60)
+def test_an_update_mid_batch_fails_no_rollout_and_stamps_the_new_version(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(SimConfig(latency_s=0.6, output_len=4), max_concurrent=8)
+    assert client.policy_version == 0
+    tasks = [{"task_id": f"t{i}", "chats": 2} for i in range(6)]
+    records, update = run_while(client, tasks, lambda: client.update_weights("ckpt-1"))
+    assert update["policy_version"] == 1 == client.policy_version
+    assert len(records) == 6 and {r.status for r in records} == {"completed"}
+    assert all(r.attempts == 1 for r in records)  # an aborted turn is not a failed rollout
+    turns = [t for r in records for t in r.trajectory.turns]
+    assert sum(t.reissued for t in turns) == 6  # each first turn was in flight, sent again
+    assert all(t.policy_versions == [1] * 4 for t in turns)
+    assert {r.policy_version for r in records} == {1}
+
+
+@pytest.mark.timeout(60)
+def test_drain_keeps_the_old_version_on_the_turns_it_let_finish(make_client: MakeClient) -> None:
+    client = make_client(SimConfig(latency_s=0.6, output_len=4), max_concurrent=8)
+    tasks = [{"task_id": f"t{i}", "chats": 2} for i in range(4)]
+    records, _ = run_while(client, tasks, lambda: client.update_weights("c", mode="drain"))
+    for record in records:
+        first, second = record.trajectory.turns
+        assert (first.policy_versions, second.policy_versions) == ([0] * 4, [1] * 4)
+        assert record.policy_version == 0 and first.reissued == second.reissued == 0
+        sample = record.trajectory.samples[0]
+        assert {v for v, m in zip(sample.policy_versions, sample.loss_mask, strict=True) if m} == {
+            0,
+            1,
+        }
+
+
+@pytest.mark.timeout(60)
+def test_max_staleness_restarts_what_an_update_leaves_too_far_behind(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(SimConfig(latency_s=0.6, output_len=4), max_staleness=0)
+    tasks = [{"task_id": f"s{i}", "chats": 2} for i in range(3)]
+    records, update = run_while(client, tasks, lambda: client.update_weights("c", mode="drain"))
+    assert update["stale_restarts"] == 3 and client.policy.restarts == 3
+    for record in records:
+        assert record.status == "completed" and record.attempts == 2
+        assert record.policy_version == 1  # every token from the new weights
+        assert all(t.policy_versions == [1] * 4 for t in record.trajectory.turns)
+
+
+@pytest.mark.timeout(60)
+def test_max_staleness_one_lets_a_rollout_span_one_update_but_not_two(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(SimConfig(latency_s=0.5, output_len=2), max_staleness=1)
+
+    def two_updates() -> list[dict]:
+        first = client.update_weights("a", mode="drain")
+        second = client.update_weights("b", mode="drain")
+        return [first, second]
+
+    tasks = [{"task_id": "long", "chats": 4}]
+    (record,), (first, second) = run_while(client, tasks, two_updates)
+    assert (first["stale_restarts"], second["stale_restarts"]) == (0, 1)
+    assert record.attempts == 2 and record.policy_version == 2
+    assert client.update_weights("c")["policy_version"] == 3
+
+
+def test_a_bad_version_is_refused_and_starts_go_on(make_client: MakeClient) -> None:
+    from rollway.errors import InvalidFieldsError
+
+    client = make_client(SimConfig())
+    client.update_weights("a", 4)
+    with pytest.raises(InvalidFieldsError, match="version 3 does not follow"):
+        client.update_weights("b", 3)
+    record = client.invoke({"task_id": "after"}).result(timeout=30)
+    assert record.status == "completed" and record.policy_version == 4
+
+
+def perturbed(engine: EmbeddedEngine) -> dict[str, torch.Tensor]:
+    """The model's weights with one MLP projection moved enough to change every logprob."""
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    name = next(k for k in state if k.endswith("layers.29.mlp.down_proj.weight"))
+    generator = torch.Generator().manual_seed(0)
+    state[name] += 0.05 * torch.randn(state[name].shape, generator=generator).to(state[name])
+    return state
+
+
+@pytest.mark.timeout(300)
+def test_after_an_update_the_recorded_logprobs_are_the_new_models(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    engine = EmbeddedEngine.from_pretrained(max_batch_size=4)  # its own: weights change here
+    gateway = Gateway(engine, renderer, model_name="smol")
+    client = RolloutClient(
+        ScriptedAgent, gateway, store=str(tmp_path / "runs"), max_tokens=8, temperature=1.0
+    )
+    try:
+        before = client.invoke({"task_id": "b", "q": "Name a colour."}).result(timeout=120)
+        old = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        client.update_weights(perturbed(engine))
+        after = client.invoke({"task_id": "a", "q": "Name a colour."}).result(timeout=120)
+        (turn,) = after.trajectory.turns
+        assert turn.policy_versions == [1] * len(turn.completion_ids) and after.policy_version == 1
+        assert before.trajectory.turns[0].policy_versions == [0] * 8
+        ids = turn.prompt_ids + turn.completion_ids
+        fresh = forward_logprobs(engine, ids)
+        positions = range(len(turn.prompt_ids) - 1, len(ids) - 1)
+        expected = [fresh[p, ids[p + 1]].item() for p in positions]
+        assert turn.logprobs == pytest.approx(expected, abs=1e-3)
+        engine.model.load_state_dict(old)
+        stale = forward_logprobs(engine, ids)
+        old_lps = [stale[p, ids[p + 1]].item() for p in positions]
+        assert max(abs(a - b) for a, b in zip(turn.logprobs, old_lps, strict=True)) > 1e-2
+    finally:
+        client.close()
+        import asyncio
+
+        asyncio.run(engine.close())
