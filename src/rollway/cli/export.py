@@ -19,6 +19,14 @@ def export(
     ],
     format: Annotated[str, typer.Option("--format", help="parquet or jsonl")] = "parquet",
     output: Annotated[Path | None, typer.Option(help="Default: ./<exp_id>.<format>.")] = None,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(min=0, help="Drop samples more than this many policy versions behind."),
+    ] = None,
+    latest_version: Annotated[
+        int | None,
+        typer.Option(min=0, help="The version staleness counts from (default: the newest seen)."),
+    ] = None,
 ) -> None:
     """Write one row per sample: ids, loss mask, logprobs, reward, group id, status."""
     if format not in ("parquet", "jsonl"):
@@ -29,5 +37,7 @@ def export(
         raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
     store = store_from_uri(root or ".", exp_id)
     target = output or Path(f"{exp_id}.{format}")
-    rows = export_records(store.records(), target, fmt)
+    rows = export_records(
+        store.records(), target, fmt, latest_version=latest_version, max_staleness=max_staleness
+    )
     typer.echo(f"wrote {rows} rows to {target}")

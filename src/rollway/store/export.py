@@ -1,8 +1,13 @@
 """Export an experiment in the shape trainers read: one row per sample (segment).
 
 Columns: rollout_id, rollout_key, group_id, group_index, sample_index, segment, status,
-reward, prompt_ids, response_ids, loss_mask, logprobs. Records without token data (a rollout
-that failed before its first turn) have no rows.
+reward, prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned with
+response_ids, -1 off the mask; null without versions), policy_version (the oldest version that
+sampled a token of the sample), staleness (the latest version minus that one) and logprob_kind
+(``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns differ: never train on
+those as if they were one kind). Records without token data (a rollout that failed before its
+first turn) have no rows. ``max_staleness`` drops samples more than that many versions behind
+the latest (the newest version in the records unless ``latest_version`` is given).
 """
 
 from __future__ import annotations
@@ -19,11 +24,28 @@ from rollway.types import RolloutRecord
 ExportFormat = Literal["jsonl", "parquet"]
 
 
-def sample_rows(records: Iterable[RolloutRecord]) -> Iterator[dict[str, Any]]:
+def sample_rows(
+    records: Iterable[RolloutRecord],
+    *,
+    latest_version: int | None = None,
+    max_staleness: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    records = [r for r in records if r.trajectory is not None]
+    if latest_version is None:
+        newest = (max(t.policy_versions) for r in records if r.trajectory
+                  for t in r.trajectory.turns if t.policy_versions)  # fmt: skip
+        latest_version = max(newest, default=None)
     for record in records:
-        if record.trajectory is None:
-            continue
-        for sample in record.trajectory.samples:
+        trajectory = record.trajectory
+        assert trajectory is not None
+        for sample in trajectory.samples:
+            oldest = _oldest(sample.policy_versions, sample.loss_mask)
+            staleness = (
+                None if oldest is None or latest_version is None else latest_version - oldest
+            )
+            if max_staleness is not None and staleness is not None and staleness > max_staleness:
+                continue
+            kinds = {t.logprob_kind for t in trajectory.turns if t.segment == sample.segment}
             yield {
                 "rollout_id": record.rollout_id,
                 "rollout_key": record.rollout_key,
@@ -37,12 +59,29 @@ def sample_rows(records: Iterable[RolloutRecord]) -> Iterator[dict[str, Any]]:
                 "response_ids": sample.response_ids,
                 "loss_mask": sample.loss_mask,
                 "logprobs": sample.logprobs,
+                "policy_versions": sample.policy_versions,
+                "policy_version": oldest,
+                "staleness": staleness,
+                "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
             }
 
 
-def export_records(records: Iterable[RolloutRecord], path: Path, fmt: ExportFormat) -> int:
+def _oldest(versions: list[int] | None, mask: list[int]) -> int | None:
+    if versions is None:
+        return None
+    return min((v for v, m in zip(versions, mask, strict=True) if m), default=None)
+
+
+def export_records(
+    records: Iterable[RolloutRecord],
+    path: Path,
+    fmt: ExportFormat,
+    *,
+    latest_version: int | None = None,
+    max_staleness: int | None = None,
+) -> int:
     """Write the sample rows of ``records`` to ``path``; return how many rows."""
-    rows = list(sample_rows(records))
+    rows = list(sample_rows(records, latest_version=latest_version, max_staleness=max_staleness))
     if fmt == "jsonl":
         path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     elif fmt == "parquet":
@@ -72,6 +111,10 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("response_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
             ("logprobs", pa.list_(pa.float64())),
+            ("policy_versions", pa.list_(pa.int32())),
+            ("policy_version", pa.int64()),
+            ("staleness", pa.int64()),
+            ("logprob_kind", pa.string()),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

@@ -1,0 +1,79 @@
+"""The export carries each token's policy version, the sample's staleness and its logprob kind,
+and drops samples staler than asked."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+from rollway.cli.main import app
+from rollway.gateway.rollout import build_samples
+from rollway.store import FileStore, export_records
+from rollway.types import LogprobKind, RolloutRecord, Trajectory, Turn
+
+
+def turn(index: int, prompt: list[int], completion: list[int], versions: list[int] | None,
+         kind: LogprobKind = "raw_logprobs") -> Turn:  # fmt: skip
+    return Turn(
+        index=index, segment=0, request_id=f"r-{index + 1}", prompt_ids=prompt,
+        completion_ids=completion, logprobs=[-0.5] * len(completion), finish_reason="stop",
+        content="", sampling={}, latency_ms=1.0, prompt_hash="0", policy_versions=versions,
+        logprob_kind=kind,
+    )  # fmt: skip
+
+
+def record(key: str, turns: list[Turn]) -> RolloutRecord:
+    trajectory = Trajectory(
+        rollout_id=f"e.{key}.1", model="m", sampling={}, max_turns=None, max_seq_len=None,
+        messages=[], tools=None, turns=turns, samples=build_samples(turns), is_truncated=False,
+        truncation_reason=None, is_cancelled=False, segment_count=1, drift=None,
+    )  # fmt: skip
+    return RolloutRecord(
+        exp_id="e", rollout_key=key, rollout_id=f"e.{key}.1", task_index=0, group_id="e:t",
+        group_index=0, sample_index=0, status="completed", reward=1.0, started_at=time.time(),
+        elapsed_s=0.1, trajectory=trajectory,
+        policy_version=trajectory.oldest_policy_version(),
+    )  # fmt: skip
+
+
+RECORDS = [
+    # Two turns across an update: versions 1 then 2, glue between them.
+    record("span.0", [turn(0, [1, 2], [3, 4], [1, 1]), turn(1, [1, 2, 3, 4, 9], [5], [2])]),
+    record("old.0", [turn(0, [1, 2], [3], [0])]),
+    record("new.0", [turn(0, [1, 2], [3], [3])]),
+    record("mixed.0", [turn(0, [1], [2], [3]), turn(1, [1, 2, 7], [4], [3], "processed_logprobs")]),
+    record("none.0", [turn(0, [1], [2], None)]),
+]
+
+
+def test_rows_carry_versions_staleness_and_kind(tmp_path: Path) -> None:
+    path = tmp_path / "rows.parquet"
+    assert export_records(RECORDS, path, "parquet") == 5
+    rows = {row["rollout_key"]: row for row in pq.read_table(path).to_pylist()}
+    span = rows["span.0"]
+    assert span["response_ids"] == [3, 4, 9, 5] and span["loss_mask"] == [1, 1, 0, 1]
+    assert span["policy_versions"] == [1, 1, -1, 2]
+    assert (span["policy_version"], span["staleness"]) == (1, 2)  # the newest seen is 3
+    assert (rows["old.0"]["staleness"], rows["new.0"]["staleness"]) == (3, 0)
+    assert rows["mixed.0"]["logprob_kind"] == "mixed" and span["logprob_kind"] == "raw_logprobs"
+    none = rows["none.0"]
+    assert none["policy_versions"] is None and none["staleness"] is None
+
+
+def test_max_staleness_drops_what_is_too_old(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    assert export_records(RECORDS, path, "jsonl", max_staleness=1) == 3  # not span, not old
+    assert export_records(RECORDS, path, "jsonl", max_staleness=1, latest_version=2) == 4
+    store = FileStore(tmp_path / "runs", "e")
+    for item in RECORDS:
+        store.write(item)
+    out = tmp_path / "cli.parquet"
+    result = CliRunner().invoke(
+        app, ["export", str(tmp_path / "runs" / "e"), "--output", str(out), "--max-staleness", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    kept = sorted(r["rollout_key"] for r in pq.read_table(out).to_pylist())
+    assert kept == ["mixed.0", "new.0", "none.0"]
