@@ -21,8 +21,9 @@ entrypoints/http_server.py``, ``managers/tokenizer_manager.py``, ``managers/io_s
   it). SGLang before 0.5.3 fails any request carrying it with HTTP 500; against a server known
   to be older the engine raises an ``EngineError`` naming the field instead of sending it.
 - Aborts: ``POST /abort_request`` by rid, answered 200 with an empty body. SGLang aborts every
-  running rid that *starts with* the one given (the gateway's ``<rollout>-<turn>`` ids are
-  prefix-free in practice; a caller mixing ids like ``a-1`` and ``a-12`` must not). An aborted
+  rid that *starts with* the one given (``scheduler.py``: ``req.rid.startswith(recv_req.rid)``),
+  so aborting ``a-1`` would also end ``a-12`` and ``a-1.1``: the rid on the wire is the request
+  id with ``~`` after it (``wire_rid``), a character rollway ids never hold. An aborted
   generation answers 200 with finish ``abort`` and its partial output; aborted before its first
   token, older servers send no logprobs at all: an empty ``abort`` result, not an error.
 - Health: SGLang's ``/health`` generates a token, waits up to 20 s and fails while generation is
@@ -78,6 +79,12 @@ PAUSE_MODES_VERSION = (0, 5, 6)
 SAMPLING_EPS = 1e-6
 _SERVER_MODE: dict[str, str] = {"abort": "abort", "drain": "abort", "keep": "retract"}
 _KEY_HINT = "sglang://HOST:PORT?api_key=KEY or ROLLWAY_ENGINE_API_KEY"
+
+
+def wire_rid(request_id: str) -> str:
+    """The rid SGLang gets: ended by a character ids never hold, so that no rid is a prefix of
+    another (SGLang aborts by prefix)."""
+    return f"{request_id}~"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +150,7 @@ class SGLangEngine:
                 )
             payload = {
                 "input_ids": input_ids,
-                "rid": request_id,
+                "rid": wire_rid(request_id),
                 "sampling_params": self.sampling_params(sampling, len(input_ids)),
                 "return_logprob": True,
                 "logprob_start_len": -1,
@@ -187,7 +194,8 @@ class SGLangEngine:
         return "raw_logprobs" if raw else "processed_logprobs"
 
     async def abort(self, request_id: str) -> None:
-        await self.http.post_quietly(f"{self.base_url}/abort_request", {"rid": request_id})
+        rid = wire_rid(request_id)
+        await self.http.post_quietly(f"{self.base_url}/abort_request", {"rid": rid})
 
     async def health(self) -> bool:
         """Liveness from the cheap info route, within ``health_timeout_s``."""
