@@ -19,6 +19,7 @@ from rollway.errors import EngineConnectError, EngineError, RolloutClosedError
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
 from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
+from tests.engines import by_request_id
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
 SAMPLING = SamplingParams(max_tokens=8, seed=3)
@@ -39,7 +40,7 @@ def make_engine(protocol: Protocol, url: str, **kwargs: Any) -> SGLangEngine | V
 async def server_stats(url: str, wait: str = "stats") -> dict[str, Any]:
     """The server's counters; ``wait`` long-polls until something runs or nothing does."""
     async with httpx.AsyncClient() as client:
-        return (await client.get(f"{url}/rollway/{wait}", timeout=60)).json()
+        return by_request_id((await client.get(f"{url}/rollway/{wait}", timeout=60)).json())
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
+from tests.engines import by_request_id
 
 AfterTurn = Callable[[str, int], Awaitable[None]]
 
@@ -37,7 +38,7 @@ def free_port() -> int:
 
 
 def generations(url: str) -> dict[str, int]:
-    return httpx.get(f"{url}/rollway/stats").json()["generations"]
+    return by_request_id(httpx.get(f"{url}/rollway/stats").json())["generations"]
 
 
 def routed(spec: str) -> RoutedEngine:
@@ -309,7 +310,8 @@ async def test_a_server_killed_mid_batch_fails_only_what_had_reached_it(
                 if turn > 0 or victims:
                     return
                 async with httpx.AsyncClient() as client:
-                    stats = (await client.get(f"http://{doomed}/rollway/stats")).json()
+                    answer = await client.get(f"http://{doomed}/rollway/stats")
+                    stats = by_request_id(answer.json())
                 if f"{rollout_id}-1" in stats["generations"]:
                     proc.kill()
                     proc.wait()

@@ -24,6 +24,7 @@ from rollway.errors import ConfigError, EngineError
 from rollway.gateway import BackgroundServer
 from rollway.simulators.sglang import SGLangSimOptions, create_app
 from rollway.types import SamplingParams
+from tests.engines import by_request_id
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
 
@@ -35,7 +36,7 @@ def sglang_server(options: SGLangSimOptions | None = None, **config: Any) -> Ite
 
 
 def stats(url: str) -> dict[str, Any]:
-    return httpx.get(f"{url}/rollway/stats").json()
+    return by_request_id(httpx.get(f"{url}/rollway/stats").json())
 
 
 async def call(method: str, url: str, **kwargs: Any) -> httpx.Response:
@@ -292,3 +293,24 @@ async def test_an_api_key_comes_from_the_spec_or_the_environment_and_is_never_sh
     with pytest.raises(ConfigError) as refused:
         engine_from_spec(f"sglang://{host},{host}?api_key=s3cret")
     assert "s3cret" not in str(refused.value) and "api_key=***" in str(refused.value)
+
+
+async def test_aborting_a_request_leaves_those_whose_ids_it_prefixes_running() -> None:
+    # SGLang aborts every rid that starts with the one given: a-1 would take a-12 with it.
+    with sglang_server(latency_s=30.0) as url:
+        engine = SGLangEngine(url)
+        try:
+            calls = {
+                rid: asyncio.create_task(engine.generate(PROMPT, SamplingParams(), rid))
+                for rid in ("a-1", "a-12", "a-1.1")
+            }
+            await until_in_flight(url, 3)
+            await engine.abort("a-1")
+            assert (await calls["a-1"]).finish_reason == "abort"
+            raw = httpx.get(f"{url}/rollway/stats").json()
+            assert sorted(raw["in_flight"]) == ["a-1.1~", "a-12~"]  # the rid on the wire
+            for rid in ("a-12", "a-1.1"):
+                await engine.abort(rid)
+                assert (await calls[rid]).finish_reason == "abort"
+        finally:
+            await engine.close()
