@@ -1,0 +1,6 @@
+"""Adapters that let existing RL trainers consume rollway rollouts.
+
+``rollway.trainers.trl``: TRL's ``GRPOTrainer`` samples through a ``RolloutClient`` (its
+``rollout_func`` hook), with the trainer's weights pushed into rollway's engine each step.
+Importing this package imports no trainer library; see ``docs/trainers.md`` for the others.
+"""
