@@ -307,7 +307,7 @@ async def test_aborting_a_request_leaves_those_whose_ids_it_prefixes_running() -
             await until_in_flight(url, 3)
             await engine.abort("a-1")
             assert (await calls["a-1"]).finish_reason == "abort"
-            raw = httpx.get(f"{url}/rollway/stats").json()
+            raw = (await call("GET", f"{url}/rollway/stats")).json()
             assert sorted(raw["in_flight"]) == ["a-1.1~", "a-12~"]  # the rid on the wire
             for rid in ("a-12", "a-1.1"):
                 await engine.abort(rid)
