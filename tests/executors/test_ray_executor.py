@@ -399,3 +399,32 @@ def test_the_ray_options_go_with_the_ray_executor(tmp_path: Path) -> None:
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode != 0 and "--executor ray" in run.stderr
+
+
+def test_every_worker_takes_a_weight_update_and_a_sglang_spec_is_refused(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    executor = two_workers()
+    with RolloutClient(
+        ProbeAgent, "sim://?output_len=3", store=str(tmp_path), executor=executor
+    ) as client:
+        assert client.policy_version == 0
+        update = client.update_weights({"w": [1.0]}, mode="drain")
+        assert update["policy_version"] == 1 == client.policy_version
+        workers = [w.actor for w in executor._workers]
+        assert [p["policy_version"] for p in ray.get([w.policy.remote() for w in workers])] == [
+            1,
+            1,
+        ]
+        items = list(client.run_batch([{"task_id": f"v{i}"} for i in range(4)]))
+    assert {i.result.policy_version for i in items} == {1}
+    assert all(w["dispatched"] >= 1 for w in executor.load())  # both workers stamped 1
+
+    # Each worker's engine would send the same update to the same servers.
+    with (
+        RolloutClient(
+            ProbeAgent, "sglang://127.0.0.1:9", store=str(tmp_path), executor=two_workers()
+        ) as shared_servers,
+        pytest.raises(ConfigError, match="through a shared gateway"),
+    ):
+        shared_servers.update_weights("/ckpt")
