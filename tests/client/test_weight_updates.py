@@ -153,3 +153,27 @@ def test_after_an_update_the_recorded_logprobs_are_the_new_models(
         import asyncio
 
         asyncio.run(engine.close())
+
+
+@pytest.mark.timeout(60)
+def test_max_staleness_follows_updates_made_around_the_client(make_client: MakeClient) -> None:
+    # A trainer that updates the gateway directly (POST /admin/weights does this) still gets
+    # the staleness bound: the client follows the engine's version.
+    client = make_client(SimConfig(latency_s=1.5, output_len=2), max_staleness=0)
+    engine = client.gateway.gateway.engine
+
+    def update_behind_the_clients_back() -> None:
+        client._loop.call(client.gateway.gateway.weights.update("elsewhere", mode="drain"))
+
+    (record,), _ = run_while(client, [{"task_id": "x", "chats": 2}], update_behind_the_clients_back)
+    assert engine.policy_version == 1 == client.policy_version
+    assert record.attempts == 2 and record.policy_version == 1
+
+
+def test_a_closed_client_refuses_an_update(make_client: MakeClient) -> None:
+    from rollway.errors import ConfigError
+
+    client = make_client(SimConfig())
+    client.close()
+    with pytest.raises(ConfigError, match="closed"):
+        client.update_weights("a")

@@ -272,3 +272,17 @@ async def test_closing_while_paused_answers_frozen_and_queued_requests(
         assert result.finish_reason == "abort"
     with pytest.raises(EngineError, match="closed"):
         await other.generate(ids, SHORT, "after-close")
+
+
+async def test_a_tensor_that_cannot_be_copied_changes_no_weight(engine: EmbeddedEngine) -> None:
+    # Shapes and dtypes fit, but one tensor holds no data (meta): staged before any write.
+    before = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    state = {k: v + 1.0 for k, v in before.items()}
+    last = list(state)[-1]
+    state[last] = torch.empty_like(state[last], device="meta")
+    with pytest.raises(ConfigError, match=f"{last!r} cannot be read"):
+        await engine.update_weights(state, engine.policy_version + 1)
+    after = engine.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(ConfigError, match="not int"):
+        await engine.update_weights(5, engine.policy_version + 1)  # type: ignore[arg-type]

@@ -93,3 +93,29 @@ async def test_a_source_no_endpoint_can_load_fails_the_update_and_keeps_the_flee
             assert result.policy_versions == [0] * 4
         finally:
             await fleet.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_server_restarted_between_checks_is_taken_out_and_caught_up(
+    tmp_path: Path,
+) -> None:
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    with BackgroundServer(app()) as steady:
+        first = BackgroundServer(app())
+        url = first.start()
+        fleet = fleet_of([steady, url])
+        fleet.readmit_after = 1
+        try:
+            await fleet.update_weights(str(tmp_path), 1)
+            first.stop()  # killed and restarted faster than a health check notices
+            with BackgroundServer(app(), port=int(url.rsplit(":", 1)[1])):
+                restarted = fleet.endpoints[1]
+                # It reports weight_version "default": out, then back once caught up.
+                await fleet.check_health()
+                assert (restarted.ejections, restarted.readmissions) == (1, 1)
+                assert restarted.healthy and not restarted.stale
+                assert restarted.engine.policy_version == 1
+                result = await restarted.engine.generate(PROMPT, SAMPLING, "again-1")
+                assert result.policy_versions == [1] * 4
+        finally:
+            await fleet.close()

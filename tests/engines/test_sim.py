@@ -31,3 +31,14 @@ async def test_abort_ends_a_waiting_request() -> None:
     await engine.abort("slow")
     result = await task
     assert result.finish_reason == "abort" and result.output_ids == []
+
+
+async def test_an_abort_reaches_a_generation_frozen_by_keep_after_its_latency() -> None:
+    engine = SimEngine(SimConfig(latency_s=0.1))
+    task = asyncio.create_task(engine.generate([1], SamplingParams(), "frozen"))
+    await asyncio.sleep(0.02)
+    await engine.pause("keep")
+    await asyncio.sleep(0.2)  # its latency is over; it waits for resume
+    await engine.abort("frozen")
+    result = await asyncio.wait_for(task, 2)
+    assert result.finish_reason == "abort" and result.output_ids == []

@@ -205,6 +205,9 @@ def test_the_admin_routes_update_pause_and_report_the_version(
     assert answer.status_code == 200 and answer.json()["policy_version"] == 1
     stale = admin.post("/admin/weights", json={"source": "/ckpt/old", "version": 1})
     assert stale.status_code == 422 and stale.json()["error"]["param"] == "version"
+    for bad in ("3", True, 2**53 + 1, -1):
+        refused = admin.post("/admin/weights", json={"source": "/ckpt", "version": bad})
+        assert refused.status_code == 422, bad
     typo = admin.post("/admin/weights", json={"source": "/ckpt", "mdoe": "drain"})
     assert typo.status_code == 422 and "mdoe" in typo.text
     assert admin.post("/admin/pause", json={"mode": "drain"}).json()["paused"] == "drain"
@@ -232,3 +235,21 @@ def test_the_admin_routes_update_pause_and_report_the_version(
         )
         assert reply.status_code == 200
     assert "rollway_policy_version 2.0" in admin.get("/metrics").text
+
+
+async def test_what_the_engine_refuses_is_a_request_error(renderer: ChatRenderer) -> None:
+    # A vLLM server without VLLM_SERVER_DEV_MODE, say: the caller's to fix, not a 500.
+    from rollway.errors import ConfigError
+
+    class NoDevMode(SimEngine):
+        async def pause(self, mode: str = "abort") -> None:  # type: ignore[override]
+            raise ConfigError("start vLLM with VLLM_SERVER_DEV_MODE=1", "engine")
+
+    gateway = gateway_over(NoDevMode(), renderer)
+    with pytest.raises(RequestError, match="VLLM_SERVER_DEV_MODE"):
+        await gateway.weights.pause("abort")
+    with pytest.raises(RequestError, match="VLLM_SERVER_DEV_MODE"):
+        await gateway.weights.update("/ckpt")
+    with pytest.raises(InvalidFieldsError, match="not 5"):
+        await gateway.weights.update(5)  # type: ignore[arg-type]
+    assert gateway.weights.paused is None

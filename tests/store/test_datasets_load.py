@@ -45,7 +45,7 @@ def test_load_dataset_reads_the_parquet_export_typed_and_exact(tmp_path: Path) -
     )
     ints = datasets.List(datasets.Value("int32"))
     assert loaded.features["prompt_ids"] == ints and loaded.features["response_ids"] == ints
-    assert loaded.features["policy_versions"] == ints
+    assert loaded.features["policy_versions"] == datasets.List(datasets.Value("int64"))
     assert loaded.features["loss_mask"] == datasets.List(datasets.Value("int8"))
     assert loaded.features["logprobs"] == datasets.List(datasets.Value("float64"))
     assert loaded.features["reward"] == datasets.Value("float64")

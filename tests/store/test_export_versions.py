@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from typer.testing import CliRunner
 
 from rollway.cli.main import app
@@ -66,7 +67,7 @@ def test_rows_carry_versions_staleness_and_kind(tmp_path: Path) -> None:
 def test_max_staleness_drops_what_is_too_old(tmp_path: Path) -> None:
     path = tmp_path / "rows.jsonl"
     assert export_records(RECORDS, path, "jsonl", max_staleness=1) == 3  # not span, not old
-    assert export_records(RECORDS, path, "jsonl", max_staleness=1, latest_version=2) == 4
+    assert export_records(RECORDS, path, "jsonl", max_staleness=2, latest_version=3) == 4
     store = FileStore(tmp_path / "runs", "e")
     for item in RECORDS:
         store.write(item)
@@ -77,3 +78,18 @@ def test_max_staleness_drops_what_is_too_old(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     kept = sorted(r["rollout_key"] for r in pq.read_table(out).to_pylist())
     assert kept == ["mixed.0", "new.0", "none.0"]
+
+
+def test_versions_past_32_bits_export_to_parquet(tmp_path: Path) -> None:
+    big = 2**40
+    path = tmp_path / "big.parquet"
+    assert export_records([record("big.0", [turn(0, [1], [2], [big])])], path, "parquet") == 1
+    (row,) = pq.read_table(path).to_pylist()
+    assert row["policy_versions"] == [big] and row["policy_version"] == big
+
+
+def test_a_latest_version_older_than_the_records_is_refused(tmp_path: Path) -> None:
+    from rollway.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="latest version 2 is older than version 3"):
+        export_records(RECORDS, tmp_path / "x.jsonl", "jsonl", latest_version=2)

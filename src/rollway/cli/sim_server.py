@@ -25,6 +25,12 @@ def serve(
     fault: Annotated[str, typer.Option(help="none | drop | 5xx | hang")] = "none",
     fault_count: Annotated[int, typer.Option(help="How many requests the fault hits.")] = 1 << 30,
     slow_start_s: Annotated[float, typer.Option(help="Wait before listening.")] = 0.0,
+    server_version: Annotated[
+        str | None, typer.Option(help="The SGLang or vLLM release to imitate (default: newest).")
+    ] = None,
+    dev_mode: Annotated[
+        bool, typer.Option(help="vLLM: as with VLLM_SERVER_DEV_MODE=1 (pause, weight routes).")
+    ] = True,
 ) -> None:
     """Serve a simulated engine (a load generator, not a model) over a real protocol."""
     if protocol not in PROTOCOLS:
@@ -38,6 +44,8 @@ def serve(
         protocol=protocol,  # type: ignore[arg-type]
         fault=chosen,
         fault_count=fault_count,
+        server_version=server_version,
+        dev_mode=dev_mode,
     )
     time.sleep(slow_start_s)
     typer.echo(f"simulated {protocol} server on http://{host}:{port} (fault: {fault})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import time
 import uuid
@@ -36,6 +37,8 @@ from rollway.ids import check_exp_id
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord
+
+log = logging.getLogger(__name__)
 
 
 class RolloutClient:
@@ -141,6 +144,11 @@ class RolloutClient:
             self._loop.close()
             raise
         self._updating = asyncio.Lock()
+        # Updates can come from elsewhere (POST /admin/weights on a shared gateway): with a
+        # staleness bound, the client follows the engines' version.
+        self._following = (
+            self._loop.submit(self._follow_policy()) if max_staleness is not None else None
+        )
 
     @property
     def gateway(self) -> GatewayHandle:
@@ -183,7 +191,9 @@ class RolloutClient:
         sees a slower turn), ``drain`` (they finish on the old weights first) or ``keep``
         (they freeze and go on under the new ones). Rollout starts wait meanwhile. Safe to
         call from another thread while a batch runs. Returns what the update did."""
-        return self._loop.call(self.update_weights_async(source, version, mode=mode))
+        if self._loop.loop.is_closed():
+            raise ConfigError("this client is closed: make a new one to update weights")
+        return self._loop.call(self._update_weights(source, version, mode))
 
     async def update_weights_async(
         self, source: Any, version: int | None = None, *, mode: str = "abort"
@@ -191,6 +201,19 @@ class RolloutClient:
         return await asyncio.wrap_future(
             self._loop.submit(self._update_weights(source, version, mode))
         )
+
+    async def _follow_policy(self, every_s: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                version = (await self.executor.policy())["policy_version"]
+            except Exception as exc:  # the gateway is down: rollouts will say so
+                log.debug("policy check failed: %r", exc)
+                continue
+            if version is not None and (
+                self.policy.version is None or version > self.policy.version
+            ):
+                self.policy.advance(version)
 
     async def _update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
         async with self._updating:
@@ -267,6 +290,8 @@ class RolloutClient:
         """Cancel what is running (each gets its ``cancelled`` record), close the engine."""
         if self._loop.loop.is_closed():
             return
+        if self._following is not None:
+            self._following.cancel()
         self._cancel_and_wait(list(self._live))
         try:
             self.executor.close(self._loop)

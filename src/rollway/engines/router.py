@@ -19,9 +19,10 @@ Weight sync (``WeightSync``) goes to every endpoint at once: ``pause``, ``update
 ``resume`` fan out, and the fleet's ``policy_version`` is the last update every healthy endpoint
 took. An endpoint that fails to pause or load is ejected and stays out until it has loaded the
 fleet's current weights: a re-admission first replays the last update on it, so no endpoint
-ever serves stale weights next to fresh ones. (A server that restarts between health checks
-comes back with the weights it was started with and is not caught: start it from the latest
-checkpoint.)
+ever serves stale weights next to fresh ones. A server that restarts between health checks
+comes back with the weights it was started with: where its engine reports the version it
+serves (SGLang's ``weight_version``), the next health check takes it out and replays the
+update on it.
 """
 
 from __future__ import annotations
@@ -198,6 +199,21 @@ class RoutedEngine:
             if not endpoint.healthy and what == "load":
                 endpoint.stale = True
 
+    def _take_out_stale(self) -> None:
+        """An endpoint whose engine reports other weights than the fleet's (a server that
+        restarted between health checks serves its start-up weights) goes out at once and
+        catches up before it returns."""
+        if self._last_update is None:
+            return
+        for endpoint in self.endpoints:
+            engine = endpoint.engine
+            if isinstance(engine, WeightSync) and engine.policy_version != self.policy_version:
+                endpoint.stale = True
+                endpoint.successes = 0
+                if endpoint.healthy:
+                    self._take_out(endpoint, f"it serves weights version {engine.policy_version}, "
+                                   f"not the fleet's {self.policy_version}")  # fmt: skip
+
     async def _catch_up(self, endpoint: Endpoint) -> bool:
         """Bring a returning endpoint to the fleet's weights and pause state; False if it
         cannot (it stays out)."""
@@ -218,6 +234,7 @@ class RoutedEngine:
     async def check_health(self) -> None:
         """One round of health checks on every endpoint (the loop calls this periodically)."""
         results = await asyncio.gather(*[_healthy(e.engine) for e in self.endpoints])
+        self._take_out_stale()
         for endpoint, ok in zip(self.endpoints, results, strict=True):
             returning = ok and not endpoint.healthy
             if returning and endpoint.successes + 1 >= self.readmit_after and endpoint.stale:

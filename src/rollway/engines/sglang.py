@@ -59,6 +59,7 @@ entrypoints/http_server.py``, ``managers/tokenizer_manager.py``, ``managers/io_s
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import uuid
@@ -70,6 +71,8 @@ from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote import Answer, RemoteClient, served_context_length, token_cap
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
+
+log = logging.getLogger(__name__)
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 #: SGLang releases that brought what this engine may use.
@@ -207,8 +210,19 @@ class SGLangEngine:
                 return False
             if answer.status != 404:
                 self._info_route = route
+                if answer.ok and isinstance(answer.body, dict):
+                    self._note_served_version(answer.body.get("weight_version"))
                 return answer.ok
         return False
+
+    def _note_served_version(self, label: Any) -> None:
+        """A server that restarted serves its start-up weights: the version it reports is the
+        truth (a routed fleet then takes it out and replays the last update on it)."""
+        served = _version_number(label, self.policy_version) if label is not None else None
+        if served is not None and served != self.policy_version:
+            log.warning("%s serves weights version %d, not %d (restarted?)", self.base_url,
+                        served, self.policy_version)  # fmt: skip
+            self.policy_version = served
 
     async def probe(self) -> SGLangServer:
         """What the server is, learnt once (first use calls it): a ``ConfigError`` for an

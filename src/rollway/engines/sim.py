@@ -66,7 +66,7 @@ class SimEngine:
     ) -> GenerationResult:
         if not input_ids:
             raise InvalidFieldsError("input_ids is empty", param="input_ids")
-        if not self._resumed.is_set() and await self._aborted_while_paused(request_id):
+        if await self._aborted_while_paused(request_id):
             return GenerationResult([], [], "abort", [])
         cfg = self.config
         wanted = cfg.output_len if sampling.max_tokens is None else sampling.max_tokens
@@ -82,8 +82,9 @@ class SimEngine:
                 self._idle.set()
         if aborted:
             return GenerationResult([], [], "abort", [])
-        if running.frozen_at is not None:  # paused with ``keep``: go on under the new weights
-            await self._resumed.wait()
+        # Paused with ``keep``: it goes on under the new weights, unless aborted meanwhile.
+        if running.frozen_at is not None and await self._aborted_while_paused(request_id):
+            return GenerationResult([], [], "abort", [])
         rng = random.Random(sampling.seed if sampling.seed is not None else _digest(input_ids))
         low, high = cfg.token_range
         ids = [rng.randrange(low, high) for _ in range(length)]
@@ -137,7 +138,9 @@ class SimEngine:
         self._resumed.set()
 
     async def _aborted_while_paused(self, request_id: str) -> bool:
-        """Wait for ``resume``; True when aborted first."""
+        """Wait for ``resume`` (if paused); True when aborted first."""
+        if self._resumed.is_set():
+            return False
         aborted = self._queued[request_id] = asyncio.Event()
         waits = [asyncio.ensure_future(aborted.wait()), asyncio.ensure_future(self._resumed.wait())]
         try:

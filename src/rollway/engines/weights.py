@@ -27,6 +27,11 @@ def read_state_dict(source: WeightSource) -> Mapping[str, Any]:
     """The tensors of ``source``: the mapping itself, or those in a checkpoint folder (on CPU)."""
     if isinstance(source, Mapping):
         return source
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(
+            f"weights come as a checkpoint folder or a state dict, not {type(source).__name__}",
+            "source",
+        )
     from transformers.modeling_utils import load_state_dict
 
     state: dict[str, Any] = {}
@@ -63,8 +68,10 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """``state`` completed for ``model.load_state_dict(strict=True)``, or a ``ConfigError``
-    naming the first key that does not fit (missing, unknown, not a tensor, wrong shape)."""
+    """``state`` completed for ``model.load_state_dict(strict=True)`` and staged: each tensor
+    copied to its parameter's device and dtype, so the copy into the model that follows cannot
+    fail half-way. A ``ConfigError`` names the first key that does not fit (missing, unknown,
+    not a tensor, wrong shape, not readable: a meta tensor, say)."""
     expected = model.state_dict()
     full = _fill_tied(model, expected.keys(), dict(state))
     missing = sorted(expected.keys() - full.keys())
@@ -73,9 +80,19 @@ def check_state_dict(model: torch.nn.Module, state: Mapping[str, Any]) -> dict[s
     unexpected = sorted(full.keys() - expected.keys())
     if unexpected:
         raise ConfigError(f"weights hold unknown {_names(unexpected)}", "source")
+    staged: dict[str, torch.Tensor] = {}
     for key, current in expected.items():
         _check_tensor(key, full[key], current)
-    return full
+        staged[key] = _staged(key, full[key], current)
+    return staged
+
+
+def _staged(key: str, given: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    try:
+        with torch.no_grad():
+            return given.detach().to(device=current.device, dtype=current.dtype, copy=True)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        raise ConfigError(f"weight {key!r} cannot be read: {exc}", "source") from exc
 
 
 def _fill_tied(model: torch.nn.Module, keys: Iterable[str], full: dict[str, Any]) -> dict[str, Any]:
@@ -123,7 +140,7 @@ def copy_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> N
 
 def _differ(a: Any, b: Any) -> bool:
     tensors = isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-    if not tensors or a.shape != b.shape:
+    if not tensors or a.shape != b.shape or a.is_meta or b.is_meta:
         return False  # the per-key checks name the problem
     return not torch.equal(a.cpu(), b.to(a.dtype).cpu())
 

@@ -162,12 +162,16 @@ def parse_model(model: type[ModelT], data: Any) -> ModelT:
         raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None
 
 
+#: Versions stay exact in JSON (a double) and in every integer column a trainer reads.
+MAX_VERSION = 2**53
+
+
 class WeightUpdateRequest(_Strict):
     """``POST /admin/weights``: a checkpoint folder the engine can read (on a remote engine's
     server, a path there), the version it becomes (default: the next), and the pause mode."""
 
-    source: str = Field(min_length=1)
-    version: int | None = Field(default=None, ge=0)
+    source: str = Field(min_length=1, strict=True)
+    version: int | None = Field(default=None, ge=0, le=MAX_VERSION, strict=True)
     mode: Literal["abort", "drain", "keep"] = "abort"
 
 

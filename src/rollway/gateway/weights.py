@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -68,14 +70,19 @@ class WeightControl:
         """Pause (``mode``), load ``source`` as ``version`` (default: the next one), resume.
         Within a pause the caller made, it loads only and leaves the engine paused."""
         engine = self._engine()
+        self._check_mode(engine, mode)
+        if not isinstance(source, str | os.PathLike | Mapping) or source == "":
+            raise InvalidFieldsError(
+                f"weights come as a checkpoint folder or a state dict, not {source!r:.60}",
+                "source",
+            )
         async with self._lock:
             version = engine.policy_version + 1 if version is None else version
             self._check_version(engine, version)
             own_pause = self.paused is None
             started = time.perf_counter()
             if own_pause:
-                self._check_mode(engine, mode)
-                await engine.pause(mode)
+                await _engine_side(engine.pause(mode))
             paused = time.perf_counter()
             try:
                 await _load(engine, source, version)
@@ -91,13 +98,13 @@ class WeightControl:
         engine = self._engine()
         self._check_mode(engine, mode)
         async with self._lock:
-            await engine.pause(mode)
+            await _engine_side(engine.pause(mode))
             self.paused = mode
 
     async def resume(self) -> None:
         engine = self._engine()
         async with self._lock:
-            await engine.resume()
+            await _engine_side(engine.resume())
             self.paused = None
 
     def _engine(self) -> WeightSync:
@@ -120,14 +127,24 @@ class WeightControl:
 
     @staticmethod
     def _check_version(engine: WeightSync, version: int) -> None:
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise InvalidFieldsError(f"version must be a whole number >= 0, not {version!r}",
-                                     "version")  # fmt: skip
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= 2**53:
+            raise InvalidFieldsError(
+                f"version must be a whole number from 0 to 2**53, not {version!r}", "version"
+            )
         if version <= engine.policy_version:
             raise InvalidFieldsError(
                 f"version {version} does not follow the engine's version {engine.policy_version}",
                 "version",
             )
+
+
+async def _engine_side(call: Awaitable[None]) -> None:
+    """What the engine refuses (a server without weight routes, a mode it lacks) is the
+    caller's to fix: a 400 naming it, not a server error."""
+    try:
+        await call
+    except ConfigError as exc:
+        raise RequestError(str(exc), exc.param) from exc
 
 
 async def _load(engine: WeightSync, source: WeightSource, version: int) -> None:

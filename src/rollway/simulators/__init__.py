@@ -8,6 +8,7 @@ request ran exactly once and that nothing is left running after an abort.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from starlette.applications import Starlette
@@ -27,11 +28,24 @@ def create_sim_server_app(
     protocol: Protocol = "sglang",
     fault: Fault = "none",
     fault_count: int = 1 << 30,
+    server_version: str | None = None,
+    dev_mode: bool = True,
 ) -> Starlette:
     """``fault`` hits the first ``fault_count`` generate calls: ``drop`` cuts the response
-    mid-body, ``5xx`` answers 503 after generating, ``hang`` never finishes until aborted."""
+    mid-body, ``5xx`` answers 503 after generating, ``hang`` never finishes until aborted.
+    ``server_version``: the SGLang or vLLM release to imitate (default: the newest);
+    ``dev_mode``: vLLM run with ``VLLM_SERVER_DEV_MODE=1`` (its pause and weight routes)."""
     sim = Simulator(config or SimConfig(), fault, fault_count)
-    protocol_routes = {"sglang": sglang.routes, "vllm": vllm.routes, "openai": openai.routes}
-    app = Starlette(routes=protocol_routes[protocol](sim) + test_routes(sim))
+    if protocol == "sglang":
+        sglang_options = sglang.SGLangSimOptions(version=server_version or "latest")
+        served = sglang.routes(sim, sglang_options)
+    elif protocol == "vllm":
+        vllm_options = vllm.VLLMSimOptions(dev_mode=dev_mode)
+        if server_version:
+            vllm_options = dataclasses.replace(vllm_options, version=server_version)
+        served = vllm.routes(sim, vllm_options)
+    else:
+        served = openai.routes(sim)
+    app = Starlette(routes=served + test_routes(sim))
     app.state.sim = sim.state
     return app

@@ -31,10 +31,15 @@ def sample_rows(
     max_staleness: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     records = [r for r in records if r.trajectory is not None]
+    newest = max((max(t.policy_versions) for r in records if r.trajectory
+                  for t in r.trajectory.turns if t.policy_versions), default=None)  # fmt: skip
     if latest_version is None:
-        newest = (max(t.policy_versions) for r in records if r.trajectory
-                  for t in r.trajectory.turns if t.policy_versions)  # fmt: skip
-        latest_version = max(newest, default=None)
+        latest_version = newest
+    elif newest is not None and latest_version < newest:
+        raise ConfigError(
+            f"latest version {latest_version} is older than version {newest} in the records",
+            "latest_version",
+        )
     for record in records:
         trajectory = record.trajectory
         assert trajectory is not None
@@ -111,7 +116,7 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("response_ids", pa.list_(pa.int32())),
             ("loss_mask", pa.list_(pa.int8())),
             ("logprobs", pa.list_(pa.float64())),
-            ("policy_versions", pa.list_(pa.int32())),
+            ("policy_versions", pa.list_(pa.int64())),
             ("policy_version", pa.int64()),
             ("staleness", pa.int64()),
             ("logprob_kind", pa.string()),
