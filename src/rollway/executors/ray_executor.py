@@ -160,6 +160,8 @@ class RayExecutor:
     def close(self, loop: LoopThread) -> None:
         if self._ray is None:
             return
+        if isinstance(self._engine, RemoteGateway):  # the driver's own calls (weights, policy)
+            loop.call(self._engine.close())
         ray, self._ray = self._ray, None
         for probe in list(self._probes):
             loop.loop.call_soon_threadsafe(probe.cancel)
