@@ -4,12 +4,21 @@ as a new version, and the next batch is sampled (and recorded) by exactly the ne
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from examples.grpo.config import GRPOConfig
-from examples.grpo.loop import Trainer, collect, make_client, push_weights, train_step
+from examples.grpo.loop import (
+    RolloutFeed,
+    Trainer,
+    collect,
+    make_client,
+    push_weights,
+    train_step,
+)
 from examples.grpo.objective import RatioCheckError, pack, token_logprobs
 from examples.grpo.tasks import QUESTIONS, TaskSet
 
@@ -47,7 +56,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
         plot=False,
         verbose=False,
     )
-    rows = tuple({"task_id": f"q{i}", "question": q} for i, q in enumerate(QUESTIONS[:4]))
+    rows = tuple({"task_id": f"q{i}", "question": q} for i, (q, _) in enumerate(QUESTIONS[:4]))
     task_set = TaskSet(ReplyLengthAgent, rows, max_tokens=8)
     with make_client(config, task_set) as client:
         yield client, Trainer(config, client.policy_version or 0), config, task_set
@@ -94,6 +103,36 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
     assert after["policy_version"] == start + 1 and after["ratio_dev_on_policy"] < 1e-3
     push_weights(client, trainer, "drain")  # the engine keeps the trainer's weights
     assert engine.policy_version == start + 2
+
+
+@pytest.mark.timeout(120)
+def test_async_samples_the_next_batch_during_the_step_and_counts_its_old_tokens_stale(
+    rig: Rig,
+) -> None:
+    client, trainer, config, task_set = rig
+    config = dataclasses.replace(config, async_rollouts=True, steps=2)
+    start = trainer.version
+    with ThreadPoolExecutor(1) as pool:
+        feed = RolloutFeed(client, task_set, config, pool)
+        first = feed.take(0)
+        assert feed.next is not None  # batch 1 runs while step 0 trains
+        train_step(trainer, first, config)
+        push_weights(client, trainer, "drain")
+        second = feed.take(1)
+        assert feed.next is None
+    metrics = train_step(trainer, second, config)
+    push_weights(client, trainer, "drain")
+    assert sampled_versions(second) <= {start, start + 1}
+    old = sum(
+        version == start
+        for record in second
+        for s in record.trajectory.samples
+        for version in s.policy_versions
+    )
+    assert metrics["stale_tokens"] == old > 0
+    assert metrics["on_policy_tokens"] == metrics["tokens"] - old
+    # Stale tokens are importance-weighted, not checked: the update moved them.
+    assert metrics["ratio_dev_stale"] > 1e-3 and metrics["ratio_dev_on_policy"] < 1e-3
 
 
 @pytest.mark.timeout(120)

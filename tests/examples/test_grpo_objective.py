@@ -93,13 +93,14 @@ def test_the_kl_term_is_zero_at_the_reference_and_positive_away_from_it() -> Non
     ("text", "finish", "reward"),
     [
         ("Paris", "stop", 1.0),
-        ("  'Paris.'\n", "stop", 1.0),
-        ("don't", "stop", 1.0),
-        ("The answer is Paris.", "stop", 0.25),
+        ("  'paris.'\n", "stop", 1.0),
+        ("Lyon", "stop", 0.5),
+        ("don't", "stop", 0.5),
+        ("The answer is Paris.", "stop", 0.625),
         ("Paris", "length", 0.0),
         ("...", "stop", 0.0),
         (None, "stop", 0.0),
     ],
 )
-def test_one_word_reward_scores_the_replys_form(text: str | None, finish: str, reward: float):
-    assert one_word_reward(text, finish) == reward
+def test_one_word_reward_is_half_form_half_truth(text: str | None, finish: str, reward: float):
+    assert one_word_reward(text, finish, frozenset({"paris"})) == reward
