@@ -22,7 +22,6 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--clip-eps", type=float, default=d.clip_eps)
     p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="0: no KL term")
-    p.add_argument("--train-embeddings", action="store_true")
     p.add_argument("--async", dest="async_rollouts", action="store_true",
                    help="sample step k+1 while step k trains (max_staleness=1)")  # fmt: skip
     p.add_argument("--update-mode", choices=["abort", "drain", "keep"], default=d.update_mode)

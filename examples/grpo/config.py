@@ -23,9 +23,6 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     #: > 0 adds KL(new || initial weights) to the loss (and a frozen reference copy).
     kl_coef: float = 0.0
-    #: The tied input/output embedding (49k x 576) is frozen by default: on a CPU its
-    #: gradient and optimizer state cost a fifth of the step and it is not needed here.
-    train_embeddings: bool = False
     #: Rollouts of step k+1 run while step k trains (``max_staleness=1``).
     async_rollouts: bool = False
     #: What an update does to turns in flight (only async mode has any).

@@ -48,9 +48,7 @@ class Trainer:
         # eval() for the whole run: SmolLM2 has no dropout, so train() would compute the same
         # numbers, and eval() guarantees the loss's forward pass is the engine's function.
         self.model.eval()
-        if not config.train_embeddings:
-            self.model.get_input_embeddings().weight.requires_grad_(False)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.params = list(self.model.parameters())
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
         self.reference = copy.deepcopy(self.model).requires_grad_(False) if config.kl_coef else None
         self.version = version
