@@ -80,9 +80,9 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     length.plot(x, [m["response_tokens_mean"] for m in steps], marker="o")
     length.set(title="sampled tokens per rollout (mean)", xlabel="step")
     bottom = [0.0] * len(steps)
-    for key in ("rollout_s", "train_s", "sync_s"):
+    for key, label in (("rollout_s", "rollouts (wait)"), ("train_s", "train"), ("sync_s", "sync")):
         values = [m[key] for m in steps]
-        timing.bar(x, values, bottom=bottom, label=key.removesuffix("_s"))
+        timing.bar(x, values, bottom=bottom, label=label)
         bottom = [a + b for a, b in zip(bottom, values, strict=True)]
     timing.set(title="step time (s)", xlabel="step")
     timing.legend()

@@ -4,6 +4,7 @@ as a new version, and the next batch is sampled (and recorded) by exactly the ne
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -106,12 +107,13 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
 
 
 @pytest.mark.timeout(120)
-def test_async_samples_the_next_batch_during_the_step_and_counts_its_old_tokens_stale(
+def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exact(
     rig: Rig,
 ) -> None:
     client, trainer, config, task_set = rig
     config = dataclasses.replace(config, async_rollouts=True, steps=2)
     start = trainer.version
+    previous = copy.deepcopy(trainer.model)  # the weights batch 1 starts sampling with
     with ThreadPoolExecutor(1) as pool:
         feed = RolloutFeed(client, task_set, config, pool)
         first = feed.take(0)
@@ -120,18 +122,18 @@ def test_async_samples_the_next_batch_during_the_step_and_counts_its_old_tokens_
         push_weights(client, trainer, "drain")
         second = feed.take(1)
         assert feed.next is None
+    batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
+    old = batch.versions == start
+    with torch.no_grad():
+        sampler = token_logprobs(previous, batch)
     metrics = train_step(trainer, second, config)
     push_weights(client, trainer, "drain")
     assert sampled_versions(second) <= {start, start + 1}
-    old = sum(
-        version == start
-        for record in second
-        for s in record.trajectory.samples
-        for version in s.policy_versions
-    )
-    assert metrics["stale_tokens"] == old > 0
-    assert metrics["on_policy_tokens"] == metrics["tokens"] - old
-    # Stale tokens are importance-weighted, not checked: the update moved them.
+    assert metrics["stale_tokens"] == int(old.sum()) > 0
+    assert metrics["on_policy_tokens"] == metrics["tokens"] - int(old.sum())
+    # Stale tokens are exactly the previous weights' (the behaviour policy the loss corrects
+    # with), and the update moved them: they are importance-weighted, not checked.
+    assert float((sampler - batch.behaviour_logprobs)[old].abs().max()) < 1e-3
     assert metrics["ratio_dev_stale"] > 1e-3 and metrics["ratio_dev_on_policy"] < 1e-3
 
 
