@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch is installed explicitly: a looser range pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run demo test bench clean
+.PHONY: setup run demo rl test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ run: setup
 
 demo: setup
 	$(BIN)/rollway demo
+
+# A GRPO loop on the embedded model (examples/grpo, ~2.5 min on 2 cores): reward and the ratio check
+# per step; metrics in rollway-runs/grpo/metrics.jsonl, the plot in rollway-runs/grpo/metrics.png.
+rl: setup
+	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install --quiet -e ".[rl]"
+	$(BIN)/python -m examples.grpo --steps 12 --out rollway-runs/grpo
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples

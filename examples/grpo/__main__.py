@@ -1,0 +1,51 @@
+"""``python -m examples.grpo [--async] [--task calculator] ...``: run the GRPO loop."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+
+from examples.grpo.config import GRPOConfig
+from examples.grpo.loop import run
+
+
+def parse_config(argv: list[str] | None = None) -> GRPOConfig:
+    d = GRPOConfig()
+    p = argparse.ArgumentParser(prog="python -m examples.grpo", description=__doc__)
+    p.add_argument("--task", choices=["one-word", "calculator"], default=d.task)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="tasks per step")
+    p.add_argument("--group-size", type=int, default=d.group_size)
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="0: no KL term")
+    p.add_argument("--async", dest="async_rollouts", action="store_true",
+                   help="sample step k+1 while step k trains (max_staleness=1)")  # fmt: skip
+    p.add_argument("--update-mode", choices=["abort", "drain", "keep"], default=d.update_mode)
+    p.add_argument("--ratio-tol", type=float, default=d.ratio_tol)
+    p.add_argument("--out", type=Path, default=d.out_dir)
+    p.add_argument("--no-plot", dest="plot", action="store_false")
+    args = vars(p.parse_args(argv))
+    args["prompts_per_step"], args["out_dir"] = args.pop("prompts"), args.pop("out")
+    return dataclasses.replace(d, **args)
+
+
+def main() -> None:
+    config = parse_config()
+    started = time.perf_counter()
+    steps = run(config)
+    first, last = steps[0], steps[-1]
+    print(
+        f"reward {first['reward_mean']:.3f} at step 0 -> {last['reward_mean']:.3f} at step "
+        f"{last['step']}; max |ratio-1| on on-policy tokens "
+        f"{max(m['ratio_dev_on_policy'] for m in steps):.1e} (tolerance {config.ratio_tol:g}); "
+        f"{time.perf_counter() - started:.0f} s; metrics in {config.out_dir / 'metrics.jsonl'}"
+        + (f", plot {config.out_dir / 'metrics.png'}" if config.plot else "")
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""The loop's settings, one frozen object (``python -m examples.grpo --help`` sets them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+UpdateMode = Literal["abort", "drain", "keep"]
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    #: ``one-word`` (format reward, single turn) or ``calculator`` (tools, multi-turn).
+    task: str = "one-word"
+    steps: int = 12
+    prompts_per_step: int = 8
+    group_size: int = 4
+    #: Per model call; None: the task's own (one-word 12, calculator 48).
+    max_tokens: int | None = None
+    lr: float = 3e-5
+    clip_eps: float = 0.2
+    max_grad_norm: float = 1.0
+    #: > 0 adds KL(new || initial weights) to the loss (and a frozen reference copy).
+    kl_coef: float = 0.0
+    #: Rollouts of step k+1 run while step k trains (``max_staleness=1``).
+    async_rollouts: bool = False
+    #: What an update does to turns in flight (only async mode has any).
+    update_mode: UpdateMode = "drain"
+    #: Largest |exp(new - recorded) - 1| allowed on on-policy tokens before the update.
+    ratio_tol: float = 1e-3
+    out_dir: Path = Path("rollway-runs/grpo")
+    plot: bool = True
+    #: Print a line per step.
+    verbose: bool = True

@@ -1,0 +1,158 @@
+"""Two GRPO steps on the embedded model, from the loop's own functions: the trainer's forward
+pass reproduces the recorded logprobs before the first update, the update reaches the engine
+as a new version, and the next batch is sampled (and recorded) by exactly the new weights."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from examples.grpo.config import GRPOConfig
+from examples.grpo.loop import (
+    RolloutFeed,
+    Trainer,
+    collect,
+    make_client,
+    push_weights,
+    train_step,
+)
+from examples.grpo.objective import RatioCheckError, pack, token_logprobs
+from examples.grpo.tasks import QUESTIONS, TaskSet
+
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.client import RolloutClient
+from rollway.types import RolloutRecord, RolloutResult
+
+
+class ReplyLengthAgent(AgentLoop):
+    """One turn, rewarded by the reply's length in characters: rewards differ within a group
+    (almost surely), so the first update has a gradient and moves the weights."""
+
+    name = "reply-length"
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        messages = [{"role": "user", "content": ctx.task["question"]}]
+        reply = await ctx.chat(messages)
+        reward = len(reply.content or "") / 40
+        return ctx.complete([*messages, reply.message], reply.finish_reason, reward=reward)
+
+
+Rig = tuple[RolloutClient, Trainer, GRPOConfig, TaskSet]
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    # A large step and a KL reference: the test can tell the old weights from the new.
+    config = GRPOConfig(
+        prompts_per_step=2,
+        group_size=3,
+        max_tokens=8,
+        lr=1e-4,
+        kl_coef=0.05,
+        out_dir=tmp_path_factory.mktemp("grpo"),
+        plot=False,
+        verbose=False,
+    )
+    rows = tuple({"task_id": f"q{i}", "question": q} for i, (q, _) in enumerate(QUESTIONS[:4]))
+    task_set = TaskSet(ReplyLengthAgent, rows, max_tokens=8)
+    with make_client(config, task_set) as client:
+        yield client, Trainer(config, client.policy_version or 0), config, task_set
+
+
+def sampled_versions(records: list[RolloutRecord]) -> set[int]:
+    return {
+        version
+        for record in records
+        for s in record.trajectory.samples
+        for version, mask in zip(s.policy_versions, s.loss_mask, strict=True)
+        if mask
+    }
+
+
+@pytest.mark.timeout(120)
+def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig: Rig) -> None:
+    client, trainer, config, task_set = rig
+    engine = client.gateway.gateway.engine
+    start = trainer.version
+    first = collect(client, task_set, 0, config)
+    assert {r.policy_version for r in first} == sampled_versions(first) == {start}
+    before = train_step(trainer, first, config)
+    assert before["ratio_dev_on_policy"] < 1e-3 and before["stale_tokens"] == 0
+    assert (
+        before["on_policy_tokens"]
+        == before["tokens"]
+        == sum(len(t.completion_ids) for r in first for t in r.trajectory.turns)
+    )
+    assert before["grad_norm"] > 0
+    push_weights(client, trainer, "drain")
+    assert trainer.version == client.policy_version == engine.policy_version == start + 1
+
+    second = collect(client, task_set, 1, config)
+    assert {r.policy_version for r in second} == sampled_versions(second) == {start + 1}
+    batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
+    with torch.no_grad():
+        updated = token_logprobs(trainer.model, batch)
+        initial = token_logprobs(trainer.reference, batch)
+    assert float((updated - batch.behaviour_logprobs).abs().max()) < 1e-3
+    # ... and not the initial weights': the update moved them.
+    assert float((initial - batch.behaviour_logprobs).abs().max()) > 1e-2
+    after = train_step(trainer, second, config)
+    assert after["policy_version"] == start + 1 and after["ratio_dev_on_policy"] < 1e-3
+    push_weights(client, trainer, "drain")  # the engine keeps the trainer's weights
+    assert engine.policy_version == start + 2
+
+
+@pytest.mark.timeout(120)
+def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exact(
+    rig: Rig,
+) -> None:
+    client, trainer, config, task_set = rig
+    config = dataclasses.replace(config, async_rollouts=True, steps=2)
+    start = trainer.version
+    previous = copy.deepcopy(trainer.model)  # the weights batch 1 starts sampling with
+    with ThreadPoolExecutor(1) as pool:
+        feed = RolloutFeed(client, task_set, config, pool)
+        first = feed.take(0)
+        assert feed.next is not None  # batch 1 runs while step 0 trains
+        train_step(trainer, first, config)
+        push_weights(client, trainer, "drain")
+        second = feed.take(1)
+        assert feed.next is None
+    batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
+    old = batch.versions == start
+    with torch.no_grad():
+        sampler = token_logprobs(previous, batch)
+    metrics = train_step(trainer, second, config)
+    push_weights(client, trainer, "drain")
+    assert sampled_versions(second) <= {start, start + 1}
+    assert metrics["stale_tokens"] == int(old.sum()) > 0
+    assert metrics["on_policy_tokens"] == metrics["tokens"] - int(old.sum())
+    # Stale tokens are exactly the previous weights' (the behaviour policy the loss corrects
+    # with), and the update moved them: they are importance-weighted, not checked.
+    assert float((sampler - batch.behaviour_logprobs)[old].abs().max()) < 1e-3
+    assert metrics["ratio_dev_stale"] > 1e-3 and metrics["ratio_dev_on_policy"] < 1e-3
+
+
+@pytest.mark.timeout(120)
+def test_a_recorded_logprob_the_model_does_not_give_fails_the_step_before_the_update(
+    rig: Rig,
+) -> None:
+    client, trainer, config, task_set = rig
+    records = collect(client, task_set, 9, config)
+    record = records[0]
+    sample = record.trajectory.samples[0]
+    logprobs = list(sample.logprobs)
+    logprobs[sample.loss_mask.index(1)] += 0.01
+    trajectory = record.trajectory.model_copy(
+        update={"samples": [sample.model_copy(update={"logprobs": logprobs})]}
+    )
+    forged = record.model_copy(update={"trajectory": trajectory})
+    weight = trainer.model.get_decoder().norm.weight
+    kept = weight.detach().clone()
+    with pytest.raises(RatioCheckError, match=r"max \|ratio - 1\| = 9\.9\d+e-03 > 0\.001"):
+        train_step(trainer, [forged, *records[1:]], config)
+    assert torch.equal(weight, kept)  # no update was made
