@@ -28,7 +28,7 @@ run: setup
 demo: setup
 	$(BIN)/rollway demo
 
-# A GRPO loop on the embedded model (examples/grpo, ~2.5 min on 2 cores): reward and the ratio check
+# A GRPO loop on the embedded model (examples/grpo, ~2 min on 2 cores): reward and the ratio check
 # per step; metrics in rollway-runs/grpo/metrics.jsonl, the plot in rollway-runs/grpo/metrics.png.
 rl: setup
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install --quiet -e ".[rl]"

@@ -21,6 +21,10 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--clip-eps", type=float, default=d.clip_eps)
+    p.add_argument("--decoupled", dest="decoupled_weight_cap", type=float, nargs="?",
+                   const=5.0, default=d.decoupled_weight_cap, metavar="CAP",
+                   help="decoupled PPO: clip around the current weights, stale tokens weighted "
+                   "by exp(current - recorded) capped at CAP (default 5)")  # fmt: skip
     p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="0: no KL term")
     p.add_argument("--async", dest="async_rollouts", action="store_true",
                    help="sample step k+1 while step k trains (max_staleness=1)")  # fmt: skip

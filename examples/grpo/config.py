@@ -20,6 +20,9 @@ class GRPOConfig:
     max_tokens: int | None = None
     lr: float = 3e-5
     clip_eps: float = 0.2
+    #: Decoupled PPO: clip around the trainer's weights, correct stale tokens with a detached
+    #: importance weight to the recorded logprobs, capped here (None: plain PPO's clip).
+    decoupled_weight_cap: float | None = None
     max_grad_norm: float = 1.0
     #: > 0 adds KL(new || initial weights) to the loss (and a frozen reference copy).
     kl_coef: float = 0.0

@@ -99,7 +99,9 @@ def train_step(
     if trainer.reference is not None:
         with torch.no_grad():
             reference = token_logprobs(trainer.reference, batch)
-    loss, stats = grpo_loss(new, batch, config.clip_eps, config.kl_coef, reference)
+    loss, stats = grpo_loss(
+        new, batch, config.clip_eps, config.kl_coef, reference, config.decoupled_weight_cap
+    )
     trainer.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainer.params, config.max_grad_norm)

@@ -142,13 +142,27 @@ def grpo_loss(
     clip_eps: float,
     kl_coef: float = 0.0,
     reference: torch.Tensor | None = None,
+    decoupled_weight_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped surrogate, a mean over all trained tokens (each token weighs the same
-    whatever its sequence's length), plus ``kl_coef`` x the k3 estimate of KL(new || ref)."""
-    ratio = (new - batch.behaviour_logprobs).exp()
+    whatever its sequence's length), plus ``kl_coef`` x the k3 estimate of KL(new || ref).
+
+    By default (PPO) the ratio is taken to the recorded (behaviour) logprobs and clipped at
+    1 +- ``clip_eps``. With ``decoupled_weight_cap`` (decoupled PPO, as in AReaL) the clip is
+    centred on the weights being updated instead (the trainer's, before this step: the ratio
+    is 1 in value), and the recorded logprobs enter as a detached importance weight
+    exp(current - recorded), capped. On-policy both are the plain policy gradient; on stale
+    tokens PPO's clip zeroes the gradient wherever the last update already moved the policy
+    past 1 +- eps in the advantage's direction, which the decoupled form does not."""
+    centre = batch.behaviour_logprobs
+    weight = torch.ones_like(new)
+    if decoupled_weight_cap is not None:
+        centre = new.detach()
+        weight = (centre - batch.behaviour_logprobs).exp().clamp(max=decoupled_weight_cap)
+    ratio = (new - centre).exp()
     unclipped = ratio * batch.advantages
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * batch.advantages
-    loss = -torch.minimum(unclipped, clipped).mean()
+    loss = -(weight * torch.minimum(unclipped, clipped)).mean()
     stats = {"clip_frac": float((unclipped != clipped).float().mean())}
     if kl_coef > 0:
         if reference is None:

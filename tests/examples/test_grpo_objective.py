@@ -79,6 +79,20 @@ def test_the_clip_stops_the_gradient_past_one_plus_eps_in_the_advantage_directio
     assert stats["clip_frac"] == 0.5
 
 
+def test_decoupled_ppo_keeps_the_gradient_of_stale_tokens_weighted_by_a_capped_ratio() -> None:
+    batch = pack([(sample([1, 1, 1], [0, 0, 0]), 1.0)])
+    # The current weights give token 0 1.5x, token 1 8x, token 2 1x its recorded probability.
+    shift = torch.tensor([1.5, 8.0, 1.0]).log()
+    new = (batch.behaviour_logprobs + shift).requires_grad_()
+    loss, stats = grpo_loss(new, batch, clip_eps=0.2, decoupled_weight_cap=5.0)
+    loss.backward()
+    assert new.grad is not None
+    # d/dnew of -(w * exp(new - new.detach()) * A) / 3 is -w * A / 3: w = 1.5, 5 (capped), 1.
+    assert new.grad.tolist() == pytest.approx([-0.5, -5 / 3, -1 / 3])
+    assert stats["clip_frac"] == 0.0
+    assert loss.item() == pytest.approx(-(1.5 + 5 + 1) / 3)
+
+
 def test_the_kl_term_is_zero_at_the_reference_and_positive_away_from_it() -> None:
     batch = pack([(sample([1, 1], [0, 0]), 0.0)])
     new = batch.behaviour_logprobs.clone()
