@@ -113,13 +113,18 @@ class RemoteClient:
         payload: dict[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
+        retry_connect: bool = True,
     ) -> Answer:
         """One control call (a probe, a pause, a weight load). Any HTTP status comes back as an
-        ``Answer``; a connect failure is retried once and then is an ``EngineConnectError``;
-        a failure after sending (timeout, cut connection) is an ``EngineError``."""
+        ``Answer``; a connect failure is retried once (unless ``retry_connect`` is false: a
+        probe ahead of a request that retries on its own) and then is an
+        ``EngineConnectError``; a failure after sending (timeout, cut connection) is an
+        ``EngineError``."""
         data = None if payload is None else orjson.dumps(payload)
         timeout = self.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
+            if not retry_connect:
+                return await self._call(method, url, data, limits=timeout)
             async for attempt in self._connect_retries():
                 with attempt:
                     return await self._call(method, url, data, limits=timeout)

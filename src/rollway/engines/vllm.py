@@ -34,9 +34,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
-
-import aiohttp
-import orjson
+from urllib.parse import urlencode
 
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote import DisconnectAbort, RemoteClient
@@ -275,47 +273,31 @@ class VLLMEngine:
             f"weights sampled each token of a frozen request; {self.base_url} runs {version}"
         )
 
-    def _headers(self) -> dict[str, str]:
-        return self.http._headers  # the pool's bearer key, until RemoteClient offers GET JSON
-
     async def _get_json(self, path: str) -> Any:
-        """The JSON answer of ``GET path``; None when not 200 or not JSON."""
-        timeout = aiohttp.ClientTimeout(
-            total=self.health_timeout_s, sock_connect=self.http.timeout.sock_connect
-        )
+        """The JSON answer of ``GET path``; None when not 200 or not JSON. Unreachable is an
+        ``EngineConnectError``: nothing was sent for the turn yet, another server may take it."""
         url = f"{self.base_url}{path}"
         try:
-            async with self.http.session().get(
-                url, timeout=timeout, headers=self._headers()
-            ) as response:
-                body = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineConnectError(f"cannot reach {url}: {exc!r}") from exc
-        if response.status != 200:
-            return None
-        try:
-            return orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
+            answer = await self.http.call(
+                "GET", url, timeout_s=self.health_timeout_s, retry_connect=False
+            )
+        except EngineConnectError:
+            raise
+        except EngineError as exc:
+            raise EngineConnectError(f"cannot reach {url}: {exc}") from exc
+        return answer.body if answer.status == 200 else None
 
     async def _control(
         self, path: str, *, params: dict[str, Any] | None = None, payload: Any = None
     ) -> Any:
         """POST a control route; its JSON answer, None for an empty body."""
-        url = f"{self.base_url}{path}"
-        data = orjson.dumps(payload) if payload is not None else None
-        try:
-            async with self.http.session().post(
-                url, params=params, data=data, headers=self._headers()
-            ) as response:
-                body = await response.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise EngineError(f"vLLM {path} failed: {exc!r}") from exc
-        if response.status == 404:
+        url = f"{self.base_url}{path}" + (f"?{urlencode(params)}" if params else "")
+        answer = await self.http.call("POST", url, payload)
+        if answer.status == 404:
             raise ConfigError(f"{url} answered 404: {_DEV_MODE}", "engine")
-        if response.status >= 400:
-            raise EngineError(f"vLLM {path} failed: HTTP {response.status} {body[:300]!r}")
-        return orjson.loads(body) if body.strip() else None
+        if answer.status >= 400:
+            raise EngineError(f"vLLM {path} failed: HTTP {answer.status} {answer.text!r}")
+        return answer.body
 
 
 class _Gate:
