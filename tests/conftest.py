@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from rollway.cli.demo import ADD_TOOL, FEW_SHOT, tool_call
+from rollway.cli.demo_command import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app

@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 
 from rollway.client import RolloutClient
-from rollway.client.rollout import task_key
 from rollway.errors import ConfigError
 from rollway.ids import is_safe_id
+from rollway.rollouts import task_key
 
 
 @pytest.mark.parametrize("exp_id", ["my run", "..", "a/b", "h#1", "e" * 101])

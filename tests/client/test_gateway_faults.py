@@ -17,7 +17,7 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.types import RolloutRecord, RolloutResult
 
 ROLLOUTS = 4

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
+from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import RolloutClient
-from rollway.client.remote_agent import PollPolicy
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 from rollway.gateway import ChatRenderer, Gateway

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollway.engines.remote import RemoteClient
+from rollway.engines.remote_client import RemoteClient
 from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.vllm import VLLMEngine, parse_completion

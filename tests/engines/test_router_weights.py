@@ -12,7 +12,7 @@ from rollway.engines.router import RoutedEngine
 from rollway.engines.sim import SimConfig
 from rollway.errors import EngineError
 from rollway.gateway import BackgroundServer
-from rollway.simulators.sglang import SGLangSimOptions, create_app
+from rollway.simulators.sglang_server import SGLangSimOptions, create_app
 from rollway.types import SamplingParams
 
 PROMPT = [1, 9690, 198, 2683]

@@ -16,13 +16,13 @@ import pytest
 
 from rollway.engines import engine_from_spec
 from rollway.engines.base import WeightSync
-from rollway.engines.remote import token_cap
+from rollway.engines.remote_client import token_cap
 from rollway.engines.router import RoutedEngine
 from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError, EngineError
 from rollway.gateway import BackgroundServer
-from rollway.simulators.sglang import SGLangSimOptions, create_app
+from rollway.simulators.sglang_server import SGLangSimOptions, create_app
 from rollway.types import SamplingParams
 from tests.engines import by_request_id
 
@@ -117,7 +117,7 @@ async def test_abort_request_answers_an_empty_body_that_is_not_a_failure(
         assert (answer.status_code, answer.content) == (200, b"")
         engine = SGLangEngine(url)
         try:
-            with caplog.at_level(logging.WARNING, logger="rollway.engines.remote"):
+            with caplog.at_level(logging.WARNING, logger="rollway.engines.remote_client"):
                 await engine.abort("nobody")
         finally:
             await engine.close()

@@ -16,7 +16,7 @@ from rollway.engines.sim import SimConfig
 from rollway.engines.vllm import VLLMEngine, parse_completion
 from rollway.errors import ConfigError, EngineError
 from rollway.gateway import BackgroundServer
-from rollway.simulators.vllm import VLLMSim, VLLMSimOptions, create_vllm_sim_app
+from rollway.simulators.vllm_server import VLLMSim, VLLMSimOptions, create_vllm_sim_app
 from rollway.types import GenerationResult, SamplingParams
 
 from .test_remote_engines import never_accepting

@@ -20,12 +20,12 @@ import ray
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target, load_agent
 from rollway.client import BatchItem, RolloutClient
-from rollway.client.client import resolve_agent
+from rollway.client.rollout_client import resolve_agent
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError
 from rollway.executors import RayExecutor
 from rollway.gateway import ChatRenderer, Gateway
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.store import store_from_uri
 from tests.agents.server.fixtures import KEY, wait_until
 from tests.conftest import Served
@@ -278,9 +278,9 @@ def test_everything_sent_to_workers_survives_pickling(
 ) -> None:
     """Agents (a file-loaded class, a program in a sandbox, an agent server), a file-loaded
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
-    from rollway.client.rollout import RolloutSettings
     from rollway.executors.base import WorkerSetup
     from rollway.executors.ray_executor import _check_shippable
+    from rollway.rollouts import RolloutSettings
     from rollway.sandbox import sandbox_factory
 
     calculator = load_agent(CALCULATOR)()

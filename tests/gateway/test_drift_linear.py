@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
-from rollway.gateway.rollout import compare_ids
+from rollway.gateway.samples import compare_ids
 from tests.conftest import Served, sim_gateway
 from tests.gateway.health_probe import while_probing_health
 

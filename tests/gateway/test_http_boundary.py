@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollway.client.callbacks import CallbackInbox
+from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.errors import InvalidFieldsError
 from rollway.gateway import BackgroundServer, create_app
 from tests.conftest import Served

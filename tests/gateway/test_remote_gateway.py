@@ -11,7 +11,7 @@ import pytest
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError, RolloutClosedError
 from rollway.gateway import Gateway
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
 from tests.client.conftest import ScriptedAgent
 from tests.conftest import Served
 

@@ -16,7 +16,7 @@ import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import BackgroundServer, Gateway, create_app
-from rollway.webserver import ServerLimits
+from rollway.web.uvicorn_server import ServerLimits
 from tests.conftest import Served
 from tests.gateway.slow_clients import IdleClients
 

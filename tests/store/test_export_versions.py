@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from rollway.cli.main import app
-from rollway.gateway.rollout import build_samples
+from rollway.gateway.samples import build_samples
 from rollway.store import FileStore, export_records
 from rollway.types import LogprobKind, RolloutRecord, Trajectory, Turn
 

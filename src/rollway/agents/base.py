@@ -24,6 +24,12 @@ class AgentLoop(ABC):
 
     name: ClassVar[str] = ""
     tools: ClassVar[Sequence[Tool]] = ()
+    #: The agent reaches the gateway over HTTP (a program, an agent server): the client
+    #: serves its gateway for it.
+    needs_http: ClassVar[bool] = False
+    #: A rollout left open on a shared gateway by a client that died is picked up again by
+    #: its id rather than run anew (the agent's work lives elsewhere and may be running).
+    reattaches: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

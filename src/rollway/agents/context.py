@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from rollway.gateway.core import ChatResult
+from rollway.gateway.chat_answer import ChatResult
 from rollway.logs import log_stage
 from rollway.types import RolloutMetrics, RolloutResult
 

@@ -22,7 +22,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.errors import AgentError
 from rollway.sandbox.base import Sandbox, SandboxLimits
-from rollway.sandbox.local import LocalSandbox
+from rollway.sandbox.local_sandbox import LocalSandbox
 from rollway.types import RolloutResult
 
 _STDERR_TAIL = 2000

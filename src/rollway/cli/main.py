@@ -9,26 +9,26 @@ import typer
 
 from rollway import logs
 from rollway.cli import (
-    demo,
-    export,
+    demo_command,
+    export_command,
     failures,
-    gateway,
-    model,
-    run,
-    serve_agent,
-    sim_server,
-    validate,
+    gateway_command,
+    model_command,
+    run_command,
+    serve_agent_command,
+    sim_server_command,
+    validate_command,
 )
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
-app.command("run")(run.run)
-app.command("validate")(validate.validate)
-app.command("export")(export.export)
-app.command("gateway")(gateway.serve)
-app.command("serve-agent")(serve_agent.serve)
-app.command("sim-server")(sim_server.serve)
-app.command("demo")(demo.run)
-app.add_typer(model.app, name="model")
+app.command("run")(run_command.run)
+app.command("validate")(validate_command.validate)
+app.command("export")(export_command.export)
+app.command("gateway")(gateway_command.serve)
+app.command("serve-agent")(serve_agent_command.serve)
+app.command("sim-server")(sim_server_command.serve)
+app.command("demo")(demo_command.run)
+app.add_typer(model_command.app, name="model")
 
 
 def main() -> None:

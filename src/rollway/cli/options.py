@@ -25,7 +25,7 @@ def key_from_env(variable: str, prefix: str) -> tuple[str, bool]:
     return (given, False) if given else (f"{prefix}-{secrets.token_urlsafe(24)}", True)
 
 
-# How a server faces the network (see rollway.webserver.ServerLimits).
+# How a server faces the network (see rollway.web.uvicorn_server.ServerLimits).
 RequestTimeoutOption = Annotated[
     float,
     typer.Option(

@@ -1,7 +1,7 @@
 """The rollout client: tasks in, one recorded outcome per rollout out."""
 
 from rollway.client.batch import BatchItem, GroupStats, RunSummary
-from rollway.client.client import RolloutClient
 from rollway.client.future import RolloutFuture
+from rollway.client.rollout_client import RolloutClient
 
 __all__ = ["BatchItem", "GroupStats", "RolloutClient", "RolloutFuture", "RunSummary"]

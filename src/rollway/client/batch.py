@@ -8,8 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.client.rollout import RolloutSpec, task_key
 from rollway.errors import TRANSIENT_KINDS
+from rollway.rollouts import RolloutSpec, task_key
 from rollway.types import RolloutRecord, TrajectoryStats
 
 

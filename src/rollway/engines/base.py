@@ -76,3 +76,29 @@ class WeightSync(Protocol):
     async def resume(self) -> None: ...
 
     async def update_weights(self, source: WeightSource, version: int) -> None: ...
+
+
+@runtime_checkable
+class ModelInfo(Protocol):
+    """An engine that knows its model. Every built-in engine declares all three (None where it
+    does not know): the gateway names the model, templates with the engine's own tokenizer and
+    bounds prompts by the context; without them it loads the tokenizer from the model folder
+    and lets the server enforce its own context."""
+
+    model_name: str | None
+    tokenizer: Any | None
+    context_length: int | None
+
+
+@runtime_checkable
+class HealthChecked(Protocol):
+    """An engine that can say whether it serves (a router ejects endpoints that do not)."""
+
+    async def health(self) -> bool: ...
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """An engine with several endpoints: their states, for ``/metrics``."""
+
+    def stats(self) -> dict[str, Any]: ...

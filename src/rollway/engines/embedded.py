@@ -30,7 +30,7 @@ import torch
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.models import resolve_model_path
 from rollway.engines.sampling import check_sampling, choose_token, make_generator
-from rollway.engines.weights import check_state_dict, copy_weights, read_state_dict
+from rollway.engines.state_dicts import check_state_dict, copy_weights, read_state_dict
 from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
@@ -92,6 +92,11 @@ class _Request:
 class EmbeddedEngine:
     """A causal LM from a local HF folder (default: SmolLM2-135M-Instruct), batched, whose
     weights a training loop may replace (``WeightSync``)."""
+
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    model_name: str | None = None
+    tokenizer: Any
+    context_length: int | None
 
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rollway.engines.base import ChatEngine, Engine
-from rollway.engines.remote import RemoteClient
+from rollway.engines.remote_client import RemoteClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 

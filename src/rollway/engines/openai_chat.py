@@ -7,12 +7,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rollway.engines.remote import DisconnectAbort, RemoteClient
+from rollway.engines.remote_client import DisconnectAbort, RemoteClient
 from rollway.errors import EngineError
 from rollway.types import ChatGeneration, SamplingParams
 
 
 class OpenAIChatEngine:
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    tokenizer: Any = None
+    context_length: int | None = None
+    model_name: str | None
+
     def __init__(
         self,
         base_url: str,

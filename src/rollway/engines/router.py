@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollway.engines.base import Engine, PauseMode, WeightSource, WeightSync
+from rollway.engines.base import Engine, HealthChecked, PauseMode, WeightSource, WeightSync
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import GenerationResult, SamplingParams
 
@@ -67,6 +67,11 @@ class Endpoint:
 
 
 class RoutedEngine:
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    model_name: str | None = None
+    tokenizer: Any = None
+    context_length: int | None = None
+
     def __init__(
         self,
         engines: Sequence[Engine],
@@ -339,10 +344,9 @@ class RoutedEngine:
 
 
 async def _healthy(engine: Engine) -> bool:
-    check = getattr(engine, "health", None)
-    if check is None:
+    if not isinstance(engine, HealthChecked):
         return True
     try:
-        return bool(await check())
+        return bool(await engine.health())
     except Exception:
         return False

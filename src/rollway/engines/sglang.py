@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import PauseMode, WeightSource
-from rollway.engines.remote import Answer, RemoteClient, served_context_length, token_cap
+from rollway.engines.remote_client import Answer, RemoteClient, served_context_length, token_cap
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
 
@@ -105,6 +105,11 @@ class SGLangServer:
 
 class SGLangEngine:
     """An SGLang server's native API; follows ``WeightSync`` (see the module docstring)."""
+
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    model_name: str | None = None
+    tokenizer: Any = None
+    context_length: int | None
 
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 

@@ -46,6 +46,11 @@ class SimEngine:
     """Simulated engine: deterministic ids, zero or configurable latency, abortable, and
     pausable and versioned like a real engine (``pause_modes``)."""
 
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    model_name: str | None = None
+    tokenizer: Any = None
+    context_length: int | None = None
+
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
     def __init__(self, config: SimConfig | None = None) -> None:

@@ -37,7 +37,7 @@ from typing import Any, get_args
 from urllib.parse import urlencode
 
 from rollway.engines.base import PauseMode, WeightSource
-from rollway.engines.remote import DisconnectAbort, RemoteClient
+from rollway.engines.remote_client import DisconnectAbort, RemoteClient
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
 
@@ -98,6 +98,11 @@ class VLLMEngine:
     exactly what it supports: none before 0.16, keep from 0.33 (whose labels tell a frozen
     request's tokens apart). Generate calls made while paused wait for ``resume``.
     """
+
+    # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
+    model_name: str | None = None
+    tokenizer: Any = None
+    context_length: int | None
 
     def __init__(
         self,

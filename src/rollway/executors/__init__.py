@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rollway.errors import ConfigError
 from rollway.executors.base import Executor, WorkerSetup
-from rollway.executors.local import LocalExecutor
+from rollway.executors.local_executor import LocalExecutor
 from rollway.executors.ray_executor import RayExecutor
 
 EXECUTORS = ("local", "ray")

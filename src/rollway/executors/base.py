@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
-from rollway.client.loop import LoopThread
-from rollway.client.rewards import RewardFn
-from rollway.client.rollout import RolloutSettings, RolloutSpec
 from rollway.engines.base import ChatEngine, Engine
 from rollway.gateway.core import Gateway
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.rollouts import RolloutSettings, RolloutSpec
+from rollway.rollouts.loop_thread import LoopThread
+from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
 from rollway.types import RolloutRecord
 

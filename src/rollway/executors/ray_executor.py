@@ -22,13 +22,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollway.client.loop import LoopThread
-from rollway.client.rollout import RolloutSettings, RolloutSpec, attempt_id, make_record
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.executors.base import WorkerSetup
 from rollway.executors.worker import RolloutWorker
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
+from rollway.rollouts import RolloutSettings, RolloutSpec, attempt_id, make_record
+from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
 from rollway.types import ErrorKind, RolloutRecord
 

@@ -8,9 +8,9 @@ import asyncio
 import os
 from typing import Any
 
-from rollway.client.rollout import RolloutSettings, RolloutSpec
 from rollway.executors.base import WorkerSetup
-from rollway.executors.local import LocalExecutor
+from rollway.executors.local_executor import LocalExecutor
+from rollway.rollouts import RolloutSettings, RolloutSpec
 from rollway.types import RolloutRecord
 
 #: Hosts that mean "every interface": a worker bound there hands out its node's address.

@@ -1,10 +1,11 @@
 """The recording gateway: OpenAI-compatible in front, token ids and logprobs underneath."""
 
-from rollway.gateway.app import create_app
+from rollway.gateway.chat_answer import ChatResult, Registration
 from rollway.gateway.chat_template import ChatRenderer
-from rollway.gateway.core import ChatResult, Gateway, Registration
+from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
-from rollway.gateway.server import BackgroundServer
+from rollway.gateway.http_app import create_app
+from rollway.web.background_server import BackgroundServer
 
 __all__ = [
     "BackgroundServer",

@@ -1,64 +1,39 @@
 """The gateway core: register, chat, trajectory, cancel, unregister. No HTTP in here.
 
-In-process agents call this object directly; ``rollway.gateway.app`` is a thin HTTP layer over it.
+In-process agents call this object directly; ``rollway.gateway.http_app`` is a thin HTTP layer
+over it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import (
     AuthError,
-    EngineError,
     InvalidFieldsError,
-    RequestError,
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
+from rollway.gateway.chat_answer import ChatResult, Registration, length_answer
+from rollway.gateway.chat_template import ChatRenderer, Message
+from rollway.gateway.chat_turns import ChatTurns
+from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
-from rollway.gateway.passthrough import chat_passthrough
-from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
-from rollway.gateway.protocol import ChatCompletionRequest, RegisterRequest, parse_model
-from rollway.gateway.rollout import (
-    RolloutState,
-    build_trajectory,
-    message_key,
-    prompt_hash,
-)
-from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
-from rollway.gateway.weights import WeightControl
+from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
+from rollway.gateway.rollout_state import RolloutState, message_key
+from rollway.gateway.samples import build_trajectory
+from rollway.gateway.token_turns import TokenTurns
+from rollway.gateway.weight_control import WeightControl
 from rollway.ids import check_id, keys_match
-from rollway.types import GenerationResult, SamplingParams, Trajectory, Turn
+from rollway.types import Trajectory
+from rollway.web.handlers import parse_model
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    rollout_id: str
-    api_key: str
-
-
-@dataclass(frozen=True, slots=True)
-class ChatResult:
-    """One answered chat call: the assistant message and what the HTTP layer reports."""
-
-    message: Message
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    completion_ids: list[int]
-    logprobs: list[float]
-    turn_index: int | None
 
 
 class Gateway:
@@ -91,8 +66,13 @@ class Gateway:
         self.max_reissues = max_reissues
         self.metrics = GatewayMetrics()
         self.weights = WeightControl(engine)
+        calls = EngineCalls(self.metrics, max_reissues)
+        self._turns: TokenTurns | ChatTurns = (
+            ChatTurns(engine, calls, self.metrics)
+            if isinstance(engine, ChatEngine)
+            else TokenTurns(engine, renderer, calls, self.metrics, context_length)
+        )
         self._rollouts: dict[str, RolloutState] = {}
-        self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
         self._decoy_key = _new_key()
 
     def register(
@@ -154,50 +134,11 @@ class Gateway:
         messages, tools = request.message_dicts(), request.tool_dicts()
         keys = [message_key(m) for m in messages]
         if state.max_turns is not None and state.turns_started >= state.max_turns:
-            return self._truncate(state, "max_turns")
-        if isinstance(self.engine, ChatEngine):
-            return await chat_passthrough(self, state, request, messages, keys)
-        try:
-            budget = self._prompt_budget(state)
-            plan = await plan_prompt(self.renderer, state, messages, keys, tools, budget)
-        except TokenBudgetExceeded as exc:
-            return self._refuse_long_prompt(state, exc.at_least)
-        sampling = self.effective_sampling(state, request)
-        if state.max_seq_len is not None:
-            room = state.max_seq_len - len(plan.prompt_ids)
-            sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
-        state.turns_started += 1
-        rollout_id = state.rollout_id
-        request_id = f"{rollout_id}-{state.turns_started}"
-        result, latency, request_id, reissued = await self._sample(
-            state, request_id, plan.prompt_ids, sampling
-        )
-        if (
-            result.finish_reason == "length"
-            and state.max_seq_len is not None
-            and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
-        ):
-            self._mark_truncated(state, "max_seq_len")
-        use_tools = bool(tools) and request.tool_choice != "none"
-        parsed = self._parse(result, sampling, use_tools)
-        turn = self._record(state, request_id, plan, sampling, result, parsed, latency, reissued)
-        message = _assistant_message(parsed)
-        state.messages = [*messages, message]
-        state.message_keys = [*keys, message_key(message)]
-        state.tools = tools
-        if result.finish_reason == "abort":
-            raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled during generation")
-        finish = "tool_calls" if parsed.tool_calls else result.finish_reason
-        self.metrics.turns.labels(finish).inc()
-        return ChatResult(
-            message,
-            finish,
-            len(plan.prompt_ids),
-            len(result.output_ids),
-            result.output_ids,
-            result.logprobs,
-            turn.index,
-        )
+            if state.mark_truncated("max_turns"):
+                self.metrics.truncated(state.rollout_id, "max_turns")
+            self.metrics.turns.labels("length").inc()
+            return length_answer()
+        return await self._turns.answer(state, request, messages, keys, tools)
 
     def remember_response(self, rollout_id: str, response_id: str) -> None:
         """Name the rollout's current conversation, for ``previous_response_id``."""
@@ -268,171 +209,6 @@ class Gateway:
             raise UnknownRolloutError(f"no rollout {rollout_id!r} is registered")
         state.last_active = time.monotonic()
         return state
-
-    def _prompt_budget(self, state: RolloutState) -> int | None:
-        """The most prompt tokens a turn may have: one under the tighter of the rollout's
-        ``max_seq_len`` and the model's context, so that one token at least can be sampled."""
-        limits = [n for n in (state.max_seq_len, self.context_length) if n is not None]
-        return min(limits) - 1 if limits else None
-
-    def _refuse_long_prompt(self, state: RolloutState, tokens: int) -> ChatResult:
-        """Past its own ``max_seq_len`` a rollout is truncated (finish 'length', as designed);
-        past the model's context the request is refused, as OpenAI's API does. ``tokens`` is
-        exact, or a lower bound when the prompt's length alone ruled it out."""
-        own = state.max_seq_len
-        if own is not None and (self.context_length is None or own <= self.context_length):
-            return self._truncate(state, "max_seq_len", tokens)
-        raise RequestError(
-            f"the prompt needs at least {tokens} tokens; the model's context is "
-            f"{self.context_length} tokens, one of which the answer needs",
-            param="messages",
-        )
-
-    @staticmethod
-    def effective_sampling(state: RolloutState, request: ChatCompletionRequest) -> SamplingParams:
-        """Registered sampling params win; the request fills only what registration left open.
-        A seed moves on by one per turn, so turns of a seeded rollout do not repeat draws."""
-        asked = request.sampling_overrides()
-        merged = {**asked, **state.locked_sampling}
-        if "max_tokens" in asked and "max_tokens" in state.locked_sampling:
-            merged["max_tokens"] = min(asked["max_tokens"], state.locked_sampling["max_tokens"])
-        if merged.get("seed") is not None:
-            merged["seed"] += state.turns_started
-        return SamplingParams(**merged)
-
-    @contextlib.asynccontextmanager
-    async def engine_call(self, state: RolloutState, request_id: str) -> AsyncIterator[None]:
-        """Track a request as in flight (so cancel can abort it) and turn unexpected engine
-        failures into ``EngineError``; the caller's bad input stays a ``RequestError``."""
-        state.in_flight.add(request_id)
-        try:
-            yield
-        except RequestError:
-            raise
-        except EngineError as exc:
-            self._engine_failed(state, exc)
-            raise
-        except Exception as exc:
-            error = EngineError(f"engine failed: {exc!r}")
-            self._engine_failed(state, error)
-            raise error from exc
-        finally:
-            state.in_flight.discard(request_id)
-
-    def _engine_failed(self, state: RolloutState, error: EngineError) -> None:
-        self.metrics.engine_errors.inc()
-        state.engine_errors = [*state.engine_errors[-4:], str(error)]
-
-    async def _sample(
-        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
-    ) -> tuple[GenerationResult, float, str, int]:
-        """One turn's generation: the result, the time it took (re-issues included), the id
-        of the request whose tokens count, and how many times the engine aborted it first."""
-        sent_as, spent = request_id, 0.0
-        for reissued in range(self.max_reissues + 1):
-            result, latency = await self._generate(state, sent_as, prompt_ids, sampling)
-            spent += latency
-            versions = result.policy_versions
-            if versions is not None and len(versions) != len(result.output_ids):
-                error = EngineError(f"the engine gave {len(versions)} policy versions for "
-                                    f"{len(result.output_ids)} tokens")  # fmt: skip
-                self._engine_failed(state, error)
-                raise error
-            if result.finish_reason != "abort" or state.cancelled:
-                return result, spent, sent_as, reissued
-            # Not our cancel: the engine dropped it (a weight update). It runs again once the
-            # engine resumes; a new id, because an engine may still hold the old one.
-            self.metrics.turns_reissued.inc()
-            sent_as = f"{request_id}.{reissued + 1}"
-        error = EngineError(
-            f"the engine aborted turn {request_id} {self.max_reissues + 1} times; "
-            "is something pausing it in abort mode over and over?"
-        )
-        self._engine_failed(state, error)
-        raise error
-
-    async def _generate(
-        self, state: RolloutState, request_id: str, prompt_ids: list[int], sampling: SamplingParams
-    ) -> tuple[GenerationResult, float]:
-        started = time.perf_counter()
-        async with self.engine_call(state, request_id):
-            result = await self.engine.generate(prompt_ids, sampling, request_id)  # type: ignore[union-attr]
-        latency = time.perf_counter() - started
-        self.metrics.turn_latency.observe(latency)
-        self.metrics.tokens.labels("prompt").inc(len(prompt_ids))
-        self.metrics.tokens.labels("completion").inc(len(result.output_ids))
-        return result, latency
-
-    def _parse(
-        self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
-    ) -> ParsedCompletion:
-        ids = result.output_ids
-        if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
-            ids = ids[:-1]
-        text = self.renderer.decode(ids)
-        cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
-        if cuts:
-            text = text[: min(cuts)]
-        return parse_tool_calls(text) if use_tools else ParsedCompletion(text)
-
-    def _record(
-        self,
-        state: RolloutState,
-        request_id: str,
-        plan: PromptPlan,
-        sampling: SamplingParams,
-        result: GenerationResult,
-        parsed: ParsedCompletion,
-        latency: float,
-        reissued: int = 0,
-    ) -> Turn:
-        segment = plan.segment
-        # A concurrent call may have extended the same parent first: then this is a branch.
-        if segment is None or state.last_in_segment(segment).index != plan.parent:
-            segment = state.next_segment()
-        turn = Turn(
-            index=len(state.turns),
-            segment=segment,
-            request_id=request_id,
-            prompt_ids=plan.prompt_ids,
-            completion_ids=result.output_ids,
-            logprobs=result.logprobs,
-            finish_reason=result.finish_reason,
-            content=parsed.content,
-            tool_calls=parsed.tool_calls,
-            tool_call_parse_error=parsed.error,
-            sampling=sampling.to_dict(),
-            latency_ms=latency * 1000.0,
-            prompt_hash=prompt_hash(plan.prompt_ids),
-            policy_versions=result.policy_versions,
-            logprob_kind=result.logprob_kind,
-            reissued=reissued,
-        )
-        state.turns.append(turn)
-        return turn
-
-    def _truncate(self, state: RolloutState, reason: str, prompt_tokens: int = 0) -> ChatResult:
-        """Answer a call past a limit without the engine: empty content, finish 'length'."""
-        self._mark_truncated(state, reason)
-        self.metrics.turns.labels("length").inc()
-        message: Message = {"role": "assistant", "content": ""}
-        return ChatResult(message, "length", prompt_tokens, 0, [], [], None)
-
-    def _mark_truncated(self, state: RolloutState, reason: str) -> None:
-        if state.truncation_reason is None:
-            state.truncation_reason = reason
-            self.metrics.truncations.labels(reason).inc()
-            log.info("rollout truncated", extra={"rollout_id": state.rollout_id, "stage": reason})
-
-
-def _assistant_message(parsed: ParsedCompletion) -> Message:
-    if parsed.tool_calls:
-        return {
-            "role": "assistant",
-            "content": parsed.content or None,
-            "tool_calls": parsed.tool_calls,
-        }
-    return {"role": "assistant", "content": parsed.content}
 
 
 def _new_key() -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollway.engines.base import ChatEngine, Engine
+from rollway.engines.base import ChatEngine, Engine, ModelInfo
 from rollway.engines.factory import engine_from_spec
 from rollway.engines.models import DEFAULT_MODEL_NAME, resolve_model_path
 from rollway.gateway.chat_template import ChatRenderer
@@ -20,18 +20,19 @@ def build_gateway(
     and its context bounds prompts; a server enforces its own."""
     if isinstance(engine, str):
         engine = engine_from_spec(engine, model=model)
-    tokenizer = getattr(engine, "tokenizer", None)
+    info = engine if isinstance(engine, ModelInfo) else None
+    tokenizer = info.tokenizer if info else None
     if tokenizer is None:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model))
-    name = getattr(engine, "model_name", None) or (
+    name = (info.model_name if info else None) or (
         DEFAULT_MODEL_NAME if model is None else model.rstrip("/").rsplit("/", 1)[-1]
     )
     return Gateway(
         engine,
         ChatRenderer(tokenizer),
         model_name=name,
-        context_length=getattr(engine, "context_length", None),
+        context_length=info.context_length if info else None,
         rollout_ttl_s=rollout_ttl_s,
     )

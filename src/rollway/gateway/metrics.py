@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from rollway.engines.base import ReportsStats, WeightSync
+
+log = logging.getLogger(__name__)
 
 
 class GatewayMetrics:
@@ -60,16 +66,19 @@ class GatewayMetrics:
     def observe_engine(self, engine: object) -> None:
         """Copy the engine's version and a routed engine's endpoint states into the gauges
         (at scrape time)."""
-        version = getattr(engine, "policy_version", None)
+        version = engine.policy_version if isinstance(engine, WeightSync) else None
         self.policy_version.set(-1 if version is None else version)
-        stats = getattr(engine, "stats", None)
-        if stats is None:
+        if not isinstance(engine, ReportsStats):
             return
-        for name, endpoint in stats()["endpoints"].items():
+        for name, endpoint in engine.stats()["endpoints"].items():
             self.endpoint_healthy.labels(name).set(1 if endpoint["healthy"] else 0)
             self.endpoint_in_flight.labels(name).set(endpoint["in_flight"])
             self.endpoint_ejections.labels(name).set(endpoint["ejections"])
             self.endpoint_refused.labels(name).set(endpoint["refused"])
+
+    def truncated(self, rollout_id: str, reason: str) -> None:
+        self.truncations.labels(reason).inc()
+        log.info("rollout truncated", extra={"rollout_id": rollout_id, "stage": reason})
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

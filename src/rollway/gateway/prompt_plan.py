@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
-from rollway.gateway.rollout import MessageKey, RolloutState
+from rollway.gateway.rollout_state import MessageKey, RolloutState
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
 #: worker thread would cost about as much as the work. Larger ones never block the loop.

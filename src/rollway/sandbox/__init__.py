@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 from rollway.errors import ConfigError
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
-from rollway.sandbox.local import LocalSandbox
+from rollway.sandbox.local_sandbox import LocalSandbox
 from rollway.sandbox.namespace import NamespaceSandbox, namespaces_available
 
 SANDBOXES: dict[str, type[Sandbox]] = {"local": LocalSandbox, "namespace": NamespaceSandbox}

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 from rollway.errors import ConfigError
 from rollway.sandbox.base import SandboxLimits
-from rollway.sandbox.local import LocalSandbox
+from rollway.sandbox.local_sandbox import LocalSandbox
 
 _UNSHARE = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",

@@ -14,7 +14,7 @@ from typing import Literal
 from starlette.applications import Starlette
 
 from rollway.engines.sim import SimConfig
-from rollway.simulators import openai, sglang, vllm
+from rollway.simulators import openai_server, sglang_server, vllm_server
 from rollway.simulators.common import Fault, SimServerState, Simulator, test_routes
 
 Protocol = Literal["sglang", "vllm", "openai"]
@@ -37,15 +37,15 @@ def create_sim_server_app(
     ``dev_mode``: vLLM run with ``VLLM_SERVER_DEV_MODE=1`` (its pause and weight routes)."""
     sim = Simulator(config or SimConfig(), fault, fault_count)
     if protocol == "sglang":
-        sglang_options = sglang.SGLangSimOptions(version=server_version or "latest")
-        served = sglang.routes(sim, sglang_options)
+        sglang_options = sglang_server.SGLangSimOptions(version=server_version or "latest")
+        served = sglang_server.routes(sim, sglang_options)
     elif protocol == "vllm":
-        vllm_options = vllm.VLLMSimOptions(dev_mode=dev_mode)
+        vllm_options = vllm_server.VLLMSimOptions(dev_mode=dev_mode)
         if server_version:
             vllm_options = dataclasses.replace(vllm_options, version=server_version)
-        served = vllm.routes(sim, vllm_options)
+        served = vllm_server.routes(sim, vllm_options)
     else:
-        served = openai.routes(sim)
+        served = openai_server.routes(sim)
     app = Starlette(routes=served + test_routes(sim))
     app.state.sim = sim.state
     return app

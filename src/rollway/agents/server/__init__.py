@@ -1,7 +1,7 @@
 """Serve an ``AgentLoop`` over HTTP (``rollway serve-agent module:Class``)."""
 
-from rollway.agents.server.app import create_app
-from rollway.agents.server.protocol import InitLimits, InitRequest
+from rollway.agents.server.agent_app import create_app
+from rollway.agents.server.agent_schema import InitLimits, InitRequest
 from rollway.agents.server.service import AgentService, ServiceConfig
 
 __all__ = ["AgentService", "InitLimits", "InitRequest", "ServiceConfig", "create_app"]

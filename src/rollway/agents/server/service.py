@@ -19,20 +19,20 @@ import aiohttp
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
-from rollway.agents.server.callbacks import Delivery, deliver_report
-from rollway.agents.server.protocol import InitRequest
+from rollway.agents.server.agent_schema import InitRequest
+from rollway.agents.server.report_sender import Delivery, deliver_report
 from rollway.errors import (
     InvalidFieldsError,
     OverloadedError,
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.gateway.remote import HttpChat
+from rollway.gateway.remote_gateway import HttpChat
 from rollway.logs import log_stage
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import AgentReport
-from rollway.webclient import new_session
+from rollway.web.http_client import new_session
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""The gateway as the client's rollouts see it: one async surface over the in-process
-``Gateway`` (``LocalGateway``) and a served one (``rollway.gateway.remote.RemoteGateway``)."""
+"""The gateway as a rollout sees it: one async surface (``GatewayHandle``) over the in-process
+``Gateway`` (``LocalGateway``, here) and a served one (``remote_gateway.RemoteGateway``)."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rollway.gateway.core import ChatResult, Gateway, Registration
+from rollway.gateway.chat_answer import ChatResult, Registration
+from rollway.gateway.core import Gateway
 from rollway.types import Trajectory
 
 

@@ -14,7 +14,7 @@ from rollway.cli.options import (
     RequestTimeoutOption,
     key_from_env,
 )
-from rollway.webserver import ServerLimits, run_server
+from rollway.web.uvicorn_server import ServerLimits, run_server
 
 _DEFAULT = ServerLimits()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from rollway.gateway.core import ChatResult
+from rollway.gateway.chat_answer import ChatResult
 
 _CONTENT_PIECE = 64
 

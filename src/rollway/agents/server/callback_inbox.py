@@ -11,10 +11,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rollway.errors import AuthError, UnknownRolloutError
-from rollway.gateway.protocol import parse_model
 from rollway.ids import keys_match
 from rollway.types import AgentReport
-from rollway.webapp import JSONResponse, bearer, guarded, read_json
+from rollway.web.handlers import JSONResponse, bearer, guarded, parse_model, read_json
 
 
 class CallbackInbox:

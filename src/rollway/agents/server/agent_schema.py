@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rollway.gateway.protocol import RegisterRequest
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.ids import IdempotencyKey, SafeId
 
 

@@ -15,11 +15,11 @@ from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
-from rollway.client.client import resolve_agent
-from rollway.client.rewards import RewardFn
+from rollway.client.rollout_client import resolve_agent
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import sandbox_factory
 
 

@@ -7,14 +7,11 @@ objects ignore extra keys: agents echo back whole SDK message objects (``refusal
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rollway.errors import InvalidFieldsError
 from rollway.types import SamplingParams
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -139,27 +136,6 @@ class ChatCompletionRequest(SamplingFields):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
-
-
-# How pydantic labels the branches of a union in an error's location (``content.str``,
-# ``input.list[...]``): no field of a wire model is named so.
-_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
-
-
-def _is_union_label(part: str | int) -> bool:
-    return isinstance(part, str) and (part in _TYPE_LABELS or not part.isidentifier())
-
-
-def parse_model(model: type[ModelT], data: Any) -> ModelT:
-    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field.
-    The deepest error is named: for a union that is the branch that got furthest."""
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
-        where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None
 
 
 #: Versions stay exact in JSON (a double) and in every integer column a trainer reads.

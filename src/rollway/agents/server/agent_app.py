@@ -20,14 +20,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.protocol import InitRequest
+from rollway.agents.server.agent_schema import InitRequest
 from rollway.agents.server.service import AgentService, Run, ServiceConfig
 from rollway.agents.validate import ready_agent
 from rollway.errors import AuthError, InvalidFieldsError, OverloadedError
-from rollway.gateway.protocol import parse_model
 from rollway.ids import IdempotencyKey, keys_match
-from rollway.openapi import Endpoint, Param, routes_and_document
-from rollway.webapp import JSONResponse, bearer, error_body, read_json, route_error
+from rollway.web.handlers import (
+    JSONResponse,
+    bearer,
+    error_body,
+    parse_model,
+    read_json,
+    route_error,
+)
+from rollway.web.openapi import Endpoint, Param, routes_and_document
 
 
 def create_app(

@@ -7,9 +7,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,6 +22,8 @@ from rollway.errors import (
     RollwayError,
     http_status_for,
 )
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
@@ -99,3 +102,24 @@ async def route_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     error = {"message": exc.detail, "type": "invalid_request_error", "param": None, "code": None}
     return JSONResponse({"error": error}, status_code=exc.status_code)
+
+
+# How pydantic labels the branches of a union in an error's location (``content.str``,
+# ``input.list[...]``): no field of a wire model is named so.
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _is_union_label(part: str | int) -> bool:
+    return isinstance(part, str) and (part in _TYPE_LABELS or not part.isidentifier())
+
+
+def parse_model(model: type[ModelT], data: Any) -> ModelT:
+    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field.
+    The deepest error is named: for a union that is the branch that got furthest."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
+        where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None

@@ -17,26 +17,27 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 
 from rollway.agents.base import AgentLoop
+from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
 from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
 from rollway.client.future import RolloutFuture
-from rollway.client.gateways import GatewayHandle
-from rollway.client.loop import LoopThread
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import BatchProgress, summary_table
-from rollway.client.remote_agent import PollPolicy, RemoteAgent
-from rollway.client.rewards import RewardFn
-from rollway.client.rollout import RolloutSettings, RolloutSpec, task_key
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
 from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
-from rollway.gateway.protocol import RegisterRequest, parse_model
-from rollway.gateway.remote import RemoteGateway
+from rollway.gateway.handle import GatewayHandle
+from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.ids import check_exp_id
+from rollway.rollouts import RolloutSettings, RolloutSpec, task_key
+from rollway.rollouts.loop_thread import LoopThread
+from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord
+from rollway.web.handlers import parse_model
 
 log = logging.getLogger(__name__)
 

@@ -15,15 +15,14 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import httpx
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
-from rollway.client.callbacks import CallbackInbox
-from rollway.client.rollout import RolloutSettings
+from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.errors import (
     AgentError,
     ConfigError,
@@ -34,7 +33,7 @@ from rollway.errors import (
 )
 from rollway.store.base import Store
 from rollway.types import AgentReport, RolloutResult
-from rollway.webclient import new_session, request_json
+from rollway.web.http_client import new_session, request_json
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +58,23 @@ def run_key(rollout_id: str, api_key: str) -> str:
     return f"{rollout_id}-{hashlib.sha256(api_key.encode()).hexdigest()[:12]}"
 
 
+class InitSettings(Protocol):
+    """What a rollout's init carries to the agent server (the client's rollout settings)."""
+
+    @property
+    def exp_id(self) -> str: ...
+    @property
+    def sampling(self) -> dict[str, Any]: ...
+    @property
+    def max_turns(self) -> int | None: ...
+    @property
+    def max_seq_len(self) -> int | None: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def debug(self) -> bool: ...
+
+
 class RemoteAgent(AgentLoop):
     name = "remote"
     needs_http = True
@@ -74,7 +90,7 @@ class RemoteAgent(AgentLoop):
         self.default_tools: list[dict[str, Any]] = list(info.get("tools") or [])
         self._store: Store | None = None
         self._inbox: CallbackInbox | None = None
-        self._settings: RolloutSettings | None = None
+        self._settings: InitSettings | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -82,7 +98,7 @@ class RemoteAgent(AgentLoop):
         unbound = {"_store": None, "_inbox": None, "_settings": None, "_session": None}
         return {**self.__dict__, **unbound}
 
-    def bind(self, store: Store, inbox: CallbackInbox | None, settings: RolloutSettings) -> None:
+    def bind(self, store: Store, inbox: CallbackInbox | None, settings: InitSettings) -> None:
         """Called by the client: where reports land, the callback route, what inits carry."""
         self._store, self._inbox, self._settings = store, inbox, settings
 

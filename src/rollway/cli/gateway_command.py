@@ -15,7 +15,7 @@ from rollway.cli.options import (
     key_from_env,
 )
 from rollway.gateway import build_gateway, create_app
-from rollway.webserver import ServerLimits, run_server
+from rollway.web.uvicorn_server import ServerLimits, run_server
 
 _DEFAULT = ServerLimits()
 

@@ -18,27 +18,27 @@ from starlette.routing import BaseRoute
 from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
+from rollway.gateway.chat_bodies import completion_body, logprobs_body, sse_events
 from rollway.gateway.core import Gateway
-from rollway.gateway.protocol import (
+from rollway.gateway.request_schema import (
     ChatCompletionRequest,
     PauseRequest,
     RegisterRequest,
     WeightUpdateRequest,
-    parse_model,
 )
-from rollway.gateway.responses import completion_body, logprobs_body, sse_events
 from rollway.gateway.responses_api import ResponsesRequest, response_body
 from rollway.gateway.responses_api import sse_events as responses_sse
 from rollway.ids import SafeId, keys_match
-from rollway.openapi import Endpoint, Param, routes_and_document
 from rollway.types import Trajectory
-from rollway.webapp import (
+from rollway.web.handlers import (
     DEFAULT_MAX_BODY_BYTES,
     JSONResponse,
     bearer,
+    parse_model,
     read_json,
     route_error,
 )
+from rollway.web.openapi import Endpoint, Param, routes_and_document
 
 
 def create_app(

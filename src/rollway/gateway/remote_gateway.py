@@ -15,9 +15,9 @@ import aiohttp
 import httpx
 
 from rollway.errors import ConfigError, InfrastructureError
-from rollway.gateway.core import ChatResult, Registration
+from rollway.gateway.chat_answer import ChatResult, Registration
 from rollway.types import Trajectory
-from rollway.webclient import new_session, request_json
+from rollway.web.http_client import new_session, request_json
 
 
 def _chat_result(body: dict[str, Any]) -> ChatResult:

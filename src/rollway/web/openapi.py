@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rollway.webapp import Handler, JSONResponse, guarded
+from rollway.web.handlers import Handler, JSONResponse, guarded
 
 _REF = "#/components/schemas/{model}"
 _REASONS = {

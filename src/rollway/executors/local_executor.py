@@ -9,18 +9,18 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from rollway.client.callbacks import CallbackInbox
-from rollway.client.gateways import GatewayHandle, LocalGateway
-from rollway.client.loop import LoopThread
-from rollway.client.remote_agent import RemoteAgent
-from rollway.client.rollout import RolloutRunner, RolloutSettings, RolloutSpec
+from rollway.agents.server.callback_inbox import CallbackInbox
+from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.executors.base import WorkerSetup
-from rollway.gateway.app import create_app
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
-from rollway.gateway.remote import RemoteGateway
-from rollway.gateway.server import LoopServer
+from rollway.gateway.handle import GatewayHandle, LocalGateway
+from rollway.gateway.http_app import create_app
+from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
+from rollway.rollouts.loop_thread import LoopThread
 from rollway.types import RolloutRecord
+from rollway.web.background_server import LoopServer
 
 
 class LocalExecutor:
@@ -75,7 +75,7 @@ class LocalExecutor:
         assert setup is not None, "prepare first"
         serve_gateway = setup.serve_http
         if serve_gateway is None:
-            serve_gateway = getattr(setup.agent, "needs_http", False)
+            serve_gateway = setup.agent.needs_http
         routes = [self._inbox.route()] if self._inbox is not None else []
         local = self._gateway if serve_gateway and isinstance(self._gateway, LocalGateway) else None
         if local is not None:

@@ -16,7 +16,7 @@ from types import TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
-from rollway.webserver import ServerLimits, uvicorn_config
+from rollway.web.uvicorn_server import ServerLimits, uvicorn_config
 
 
 class BackgroundServer:

@@ -10,17 +10,13 @@ import hashlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
-from rollway.client.gateways import GatewayHandle
-from rollway.client.rewards import RewardFn, score
 from rollway.errors import (
     TRANSIENT_KINDS,
     RewardError,
@@ -29,105 +25,20 @@ from rollway.errors import (
     error_kind,
 )
 from rollway.gateway.core import Registration
-from rollway.ids import TASK_KEY_MAX_LENGTH
+from rollway.gateway.handle import GatewayHandle
 from rollway.logs import log_stage
+from rollway.rollouts.records import make_record
+from rollway.rollouts.rewards import RewardFn, score
+from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
 from rollway.store.base import Store
 from rollway.types import (
-    ErrorKind,
     RolloutMetrics,
     RolloutRecord,
     RolloutResult,
-    Status,
     Trajectory,
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutSpec:
-    """Which rollout: a task row and its place in its group."""
-
-    task: dict[str, Any]
-    task_index: int
-    task_key: str
-    group_id: str
-    group_index: int
-    sample_index: int
-    #: Above 1 when a rollout is run again after its worker died: gateway ids stay unique.
-    first_attempt: int = 1
-    #: The batch (or single invoke) it belongs to; its record says so.
-    run_id: str | None = None
-
-    @property
-    def rollout_key(self) -> str:
-        return f"{self.task_key}.{self.sample_index}"
-
-
-def task_key(task: dict[str, Any]) -> str:
-    """A stable key: the task's ``task_id`` when it has one, else a hash of its content."""
-    given = task.get("task_id")
-    text = str(given)
-    usable = len(text) <= TASK_KEY_MAX_LENGTH and text.isascii()
-    if given is not None and usable and text.replace("-", "").replace("_", "").isalnum():
-        return text
-    return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    exp_id: str
-    sampling: dict[str, Any] = field(default_factory=dict)
-    max_turns: int | None = None
-    max_seq_len: int | None = None
-    timeout: float | None = None
-    reward_timeout: float = 30.0
-    max_retry_attempts: int = 3
-    retry_wait_s: float = 0.5
-    debug: bool = False
-    #: After a timeout or cancel, how long an agent may take to stop before it is cancelled.
-    stop_grace_s: float = 2.0
-
-
-def attempt_id(settings: RolloutSettings, spec: RolloutSpec, attempt: int) -> str:
-    """The gateway's id for one attempt of a rollout."""
-    return f"{settings.exp_id}.{spec.rollout_key}.{attempt}"
-
-
-def make_record(
-    spec: RolloutSpec,
-    settings: RolloutSettings,
-    status: Status,
-    error_kind: ErrorKind | None,
-    reason: str | None,
-    *,
-    attempts: int,
-    started_at: float,
-    elapsed_s: float = 0.0,
-    **fields: Any,
-) -> RolloutRecord:
-    """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, ...)."""
-    trajectory = fields.get("trajectory")
-    if trajectory is not None and "policy_version" not in fields:
-        fields["policy_version"] = trajectory.oldest_policy_version()
-    return RolloutRecord(
-        exp_id=settings.exp_id,
-        rollout_key=spec.rollout_key,
-        rollout_id=attempt_id(settings, spec, attempts),
-        task_index=spec.task_index,
-        group_id=spec.group_id,
-        group_index=spec.group_index,
-        sample_index=spec.sample_index,
-        status=status,
-        error_kind=error_kind,
-        reason=reason,
-        attempts=attempts,
-        started_at=started_at,
-        elapsed_s=elapsed_s,
-        task=spec.task,
-        run_id=spec.run_id,
-        **fields,
-    )
 
 
 class RolloutRunner:
@@ -258,7 +169,7 @@ class RolloutRunner:
     async def _register(self, rollout_id: str, params: dict[str, Any]) -> Registration:
         # Agents that can re-attach (served ones) pick up a rollout a dead client left open
         # on a shared gateway; for the rest it is stale (its agent died with the client).
-        reuse = getattr(self.agent, "reattaches", False)
+        reuse = self.agent.reattaches
         try:
             return await self.gateway.register(rollout_id, params, reuse=reuse)
         except RolloutClosedError:

@@ -1,0 +1,68 @@
+"""Chat turns behind a chat-level engine (a hosted OpenAI-compatible API): messages in,
+message out, recorded without token ids. For evaluation; trajectories say
+``has_token_ids: false`` and carry no samples."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rollway.engines.base import ChatEngine
+from rollway.errors import RolloutClosedError
+from rollway.gateway.chat_answer import ChatResult
+from rollway.gateway.chat_template import Message
+from rollway.gateway.engine_calls import EngineCalls
+from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.request_schema import ChatCompletionRequest
+from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
+from rollway.types import Turn
+
+
+class ChatTurns:
+    def __init__(self, engine: ChatEngine, calls: EngineCalls, metrics: GatewayMetrics) -> None:
+        self.engine = engine
+        self.calls = calls
+        self.metrics = metrics
+
+    async def answer(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        messages: list[Message],
+        keys: list[MessageKey],
+        tools: list[dict[str, Any]] | None,
+    ) -> ChatResult:
+        sampling = state.sampling_for(request.sampling_overrides())
+        request_id = state.begin_turn()
+        started = time.perf_counter()
+        async with self.calls.track(state, request_id):
+            answer = await self.engine.chat(messages, tools, sampling, request_id)
+        latency = time.perf_counter() - started
+        message = answer.message
+        turn = Turn(
+            index=len(state.turns),
+            segment=0,
+            request_id=request_id,
+            prompt_ids=[],
+            completion_ids=[],
+            logprobs=answer.logprobs or [],
+            finish_reason=answer.finish_reason,
+            content=message.get("content"),
+            tool_calls=message.get("tool_calls") or [],
+            sampling=sampling.to_dict(),
+            latency_ms=latency * 1000.0,
+            prompt_hash=prompt_hash([]),
+        )
+        state.turns.append(turn)
+        state.segment_count = 1
+        state.close_turn(messages, keys, message, tools)
+        if answer.finish_reason == "abort":
+            raise RolloutClosedError(
+                f"rollout {state.rollout_id!r} was cancelled during generation"
+            )
+        self.metrics.turns.labels(answer.finish_reason).inc()
+        self.metrics.turn_latency.observe(latency)
+        return ChatResult(
+            message, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens, [], [],
+            turn.index,
+        )  # fmt: skip

@@ -1,0 +1,163 @@
+"""Chat turns behind a token engine: the prompt planned as token ids (extending the last turn
+where the conversation does), sampled, decoded, tool calls parsed, and the turn recorded with
+the exact ids and logprobs the engine gave."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollway.engines.base import Engine
+from rollway.errors import RequestError, RolloutClosedError
+from rollway.gateway.chat_answer import ChatResult, length_answer
+from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
+from rollway.gateway.engine_calls import EngineCalls, Sampled
+from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
+from rollway.gateway.request_schema import ChatCompletionRequest
+from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
+from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
+from rollway.types import GenerationResult, SamplingParams, Turn
+
+
+class TokenTurns:
+    """``context_length`` is the model's context: a prompt that leaves no room in it is
+    refused (a ``RequestError``) and never reaches the engine."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        renderer: ChatRenderer,
+        calls: EngineCalls,
+        metrics: GatewayMetrics,
+        context_length: int | None,
+    ) -> None:
+        self.engine = engine
+        self.renderer = renderer
+        self.calls = calls
+        self.metrics = metrics
+        self.context_length = context_length
+        self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
+
+    async def answer(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        messages: list[Message],
+        keys: list[MessageKey],
+        tools: list[dict[str, Any]] | None,
+    ) -> ChatResult:
+        try:
+            plan = await plan_prompt(
+                self.renderer, state, messages, keys, tools, self._prompt_budget(state)
+            )
+        except TokenBudgetExceeded as exc:
+            return self._refuse_long_prompt(state, exc.at_least)
+        sampling = state.sampling_for(request.sampling_overrides())
+        if state.max_seq_len is not None:
+            room = state.max_seq_len - len(plan.prompt_ids)
+            sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
+        request_id = state.begin_turn()
+        sampled = await self.calls.sample(self.engine, state, request_id, plan.prompt_ids, sampling)
+        result = sampled.result
+        if (
+            result.finish_reason == "length"
+            and state.max_seq_len is not None
+            and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
+        ):
+            self.truncate(state, "max_seq_len")
+        use_tools = bool(tools) and request.tool_choice != "none"
+        parsed = self._parse(result, sampling, use_tools)
+        turn = self._record(state, plan, sampling, sampled, parsed)
+        message = _assistant_message(parsed)
+        state.close_turn(messages, keys, message, tools)
+        if result.finish_reason == "abort":
+            raise RolloutClosedError(
+                f"rollout {state.rollout_id!r} was cancelled during generation"
+            )
+        finish = "tool_calls" if parsed.tool_calls else result.finish_reason
+        self.metrics.turns.labels(finish).inc()
+        return ChatResult(
+            message, finish, len(plan.prompt_ids), len(result.output_ids), result.output_ids,
+            result.logprobs, turn.index,
+        )  # fmt: skip
+
+    def truncate(self, state: RolloutState, reason: str) -> None:
+        if state.mark_truncated(reason):
+            self.metrics.truncated(state.rollout_id, reason)
+
+    def _prompt_budget(self, state: RolloutState) -> int | None:
+        """The most prompt tokens a turn may have: one under the tighter of the rollout's
+        ``max_seq_len`` and the model's context, so that one token at least can be sampled."""
+        limits = [n for n in (state.max_seq_len, self.context_length) if n is not None]
+        return min(limits) - 1 if limits else None
+
+    def _refuse_long_prompt(self, state: RolloutState, tokens: int) -> ChatResult:
+        """Past its own ``max_seq_len`` a rollout is truncated (finish 'length', as designed);
+        past the model's context the request is refused, as OpenAI's API does. ``tokens`` is
+        exact, or a lower bound when the prompt's length alone ruled it out."""
+        own = state.max_seq_len
+        if own is not None and (self.context_length is None or own <= self.context_length):
+            self.truncate(state, "max_seq_len")
+            self.metrics.turns.labels("length").inc()
+            return length_answer(tokens)
+        raise RequestError(
+            f"the prompt needs at least {tokens} tokens; the model's context is "
+            f"{self.context_length} tokens, one of which the answer needs",
+            param="messages",
+        )
+
+    def _parse(
+        self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
+    ) -> ParsedCompletion:
+        ids = result.output_ids
+        if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
+            ids = ids[:-1]
+        text = self.renderer.decode(ids)
+        cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
+        if cuts:
+            text = text[: min(cuts)]
+        return parse_tool_calls(text) if use_tools else ParsedCompletion(text)
+
+    @staticmethod
+    def _record(
+        state: RolloutState,
+        plan: PromptPlan,
+        sampling: SamplingParams,
+        sampled: Sampled,
+        parsed: ParsedCompletion,
+    ) -> Turn:
+        segment = plan.segment
+        # A concurrent call may have extended the same parent first: then this is a branch.
+        if segment is None or state.last_in_segment(segment).index != plan.parent:
+            segment = state.next_segment()
+        result = sampled.result
+        turn = Turn(
+            index=len(state.turns),
+            segment=segment,
+            request_id=sampled.request_id,
+            prompt_ids=plan.prompt_ids,
+            completion_ids=result.output_ids,
+            logprobs=result.logprobs,
+            finish_reason=result.finish_reason,
+            content=parsed.content,
+            tool_calls=parsed.tool_calls,
+            tool_call_parse_error=parsed.error,
+            sampling=sampling.to_dict(),
+            latency_ms=sampled.latency * 1000.0,
+            prompt_hash=prompt_hash(plan.prompt_ids),
+            policy_versions=result.policy_versions,
+            logprob_kind=result.logprob_kind,
+            reissued=sampled.reissued,
+        )
+        state.turns.append(turn)
+        return turn
+
+
+def _assistant_message(parsed: ParsedCompletion) -> Message:
+    if parsed.tool_calls:
+        return {
+            "role": "assistant",
+            "content": parsed.content or None,
+            "tool_calls": parsed.tool_calls,
+        }
+    return {"role": "assistant", "content": parsed.content}

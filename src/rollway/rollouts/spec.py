@@ -1,0 +1,62 @@
+"""Which rollout to run (a task row and its place in its group) and how (the batch's settings);
+the ids a rollout and each of its attempts go by."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from rollway.ids import TASK_KEY_MAX_LENGTH
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutSpec:
+    """Which rollout: a task row and its place in its group."""
+
+    task: dict[str, Any]
+    task_index: int
+    task_key: str
+    group_id: str
+    group_index: int
+    sample_index: int
+    #: Above 1 when a rollout is run again after its worker died: gateway ids stay unique.
+    first_attempt: int = 1
+    #: The batch (or single invoke) it belongs to; its record says so.
+    run_id: str | None = None
+
+    @property
+    def rollout_key(self) -> str:
+        return f"{self.task_key}.{self.sample_index}"
+
+
+def task_key(task: dict[str, Any]) -> str:
+    """A stable key: the task's ``task_id`` when it has one, else a hash of its content."""
+    given = task.get("task_id")
+    text = str(given)
+    usable = len(text) <= TASK_KEY_MAX_LENGTH and text.isascii()
+    if given is not None and usable and text.replace("-", "").replace("_", "").isalnum():
+        return text
+    return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    exp_id: str
+    sampling: dict[str, Any] = field(default_factory=dict)
+    max_turns: int | None = None
+    max_seq_len: int | None = None
+    timeout: float | None = None
+    reward_timeout: float = 30.0
+    max_retry_attempts: int = 3
+    retry_wait_s: float = 0.5
+    debug: bool = False
+    #: After a timeout or cancel, how long an agent may take to stop before it is cancelled.
+    stop_grace_s: float = 2.0
+
+
+def attempt_id(settings: RolloutSettings, spec: RolloutSpec, attempt: int) -> str:
+    """The gateway's id for one attempt of a rollout."""
+    return f"{settings.exp_id}.{spec.rollout_key}.{attempt}"
