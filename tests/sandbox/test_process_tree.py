@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits, cgroup, local
+from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits, cgroup, local_sandbox
 from rollway.sandbox.base import Sandbox
 
 from .test_local import ENV, PY, is_gone
@@ -123,7 +123,7 @@ async def test_without_a_pids_cgroup_root_is_warned_that_the_limit_does_not_bind
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(cgroup, "MOUNTS", Path("/dev/null"))
-    local._warn_process_limit_does_not_bind.cache_clear()  # warned once per process
+    local_sandbox._warn_process_limit_does_not_bind.cache_clear()  # warned once per process
     with caplog.at_level(logging.WARNING, logger="rollway.sandbox"):
         async with LocalSandbox(SandboxLimits(processes=20)) as box:
             await box.start([PY, "-c", SLEEPERS], ENV)
