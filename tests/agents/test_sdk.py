@@ -9,13 +9,17 @@ from pydantic import Field
 
 from rollway.agents import (
     AgentLoop,
+    IssueCode,
     RolloutContext,
     execute_tool_calls,
+    list_agents,
     load_agent,
     register_agent,
     tool,
+    unregister_agent,
     validate,
 )
+from rollway.agents.validate import ready_agent
 from rollway.errors import AgentError, ConfigError
 from rollway.types import RolloutResult
 
@@ -148,50 +152,110 @@ async def test_tool_failures_become_messages_the_model_can_read() -> None:
     assert len(latencies) == len(replies)
 
 
-def codes(agent: Any) -> list[str]:
-    return [issue.code for issue in validate(agent)]
+def found(agent: Any) -> list[tuple[str, str | None]]:
+    return [(issue.code, issue.field) for issue in validate(agent).issues]
 
 
-def test_validate_returns_coded_errors_and_warnings() -> None:
-    assert validate(Good) == [] and validate(Good()) == []
+class NotAsync(AgentLoop):
+    name = "not-async"
 
-    class NotAsync(AgentLoop):
-        name = "not-async"
+    def run(self, ctx: RolloutContext) -> RolloutResult:  # type: ignore[override]
+        return ctx.complete([])
 
-        def run(self, ctx: RolloutContext) -> RolloutResult:  # type: ignore[override]
-            return ctx.complete([])
 
-    class Raises(Good):
-        name = "raises"
+class Unnamed(AgentLoop):  # abstract (no run), so the class statement allows it
+    pass
 
-        def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-            raise ValueError("no tools today")
 
-    class NotList(Good):
-        name = "not-list"
+class NeedsArguments(Good):
+    name = "needs-arguments"
 
-        def get_tools(self, task: dict[str, Any]) -> Any:
-            return {"add": add.schema}
+    def __init__(self, model: str) -> None:
+        self.model = model
 
-    class Malformed(Good):
-        name = "malformed"
 
-        def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-            bad_params = {"type": "function", "function": {"name": "x", "parameters": []}}
-            return [{"name": "bare"}, bad_params, add.schema, add.schema]
+class Raises(Good):
+    name = "raises"
 
-    class Undescribed(Good):
-        name = "undescribed"
+    def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        raise ValueError("no tools today")
 
-        def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
-            return [{"type": "function", "function": {"name": "x"}}]
 
-    assert codes(int) == ["E100"]
-    assert codes(NotAsync) == ["E103"]
-    assert codes(Raises) == ["E201"]
-    assert codes(NotList) == ["E202"]
-    assert codes(Malformed) == ["E203", "E203", "E204"]
-    assert [(i.code, i.severity) for i in validate(Undescribed)] == [("W201", "warning")]
+class NotList(Good):
+    name = "not-list"
+
+    def get_tools(self, task: dict[str, Any]) -> Any:
+        return {"add": add.schema}
+
+
+class Malformed(Good):
+    name = "malformed"
+
+    def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        bad_params = {"type": "function", "function": {"name": "x", "parameters": []}}
+        nameless = {"type": "function", "function": {"name": ""}}
+        no_function = {"type": "function", "function": "add"}
+        return [{"name": "bare"}, bad_params, nameless, no_function, add.schema, add.schema]
+
+
+class Undescribed(Good):
+    name = "undescribed"
+
+    def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": "x"}}]
+
+
+def test_validate_names_each_problem_and_what_it_is_about() -> None:
+    assert validate(Good).issues == () and validate(Good()).valid
+    assert found(int) == [("NOT_AN_AGENT", None)]
+    assert found(Unnamed) == [("MISSING_NAME", "name"), ("RUN_NOT_IMPLEMENTED", "run")]
+    assert found(NotAsync) == [("RUN_NOT_ASYNC", "run")]
+    assert found(NeedsArguments) == [("CANNOT_INSTANTIATE", "__init__")]
+    assert found(Raises) == [("GET_TOOLS_RAISED", "get_tools")]
+    assert found(NotList) == [("TOOLS_NOT_A_LIST", "get_tools")]
+    assert found(Malformed) == [
+        ("BAD_TOOL_SCHEMA", "tools[0].type"),
+        ("BAD_TOOL_SCHEMA", "tools[1].function.parameters"),
+        ("BAD_TOOL_SCHEMA", "tools[2].function.name"),
+        ("BAD_TOOL_SCHEMA", "tools[3].function"),
+        ("DUPLICATE_TOOL_NAME", "tools[5].function.name"),
+    ]
+    assert found(Undescribed) == [("TOOL_WITHOUT_DESCRIPTION", "tools[0].function.description")]
+
+
+def test_every_issue_code_is_produced_by_some_agent() -> None:
+    agents = [int, Unnamed, NotAsync, NeedsArguments, Raises, NotList, Malformed, Undescribed]
+    produced = {issue.code for agent in agents for issue in validate(agent).issues}
+    assert produced == set(IssueCode)
+    assert all(code == code.name for code in IssueCode)  # a code reads as its own name
+
+
+def test_issue_details_hold_the_facts_behind_the_message() -> None:
+    (raised,) = validate(Raises).issues
+    assert raised.details == {"exception_type": "ValueError", "exception": "no tools today"}
+    assert raised.message == "get_tools raised ValueError: no tools today"
+    (built,) = validate(NeedsArguments).issues
+    assert built.details["exception_type"] == "TypeError" and "model" in built.details["exception"]
+    assert validate(NotList).issues[0].details == {"returned": "dict"}
+    duplicate = validate(Malformed).errors[-1]
+    assert duplicate.details == {"name": "add", "first_index": 4}
+    assert validate(Undescribed).issues[0].details == {"name": "x"}
+
+
+def test_errors_make_a_result_invalid_and_warnings_do_not() -> None:
+    warned = validate(Undescribed)
+    assert warned.valid and warned.errors == [] and len(warned.warnings) == 1
+    warned.raise_if_invalid()  # warnings alone do not stop a run
+    broken = validate(Malformed)
+    assert not broken.valid and broken.warnings == [] and len(broken.errors) == 5
+    with pytest.raises(AgentError) as raised:
+        broken.raise_if_invalid()
+    message = str(raised.value)
+    assert message.startswith("agent Malformed is not ready: BAD_TOOL_SCHEMA (tools[0].type): ")
+    assert message.count("BAD_TOOL_SCHEMA") == 4 and "DUPLICATE_TOOL_NAME" in message
+    with pytest.raises(AgentError, match=r"RUN_NOT_ASYNC \(run\)"):
+        ready_agent(NotAsync)
+    assert isinstance(ready_agent(Undescribed), Undescribed)
 
 
 def test_agents_load_by_module_path_file_path_and_registered_name(tmp_path: Path) -> None:
@@ -207,12 +271,38 @@ def test_agents_load_by_module_path_file_path_and_registered_name(tmp_path: Path
     loaded = load_agent(f"{source}:FileAgent")
     assert loaded.name == "from-file"
     register_agent(loaded)
-    assert load_agent("from-file") is loaded
-    with pytest.raises(ConfigError, match="already taken"):
-        register_agent(type("Other", (loaded,), {"name": "from-file"}))
+    try:
+        assert load_agent("from-file") is loaded
+        with pytest.raises(ConfigError, match="already taken"):
+            register_agent(type("Other", (loaded,), {"name": "from-file"}))
+    finally:
+        unregister_agent("from-file")
     with pytest.raises(ConfigError, match="not an AgentLoop"):
         load_agent("tests.agents.test_sdk:add")
     with pytest.raises(ConfigError, match="cannot import"):
         load_agent("no_such_module_here:Agent")
-    with pytest.raises(ConfigError, match="module:Class"):
-        load_agent("unregistered-name")
+
+
+def test_the_registry_lists_sorted_names_and_forgets_on_request() -> None:
+    before = list_agents()
+    for cls in (Undescribed, Good, NotAsync):  # registered out of order
+        register_agent(cls)
+    try:
+        listed = list_agents()
+        assert list(listed) == sorted(listed)
+        assert {n: c for n, c in listed.items() if n not in before} == {
+            "good": Good, "not-async": NotAsync, "undescribed": Undescribed,
+        }  # fmt: skip
+        with pytest.raises(ConfigError) as unknown:
+            load_agent("no-such-agent")
+        message = str(unknown.value)
+        assert "'no-such-agent' is not a registered name" in message
+        assert "registered: " in message and "good, not-async, undescribed" in message
+        assert "module:Class" in message  # the other ways to name an agent
+    finally:
+        assert unregister_agent("good") is Good
+        unregister_agent("not-async")
+        unregister_agent("undescribed")
+    assert list_agents() == before
+    with pytest.raises(ConfigError, match="no agent is registered as 'good'"):
+        unregister_agent("good")

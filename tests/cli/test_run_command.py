@@ -65,7 +65,8 @@ def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:
         "        return ctx.complete([])\n"
     )
     bad = rollway("validate", f"{broken}:Broken", cwd=tmp_path)
-    assert bad.returncode == 1 and "E202" in bad.stdout
+    assert bad.returncode == 1
+    assert "error TOOLS_NOT_A_LIST get_tools: get_tools returned str, not a list" in bad.stdout
 
 
 def test_run_names_a_missing_task_file(tmp_path: Path) -> None:

@@ -247,7 +247,7 @@ def test_bad_configuration_fails_before_any_rollout(make_client: MakeClient) -> 
         name = "norun"
         run = None  # type: ignore[assignment]
 
-    with pytest.raises(AgentError, match="E103"):
+    with pytest.raises(AgentError, match=r"RUN_NOT_ASYNC \(run\)"):
         make_client(agent=NoRun)
 
 

@@ -3,20 +3,24 @@
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import ChatReply, RolloutContext
 from rollway.agents.program import ProgramAgent
-from rollway.agents.registry import load_agent, register_agent
+from rollway.agents.registry import list_agents, load_agent, register_agent, unregister_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
-from rollway.agents.validate import Issue, validate
+from rollway.agents.validate import IssueCode, ValidationIssue, ValidationResult, validate
 
 __all__ = [
     "AgentLoop",
     "ChatReply",
-    "Issue",
+    "IssueCode",
     "ProgramAgent",
     "RolloutContext",
     "Tool",
+    "ValidationIssue",
+    "ValidationResult",
     "execute_tool_calls",
+    "list_agents",
     "load_agent",
     "register_agent",
     "tool",
+    "unregister_agent",
     "validate",
 ]

@@ -26,6 +26,19 @@ def register_agent(cls: type[AgentLoop]) -> type[AgentLoop]:
     return cls
 
 
+def unregister_agent(name: str) -> type[AgentLoop]:
+    """Remove the agent registered as ``name``; the class it was."""
+    try:
+        return _REGISTRY.pop(name)
+    except KeyError:
+        raise ConfigError(f"no agent is registered as {name!r}; {_registered()}") from None
+
+
+def list_agents() -> dict[str, type[AgentLoop]]:
+    """The registered agents by name, sorted by name."""
+    return dict(sorted(_REGISTRY.items()))
+
+
 def load_agent(spec: str) -> type[AgentLoop]:
     """The agent class for ``spec``."""
     if spec in _REGISTRY:
@@ -33,13 +46,20 @@ def load_agent(spec: str) -> type[AgentLoop]:
     target, sep, attr = spec.rpartition(":")
     if not sep:
         raise ConfigError(
-            f"agent {spec!r}: use module:Class, path/to/file.py:Class or a name", param="agent"
+            f"agent {spec!r} is not a registered name ({_registered()}): use module:Class, "
+            "path/to/file.py:Class or a registered name",
+            param="agent",
         )
     module = import_target(target)
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
         raise ConfigError(f"{attr!r} in {target!r} is not an AgentLoop subclass", param="agent")
     return cls
+
+
+def _registered() -> str:
+    names = ", ".join(list_agents())
+    return f"registered: {names}" if names else "none is registered"
 
 
 def import_target(target: str, what: str = "agent") -> object:

@@ -1,44 +1,87 @@
-"""Check an agent before any rollout starts; problems come back as coded issues."""
+"""Check an agent before any rollout starts: a ``ValidationResult`` of named issues, each saying
+which attribute or tool it is about."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.registry import load_agent
 from rollway.errors import AgentError
 
+Severity = Literal["error", "warning"]
+
+
+class IssueCode(StrEnum):
+    """What is wrong; each code equals its own name as a string."""
+
+    # The class.
+    NOT_AN_AGENT = "NOT_AN_AGENT"
+    MISSING_NAME = "MISSING_NAME"
+    RUN_NOT_IMPLEMENTED = "RUN_NOT_IMPLEMENTED"
+    RUN_NOT_ASYNC = "RUN_NOT_ASYNC"
+    CANNOT_INSTANTIATE = "CANNOT_INSTANTIATE"
+    # Its tools.
+    GET_TOOLS_RAISED = "GET_TOOLS_RAISED"
+    TOOLS_NOT_A_LIST = "TOOLS_NOT_A_LIST"
+    BAD_TOOL_SCHEMA = "BAD_TOOL_SCHEMA"
+    DUPLICATE_TOOL_NAME = "DUPLICATE_TOOL_NAME"
+    # Warnings: the agent runs, but the model is told less than it could be.
+    TOOL_WITHOUT_DESCRIPTION = "TOOL_WITHOUT_DESCRIPTION"
+
 
 @dataclass(frozen=True, slots=True)
-class Issue:
-    """One finding. Codes: E1xx the class, E2xx tools, W2xx tool warnings."""
+class ValidationIssue:
+    """One finding. ``field`` names what it is about (``"name"``, ``"run"``,
+    ``"tools[2].function.name"``; None for the object as a whole); ``details`` holds the facts
+    behind the message (an exception's type and text, a tool's name)."""
 
-    code: str
-    severity: Literal["error", "warning"]
+    code: IssueCode
+    severity: Severity
     message: str
+    field: str | None = None
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __str__(self) -> str:
+        where = f" ({self.field})" if self.field else ""
+        return f"{self.code}{where}: {self.message}"
 
 
-def validate(agent: type[AgentLoop] | AgentLoop) -> list[Issue]:
-    """Errors and warnings about ``agent`` (a class or an instance); empty means ready."""
+@dataclass(frozen=True, slots=True)
+class ValidationResult:
+    """Every issue found in ``agent`` (the class's qualified name); ``valid`` when none is an
+    error (warnings do not stop a run)."""
+
+    agent: str
+    issues: tuple[ValidationIssue, ...] = ()
+
+    @property
+    def errors(self) -> list[ValidationIssue]:
+        return [i for i in self.issues if i.severity == "error"]
+
+    @property
+    def warnings(self) -> list[ValidationIssue]:
+        return [i for i in self.issues if i.severity == "warning"]
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+    def raise_if_invalid(self) -> None:
+        """``AgentError`` listing every error, if there is one."""
+        if self.errors:
+            listed = "; ".join(str(i) for i in self.errors)
+            raise AgentError(f"agent {self.agent} is not ready: {listed}")
+
+
+def validate(agent: type[AgentLoop] | AgentLoop) -> ValidationResult:
+    """What is wrong with ``agent`` (a class or an instance); ``valid`` means ready to run."""
     cls = agent if isinstance(agent, type) else type(agent)
-    issues: list[Issue] = []
-    if not issubclass(cls, AgentLoop):
-        return [Issue("E100", "error", f"{cls.__qualname__} is not an AgentLoop subclass")]
-    if not (isinstance(cls.name, str) and cls.name.strip()):
-        issues.append(Issue("E101", "error", "the agent has no non-empty `name`"))
-    if getattr(cls.run, "__isabstractmethod__", False):
-        issues.append(Issue("E102", "error", "`run` is not implemented"))
-    elif not inspect.iscoroutinefunction(cls.run):
-        issues.append(Issue("E103", "error", "`run` must be `async def run(self, ctx)`"))
-    if issues:
-        return issues
-    try:
-        instance = agent if isinstance(agent, AgentLoop) else cls()
-    except Exception as exc:
-        return [Issue("E104", "error", f"the agent cannot be built without arguments: {exc!r}")]
-    return _check_tools(instance)
+    return ValidationResult(cls.__qualname__, tuple(_find_issues(agent, cls)))
 
 
 def ready_agent(agent: AgentLoop | type[AgentLoop] | str) -> AgentLoop:
@@ -46,45 +89,89 @@ def ready_agent(agent: AgentLoop | type[AgentLoop] | str) -> AgentLoop:
     else ``AgentError`` listing the problems."""
     if isinstance(agent, str):
         agent = load_agent(agent)
-    errors = [i for i in validate(agent) if i.severity == "error"]
-    if errors:
-        listed = "; ".join(f"{i.code} {i.message}" for i in errors)
-        raise AgentError(f"agent is not ready: {listed}")
+    validate(agent).raise_if_invalid()
     return agent if isinstance(agent, AgentLoop) else agent()
 
 
-def _check_tools(agent: AgentLoop) -> list[Issue]:
+def _find_issues(agent: type[AgentLoop] | AgentLoop, cls: type) -> list[ValidationIssue]:
+    if not issubclass(cls, AgentLoop):
+        message = f"{cls.__qualname__} is not an AgentLoop subclass"
+        return [_error(IssueCode.NOT_AN_AGENT, message, None, type=cls.__qualname__)]
+    issues: list[ValidationIssue] = []
+    if not (isinstance(cls.name, str) and cls.name.strip()):
+        issues.append(_error(IssueCode.MISSING_NAME, "the agent has no non-empty `name`", "name"))
+    if getattr(cls.run, "__isabstractmethod__", False):
+        issues.append(_error(IssueCode.RUN_NOT_IMPLEMENTED, "`run` is not implemented", "run"))
+    elif not inspect.iscoroutinefunction(cls.run):
+        message = "`run` must be `async def run(self, ctx)`"
+        issues.append(_error(IssueCode.RUN_NOT_ASYNC, message, "run"))
+    if issues:
+        return issues
+    try:
+        instance = agent if isinstance(agent, AgentLoop) else cls()
+    except Exception as exc:
+        message = f"the agent cannot be built without arguments: {exc!r}"
+        return [_error(IssueCode.CANNOT_INSTANTIATE, message, "__init__", **_raised(exc))]
+    return _check_tools(instance)
+
+
+def _check_tools(agent: AgentLoop) -> list[ValidationIssue]:
     try:
         tools: Any = agent.get_default_tools()
     except Exception as exc:
-        return [Issue("E201", "error", f"get_tools raised {type(exc).__name__}: {exc}")]
+        message = f"get_tools raised {type(exc).__name__}: {exc}"
+        return [_error(IssueCode.GET_TOOLS_RAISED, message, "get_tools", **_raised(exc))]
     if not isinstance(tools, list):
-        return [Issue("E202", "error", f"get_tools returned {type(tools).__name__}, not a list")]
-    issues: list[Issue] = []
-    names: set[str] = set()
+        returned = type(tools).__name__
+        message = f"get_tools returned {returned}, not a list"
+        return [_error(IssueCode.TOOLS_NOT_A_LIST, message, "get_tools", returned=returned)]
+    issues: list[ValidationIssue] = []
+    first_index: dict[str, int] = {}
     for index, schema in enumerate(tools):
         problem = _schema_problem(schema)
         if problem:
-            issues.append(Issue("E203", "error", f"tool {index}: {problem}"))
+            where, what = problem
+            message = f"tool {index}: {what}"
+            issues.append(_error(IssueCode.BAD_TOOL_SCHEMA, message, f"tools[{index}]{where}"))
             continue
         name = schema["function"]["name"]
-        if name in names:
-            issues.append(Issue("E204", "error", f"tool name {name!r} is used twice"))
-        names.add(name)
+        if name in first_index:
+            issues.append(
+                _error(
+                    IssueCode.DUPLICATE_TOOL_NAME, f"tool name {name!r} is used twice",
+                    f"tools[{index}].function.name", name=name, first_index=first_index[name],
+                )
+            )  # fmt: skip
+        first_index.setdefault(name, index)
         if not schema["function"].get("description"):
-            issues.append(Issue("W201", "warning", f"tool {name!r} has no description"))
+            issues.append(
+                ValidationIssue(
+                    IssueCode.TOOL_WITHOUT_DESCRIPTION, "warning",
+                    f"tool {name!r} has no description",
+                    f"tools[{index}].function.description", {"name": name},
+                )
+            )  # fmt: skip
     return issues
 
 
-def _schema_problem(schema: Any) -> str | None:
+def _schema_problem(schema: Any) -> tuple[str, str] | None:
+    """Where in one tool schema the first problem is (a suffix of ``tools[i]``), and what."""
     if not isinstance(schema, dict) or schema.get("type") != "function":
-        return 'not a {"type": "function", ...} object'
+        return ".type", 'not a {"type": "function", ...} object'
     function = schema.get("function")
     if not isinstance(function, dict):
-        return "has no `function` object"
+        return ".function", "has no `function` object"
     if not isinstance(function.get("name"), str) or not function["name"]:
-        return "function has no name"
+        return ".function.name", "function has no name"
     parameters = function.get("parameters", {"type": "object"})
     if not isinstance(parameters, dict) or parameters.get("type") != "object":
-        return "parameters must be a JSON Schema with type 'object'"
+        return ".function.parameters", "parameters must be a JSON Schema with type 'object'"
     return None
+
+
+def _error(code: IssueCode, message: str, where: str | None, **details: Any) -> ValidationIssue:
+    return ValidationIssue(code, "error", message, where, details)
+
+
+def _raised(exc: Exception) -> dict[str, str]:
+    return {"exception_type": type(exc).__name__, "exception": str(exc)}

@@ -13,13 +13,14 @@ from rollway.agents.validate import validate as validate_agent
 def validate(
     agent: Annotated[str, typer.Argument(help="module:Class, path/to/file.py:Class, or a name.")],
 ) -> None:
-    """List the agent's problems; exit 1 if any is an error."""
+    """List the agent's problems (code, what it is about, message); exit 1 if any is an error."""
     cls = load_agent(agent)
-    issues = validate_agent(cls)
-    for issue in issues:
+    result = validate_agent(cls)
+    for issue in result.issues:
         color = "red" if issue.severity == "error" else "yellow"
-        typer.secho(f"{issue.code} {issue.severity}: {issue.message}", fg=color)
-    if any(i.severity == "error" for i in issues):
+        where = issue.field or "-"
+        typer.secho(f"{issue.severity} {issue.code} {where}: {issue.message}", fg=color)
+    if not result.valid:
         raise typer.Exit(1)
     tools = [t["function"]["name"] for t in cls().get_default_tools()]
     typer.echo(f"agent {cls.name!r} is ready; tools: {', '.join(tools) or 'none'}")

@@ -20,7 +20,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
 from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
-from rollway.client.future import RolloutFuture
+from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import BatchProgress, summary_table
 from rollway.engines.base import ChatEngine, Engine
@@ -173,7 +173,10 @@ class RolloutClient:
         return self._submit(spec, settings)
 
     async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
-        return await self.invoke(task, **overrides)
+        """Run one rollout of ``task`` and return its ``RolloutRecord`` (whatever the outcome;
+        awaitable from any event loop). Cancelling the awaiting task cancels the rollout, which
+        is then recorded as ``cancelled``."""
+        return await self.invoke(task, **overrides).result_async()
 
     # -- weights -----------------------------------------------------------------------------
 
@@ -313,12 +316,18 @@ class RolloutClient:
     # -- internals ---------------------------------------------------------------------------
 
     def _submit(self, spec: RolloutSpec, settings: RolloutSettings) -> RolloutFuture:
-        cancel = asyncio.Event()
-        cf = self._loop.submit(self._run_limited(spec, settings, cancel))
-        future = RolloutFuture(cf, cancel, self._loop.loop)
+        gate = CancelGate(self._loop.loop)
+        cf = self._loop.submit(self._run_settled(spec, settings, gate))
+        future = RolloutFuture(cf, gate)
         self._live.add(future)
         cf.add_done_callback(lambda _: self._live.discard(future))
         return future
+
+    async def _run_settled(
+        self, spec: RolloutSpec, settings: RolloutSettings, gate: CancelGate
+    ) -> RolloutRecord:
+        record = await self._run_limited(spec, settings, gate.event)
+        return await gate.settle(record, self.store)  # a cancel granted meanwhile wins
 
     async def _run_limited(
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event

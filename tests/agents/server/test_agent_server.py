@@ -155,9 +155,9 @@ def test_finished_rollouts_expire_but_their_key_still_finds_the_stored_report(
 
 
 def test_an_invalid_agent_is_refused_at_start_up() -> None:
-    with pytest.raises(AgentError, match="E203"):
+    with pytest.raises(AgentError, match=r"BAD_TOOL_SCHEMA \(tools\[0\]\.function\.name\)"):
         create_app(NamelessTools, api_key="k")
-    with pytest.raises(AgentError, match="E100"):
+    with pytest.raises(AgentError, match="NOT_AN_AGENT"):
         create_app(dict, api_key="k")  # type: ignore[arg-type]
 
 
