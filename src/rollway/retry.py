@@ -3,8 +3,8 @@
 Every retry loop in rollway runs one of the named policies below, through the tenacity loop
 the policy builds (``policy.retrying()``), instead of counting and sleeping by hand. A policy
 whose numbers come from configuration is the named one with those numbers replaced
-(``dataclasses.replace(ROLLOUT_ATTEMPTS, attempts=n)``); one whose retryable errors belong to
-a module that is imported late (Ray's) names them where it is used.
+(``dataclasses.replace(ROLLOUT_ATTEMPTS, attempts=n)``); one whose retryable errors are private
+to its caller or imported late (the Ray executor's) gets them where it is used.
 
 Loops that are not retries have no policy: health checks and expiry sweeps on a timer, a
 router failing over to the next server (bounded by the fleet, not a count), a client starting
