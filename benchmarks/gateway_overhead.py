@@ -30,7 +30,8 @@ from transformers import AutoTokenizer
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.models import resolve_model_path
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.types import SamplingParams
 
 TURNS = 5

@@ -24,7 +24,8 @@ from rollway.engines import engine_from_spec
 from rollway.engines.models import resolve_model_path
 from rollway.engines.router import RoutedEngine
 from rollway.errors import EngineError
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 
 TURNS = 5
 

@@ -16,7 +16,9 @@ import pytest
 from rollway.cli.demo_command import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.web.background_server import BackgroundServer
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 

@@ -9,18 +9,19 @@ from rollway.agents import (
     execute_tool_calls,
     tool,
 )
+from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import BatchItem, RolloutClient, RolloutFuture
 from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
     AgentError,
     AuthError,
     ConfigError,
-    EngineAbortedError,
     EngineConnectError,
     EngineError,
     InfrastructureError,
     InvalidFieldsError,
     MalformedBodyError,
+    OverloadedError,
     PayloadTooLargeError,
     RequestError,
     RewardError,
@@ -29,15 +30,7 @@ from rollway.errors import (
     UnknownRolloutError,
 )
 from rollway.executors import LocalExecutor, RayExecutor
-from rollway.gateway import (
-    BackgroundServer,
-    ChatRenderer,
-    ChatResult,
-    Gateway,
-    Registration,
-    build_gateway,
-    create_app,
-)
+from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, create_app
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.types import (
@@ -58,15 +51,12 @@ __all__ = [
     "AgentError",
     "AgentLoop",
     "AuthError",
-    "BackgroundServer",
     "BatchItem",
-    "ChatRenderer",
     "ChatReply",
     "ChatResult",
     "ConfigError",
     "Drift",
     "Engine",
-    "EngineAbortedError",
     "EngineConnectError",
     "EngineError",
     "FileStore",
@@ -77,10 +67,12 @@ __all__ = [
     "LocalExecutor",
     "LocalSandbox",
     "MalformedBodyError",
+    "OverloadedError",
     "PayloadTooLargeError",
+    "PollPolicy",
     "ProgramAgent",
     "RayExecutor",
-    "Registration",
+    "RemoteGateway",
     "RequestError",
     "RewardError",
     "RolloutClient",

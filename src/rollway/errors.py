@@ -13,8 +13,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── UnknownRolloutError         no such rollout registered               (404)
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
     ├── EngineError                 the engine failed to generate            (502)
-    │   ├── EngineConnectError      no connection could be made (twice)      (502)
-    │   └── EngineAbortedError      generation was aborted                   (409)
+    │   └── EngineConnectError      no connection could be made (twice)      (502)
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
     └── InfrastructureError         a transient failure; the client retries  (503)
@@ -84,10 +83,6 @@ class EngineConnectError(EngineError):
     pass
 
 
-class EngineAbortedError(EngineError):
-    error_type = "conflict_error"
-
-
 class AgentError(RollwayError):
     error_type = "agent_error"
 
@@ -122,7 +117,6 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     UnknownRolloutError: 404,
     RolloutClosedError: 409,
     EngineError: 502,
-    EngineAbortedError: 409,
     EngineConnectError: 502,
     AgentError: 500,
     RewardError: 500,

@@ -13,7 +13,8 @@ from rollway.agents.program import ProgramAgent
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.logs import KeyValueFormatter
 from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits
 

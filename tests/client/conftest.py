@@ -20,7 +20,8 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import InfrastructureError
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.types import RolloutResult
 from tests.agents.server.fixtures import wait_until
 

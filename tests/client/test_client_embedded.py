@@ -8,7 +8,8 @@ from examples.calculator.agent import CalculatorAgent, check_answer
 
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 
 TASKS = [
     {"task_id": "add", "question": "What is 11 + 14?", "answer": 25},

@@ -16,9 +16,11 @@ import pytest
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.types import RolloutRecord, RolloutResult
+from rollway.web.background_server import BackgroundServer
 
 ROLLOUTS = 4
 

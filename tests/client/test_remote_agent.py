@@ -15,7 +15,8 @@ from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer, wait_until
 from tests.client.conftest import spawn_agent_server

@@ -14,8 +14,10 @@ from rollway.engines import engine_from_spec
 from rollway.engines.openai_chat import OpenAIChatEngine, parse_chat_completion
 from rollway.engines.sim import SimConfig
 from rollway.errors import ConfigError, EngineError, RolloutClosedError
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators import Fault, create_sim_server_app
+from rollway.web.background_server import BackgroundServer
 
 
 @pytest.fixture

@@ -16,9 +16,11 @@ from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.vllm import VLLMEngine, parse_completion
 from rollway.errors import EngineConnectError, EngineError, RolloutClosedError
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
+from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]

@@ -22,10 +22,12 @@ from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
 from rollway.engines.vllm import VLLMEngine
 from rollway.errors import ConfigError, EngineConnectError, EngineError
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.simulators import Fault, Protocol, create_sim_server_app
 from rollway.types import SamplingParams
+from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
 
 AfterTurn = Callable[[str, int], Awaitable[None]]

@@ -11,9 +11,9 @@ from rollway.engines import engine_from_spec
 from rollway.engines.router import RoutedEngine
 from rollway.engines.sim import SimConfig
 from rollway.errors import EngineError
-from rollway.gateway import BackgroundServer
 from rollway.simulators.sglang_server import SGLangSimOptions, create_app
 from rollway.types import SamplingParams
+from rollway.web.background_server import BackgroundServer
 
 PROMPT = [1, 9690, 198, 2683]
 SAMPLING = SamplingParams(max_tokens=4)

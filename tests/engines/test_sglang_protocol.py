@@ -21,9 +21,9 @@ from rollway.engines.router import RoutedEngine
 from rollway.engines.sglang import SGLangEngine, parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError, EngineError
-from rollway.gateway import BackgroundServer
 from rollway.simulators.sglang_server import SGLangSimOptions, create_app
 from rollway.types import SamplingParams
+from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]

@@ -15,9 +15,9 @@ from rollway.engines.base import PauseMode, WeightSync
 from rollway.engines.sim import SimConfig
 from rollway.engines.vllm import VLLMEngine, parse_completion
 from rollway.errors import ConfigError, EngineError
-from rollway.gateway import BackgroundServer
 from rollway.simulators.vllm_server import VLLMSim, VLLMSimOptions, create_vllm_sim_app
 from rollway.types import GenerationResult, SamplingParams
+from rollway.web.background_server import BackgroundServer
 
 from .test_remote_engines import never_accepting
 

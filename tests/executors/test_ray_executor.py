@@ -24,7 +24,8 @@ from rollway.client.rollout_client import resolve_agent
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError
 from rollway.executors import RayExecutor
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.store import store_from_uri
 from tests.agents.server.fixtures import KEY, wait_until

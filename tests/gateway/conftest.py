@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from rollway.gateway import BackgroundServer, build_gateway, create_app
+from rollway.gateway import build_gateway, create_app
+from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served
 
 

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.samples import compare_ids
+from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served, sim_gateway
 from tests.gateway.health_probe import while_probing_health
 

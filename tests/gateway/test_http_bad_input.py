@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from rollway.errors import RolloutClosedError
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from tests.conftest import Served, sim_gateway
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.errors import InvalidFieldsError
-from rollway.gateway import BackgroundServer, create_app
+from rollway.gateway import create_app
+from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served
 
 USER = {"role": "user", "content": "hi"}

@@ -10,7 +10,8 @@ import pytest_asyncio
 import torch
 
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.gateway import ChatRenderer, Gateway
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.types import Trajectory
 from tests.conftest import ADD_TOOL, FEW_SHOT, sim_gateway
 

@@ -13,7 +13,9 @@ import httpx
 import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.web.background_server import BackgroundServer
 
 TTL_S = 0.5
 GENERATION_S = 2.0  # four times the TTL

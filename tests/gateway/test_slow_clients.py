@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.gateway import BackgroundServer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.web.background_server import BackgroundServer
 from rollway.web.uvicorn_server import ServerLimits
 from tests.conftest import Served
 from tests.gateway.slow_clients import IdleClients

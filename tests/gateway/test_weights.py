@@ -14,8 +14,10 @@ import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import EngineError, InvalidFieldsError, RequestError, RolloutClosedError
-from rollway.gateway import BackgroundServer, ChatRenderer, Gateway, create_app
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.types import GenerationResult, SamplingParams
+from rollway.web.background_server import BackgroundServer
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -13,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rollway.cli.options import EngineOption, ModelOption
-from rollway.gateway import BackgroundServer, build_gateway, create_app
+from rollway.gateway import build_gateway, create_app
+from rollway.web.background_server import BackgroundServer
 
 ADD_TOOL: dict[str, Any] = {
     "type": "function",

@@ -15,21 +15,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
 import orjson
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState
 
 from rollway.errors import EngineConnectError, EngineError
+from rollway.retry import ENGINE_CONNECT
 
 log = logging.getLogger(__name__)
 
 Abort = Callable[[], Awaitable[None]]
 _ABORT_TIMEOUT_S = 5.0
 #: Failures that prove nothing was sent: the TCP connection was never made.
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+_NOT_SENT = ENGINE_CONNECT.retry_on
 
 
 class _MayHaveRun(Exception):
@@ -56,13 +57,18 @@ class RemoteClient:
         *,
         timeout_s: float = 600.0,
         connect_timeout_s: float = 10.0,
-        connect_attempts: int = 2,
+        connect_attempts: int | None = None,
         max_connections: int = 4096,
         bearer: str | None = None,
     ) -> None:
         # sock_connect, not connect: waiting for a free pooled connection is not a dead server.
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
-        self.connect_attempts = connect_attempts
+        #: Tries for a request that never left (``ENGINE_CONNECT``, or ``connect_attempts``).
+        self.connect_policy = (
+            ENGINE_CONNECT
+            if connect_attempts is None
+            else replace(ENGINE_CONNECT, attempts=connect_attempts)
+        )
         self._headers = {"Content-Type": "application/json"}
         if bearer:
             self._headers["Authorization"] = f"Bearer {bearer}"
@@ -170,12 +176,8 @@ class RemoteClient:
 
     def _connect_retries(self) -> AsyncRetrying:
         """Attempts that go again only when nothing was sent (no TCP connection)."""
-        return AsyncRetrying(
-            stop=stop_after_attempt(self.connect_attempts),
-            retry=retry_if_exception_type(_NOT_SENT),
-            after=self._count_connect_failure,
-            before_sleep=_log_connect_retry,
-            reraise=True,
+        return self.connect_policy.retrying(
+            after=self._count_connect_failure, before_sleep=_log_connect_retry
         )
 
     def _count_connect_failure(self, state: RetryCallState) -> None:

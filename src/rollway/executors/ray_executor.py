@@ -27,6 +27,7 @@ from rollway.executors.base import WorkerSetup
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
+from rollway.retry import WORKER_REDISPATCH, WORKER_RESTART
 from rollway.rollouts import RolloutSettings, RolloutSpec, attempt_id, make_record
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
@@ -234,24 +235,46 @@ class RayExecutor:
     ) -> RolloutRecord:
         started_at, clock = time.time(), time.monotonic()
         losses: list[str] = []
-        while True:
-            try:
-                return await self._dispatch(spec, settings, cancel)
-            except _WorkerLost as lost:
-                losses.append(lost.reason)
-            except InfrastructureError as exc:  # no worker alive, or the worker raised
-                return await self._record(spec, settings, "error", str(exc), started_at, clock)
-            # The worker may have stored the record before it died: that is the outcome.
-            stored = await asyncio.to_thread(self._store_or_fail().get, spec.rollout_key)
-            if stored is not None and stored.run_id is not None and stored.run_id == spec.run_id:
-                return stored if self.return_trajectories else stored.light()
-            if cancel.is_set():
-                reason = "cancelled while its Ray worker was lost"
-                return await self._record(spec, settings, "cancelled", reason, started_at, clock)
-            if len(losses) > self.max_requeues:
-                reason = f"its Ray worker died {len(losses)} times (last: {losses[-1]})"
-                return await self._record(spec, settings, "error", reason, started_at, clock)
-            spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
+        redispatch = dataclasses.replace(
+            WORKER_REDISPATCH, attempts=self.max_requeues + 1, retry_on=(_WorkerLost,)
+        )
+        try:
+            async for attempt in redispatch.retrying():
+                with attempt:
+                    if losses:  # each dispatch has its own attempt id on the gateway
+                        spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
+                    try:
+                        return await self._dispatch(spec, settings, cancel)
+                    except _WorkerLost as lost:
+                        losses.append(lost.reason)
+                        settled = await self._after_loss(spec, settings, cancel, started_at, clock)
+                        if settled is not None:
+                            return settled
+                        raise
+        except _WorkerLost:
+            reason = f"its Ray worker died {len(losses)} times (last: {losses[-1]})"
+            return await self._record(spec, settings, "error", reason, started_at, clock)
+        except InfrastructureError as exc:  # no worker alive, or the worker raised
+            return await self._record(spec, settings, "error", str(exc), started_at, clock)
+        raise AssertionError("unreachable")
+
+    async def _after_loss(
+        self,
+        spec: RolloutSpec,
+        settings: RolloutSettings,
+        cancel: asyncio.Event,
+        started_at: float,
+        clock: float,
+    ) -> RolloutRecord | None:
+        """The outcome of a rollout whose worker died, when there is one without running it
+        again: the record the worker stored before it died, or cancelled."""
+        stored = await asyncio.to_thread(self._store_or_fail().get, spec.rollout_key)
+        if stored is not None and stored.run_id is not None and stored.run_id == spec.run_id:
+            return stored if self.return_trajectories else stored.light()
+        if cancel.is_set():
+            reason = "cancelled while its Ray worker was lost"
+            return await self._record(spec, settings, "cancelled", reason, started_at, clock)
+        return None
 
     async def _dispatch(
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
@@ -312,24 +335,34 @@ class RayExecutor:
 
     async def _probe(self, worker: _Worker) -> None:
         """Wait for Ray to restart a lost worker; drop it when it is gone for good."""
-        ray = self._ray
+        errors = self._ray.exceptions
+        restart = dataclasses.replace(
+            WORKER_RESTART,
+            within_s=self.restart_timeout_s,
+            retry_on=(errors.RayError, TimeoutError),
+        )
         deadline = time.monotonic() + self.restart_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                ready = asyncio.wrap_future(worker.actor.ready.remote().future())
-                await asyncio.wait_for(ready, max(0.1, deadline - time.monotonic()))
-            except ray.exceptions.ActorDiedError:
-                break  # out of restarts
-            except (ray.exceptions.RayError, TimeoutError):
-                await asyncio.sleep(0.5)
-            else:
-                worker.up = await self._catch_up(worker)
-                break
+        restarted = False
+        with contextlib.suppress(errors.RayError, TimeoutError):  # not back in time
+            async for attempt in restart.retrying():
+                with attempt:
+                    restarted = await self._ready(worker, deadline)
+        if restarted:
+            worker.up = await self._catch_up(worker)
         async with self._changed:
             if not worker.up:
                 self._workers.remove(worker)
                 log.error("Ray worker %d is gone", worker.index, extra={"stage": "worker_gone"})
             self._changed.notify_all()
+
+    async def _ready(self, worker: _Worker, deadline: float) -> bool:
+        """True once a restarted worker answers; False when Ray is out of restarts for it."""
+        ready = asyncio.wrap_future(worker.actor.ready.remote().future())
+        try:
+            await asyncio.wait_for(ready, max(0.1, deadline - time.monotonic()))
+        except self._ray.exceptions.ActorDiedError:
+            return False
+        return True
 
     async def _catch_up(self, worker: _Worker) -> bool:
         """A restarted worker loads the last update before it takes rollouts again."""

@@ -10,15 +10,13 @@ import hashlib
 import itertools
 import logging
 import time
+from dataclasses import replace
 from typing import Any
-
-from tenacity import AsyncRetrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.errors import (
-    TRANSIENT_KINDS,
     RewardError,
     RolloutClosedError,
     UnknownRolloutError,
@@ -27,6 +25,7 @@ from rollway.errors import (
 from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.logs import log_stage
+from rollway.retry import ROLLOUT_ATTEMPTS, Backoff
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
@@ -56,13 +55,10 @@ class RolloutRunner:
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
         started_at, clock = time.time(), time.monotonic()
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(max(1, self.settings.max_retry_attempts)),
-            wait=wait_exponential(multiplier=self.settings.retry_wait_s, max=30),
-            retry=retry_if_result(
-                lambda r: r.error_kind in TRANSIENT_KINDS and not cancel.is_set()
-            ),
-            retry_error_callback=lambda state: state.outcome.result(),
+        policy = replace(
+            ROLLOUT_ATTEMPTS,
+            attempts=self.settings.max_retry_attempts,
+            backoff=Backoff(first_s=self.settings.retry_wait_s),
         )
         attempts = itertools.count(spec.first_attempt)
         # A worker that died may have left earlier attempts open on a shared gateway.
@@ -80,7 +76,7 @@ class RolloutRunner:
             opened.append(attempt_id(self.settings, spec, number))
             return await self._attempt(spec, number, cancel, started_at)
 
-        record = await retrying(attempt)
+        record = await policy.retrying(give_up=cancel.is_set)(attempt)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
         await asyncio.to_thread(self.store.write, record)
         # Only now: a client that dies before the write finds the rollout still on a shared

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from rollway.agents.server import AgentService, ServiceConfig, create_app
-from rollway.gateway import BackgroundServer
+from rollway.web.background_server import BackgroundServer
 from tests.agents.server.agents import TaskDrivenAgent
 
 KEY = "agent-key"

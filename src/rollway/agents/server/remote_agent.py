@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -31,6 +31,7 @@ from rollway.errors import (
     OverloadedError,
     RollwayError,
 )
+from rollway.retry import AGENT_INIT, Backoff
 from rollway.store.base import Store
 from rollway.types import AgentReport, RolloutResult
 from rollway.web.http_client import new_session, request_json
@@ -156,28 +157,21 @@ class RemoteAgent(AgentLoop):
             "idempotency_key": key,
             "debug": settings.debug,
         }
-        connect_failures = 0
-        while True:  # bounded by the client's timeout and cancel, which cancel this task
-            try:
-                await self._call("POST", "/v1/rollout/init", body)
-                ctx.log_event("start_agent", agent_server=self.url, run_key=key)
-                return
-            except OverloadedError as exc:
-                await asyncio.sleep(exc.retry_after_s)
-            except InfrastructureError:
-                connect_failures += 1
-                if connect_failures >= 3:
-                    raise
-                await asyncio.sleep(self.poll.initial_s * 2**connect_failures)
+        # Paced like the poll; an overload waits for as long as the client's timeout and
+        # cancel allow (they cancel this task).
+        retries = replace(AGENT_INIT, backoff=Backoff(2 * self.poll.initial_s)).retrying()
+        await retries(self._call, "POST", "/v1/rollout/init", body)
+        ctx.log_event("start_agent", agent_server=self.url, run_key=key)
 
     async def _wait(
         self, rollout_id: str, key: str, waiter: asyncio.Future[AgentReport] | None
     ) -> AgentReport:
         assert self._store is not None
-        interval = self.poll.initial_s
+        intervals = Backoff(self.poll.initial_s, self.poll.factor, self.poll.max_s).delays_s()
         last_status = time.monotonic()
         unreachable = 0
         while True:
+            interval = next(intervals)
             if waiter is not None:
                 await asyncio.wait({waiter}, timeout=interval)
                 if waiter.done():
@@ -193,7 +187,6 @@ class RemoteAgent(AgentLoop):
                 report, unreachable = await self._check_status(rollout_id, key, unreachable)
                 if report is not None:
                     return report
-            interval = min(interval * self.poll.factor, self.poll.max_s)
 
     async def _check_status(
         self, rollout_id: str, key: str, unreachable: int

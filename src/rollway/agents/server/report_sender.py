@@ -7,26 +7,18 @@ the report is already in the store, so an undeliverable callback loses nothing."
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Literal
 
 import aiohttp
-from tenacity import (
-    AsyncRetrying,
-    RetryError,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-)
 
+from rollway.errors import InfrastructureError
+from rollway.retry import REPORT_DELIVERY, Backoff
 from rollway.types import AgentReport
 
 log = logging.getLogger(__name__)
 
 Delivery = Literal["pending", "delivered", "refused", "failed", "none"]
-
-
-class _Retryable(Exception):
-    pass
 
 
 async def deliver_report(
@@ -42,19 +34,15 @@ async def deliver_report(
     headers = {"Content-Type": "application/json"}
     if callback_key:
         headers["Authorization"] = f"Bearer {callback_key}"
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(max(1, attempts)),
-        wait=wait_exponential(multiplier=wait_s, max=30),
-        retry=retry_if_exception_type(_Retryable),
-    )
+    policy = replace(REPORT_DELIVERY, attempts=attempts, backoff=Backoff(first_s=wait_s))
     try:
-        async for attempt in retrying:
+        async for attempt in policy.retrying():
             with attempt:
                 status = await _post(session, url, headers, report.model_dump_json())
-    except RetryError as exc:
+    except InfrastructureError as exc:
         log.warning(
             "callback undeliverable: %r",
-            exc.last_attempt.exception(),
+            exc,
             extra={"rollout_id": report.rollout_id, "stage": "callback"},
         )
         return "failed"
@@ -75,7 +63,7 @@ async def _post(
         async with session.post(url, data=data, headers=headers) as response:
             await response.read()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise _Retryable(repr(exc)) from exc
+        raise InfrastructureError(repr(exc)) from exc
     if response.status >= 500:
-        raise _Retryable(f"HTTP {response.status}")
+        raise InfrastructureError(f"HTTP {response.status}")
     return response.status

@@ -1,0 +1,185 @@
+"""Retry policies: how many tries, how long between them, and what is worth another try.
+
+Every retry loop in rollway runs one of the named policies below, through the tenacity loop
+the policy builds (``policy.retrying()``), instead of counting and sleeping by hand. A policy
+whose numbers come from configuration is the named one with those numbers replaced
+(``dataclasses.replace(ROLLOUT_ATTEMPTS, attempts=n)``); one whose retryable errors are private
+to its caller or imported late (the Ray executor's) gets them where it is used.
+
+Loops that are not retries have no policy: health checks and expiry sweeps on a timer, a
+router failing over to the next server (bounded by the fleet, not a count), a client starting
+a stale rollout again after a weight update, polls for a state change with a deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from tenacity import AsyncRetrying, RetryCallState, stop_any, stop_before_delay
+
+from rollway.errors import TRANSIENT_KINDS, InfrastructureError, OverloadedError
+
+Hook = Callable[[RetryCallState], None]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits that grow: ``first_s`` before the first retry, ``factor`` times longer before
+    each next one, never longer than ``max_s`` (``factor=1``: the same wait every time)."""
+
+    first_s: float
+    factor: float = 2.0
+    max_s: float = 30.0
+
+    def delay_s(self, retry: int) -> float:
+        """The wait before retry number ``retry`` (1: the first retry)."""
+        try:
+            return min(self.first_s * self.factor ** (retry - 1), self.max_s)
+        except OverflowError:  # a poll that has gone on for hours
+            return self.max_s
+
+    def delays_s(self) -> Iterator[float]:
+        """Every wait in turn, without end (for a poll)."""
+        return (self.delay_s(retry) for retry in itertools.count(1))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a failed try goes again.
+
+    A try that raised one of ``retry_on``, or (with ``retry_result``) returned a result it
+    calls retryable, goes again after the ``backoff`` wait (at once without one), until
+    ``attempts`` tries in all have failed or ``within_s`` seconds would have passed since the
+    first. Then the loop gives back what its last try gave: that exception raised, or that
+    result returned. With ``wait_out_overload``, an ``OverloadedError`` (a server at capacity
+    that said when to come back) waits its ``retry_after_s`` and does not count as a try: the
+    server is up, and a caller's timeout or cancel bounds the wait.
+    """
+
+    attempts: int | None = None
+    backoff: Backoff | None = None
+    retry_on: tuple[type[BaseException], ...] = ()
+    retry_result: Callable[[Any], bool] | None = None
+    within_s: float | None = None
+    wait_out_overload: bool = False
+
+    def is_retryable(self, error: BaseException) -> bool:
+        return isinstance(error, self.retry_on)
+
+    def waits_out(self, error: BaseException | None) -> bool:
+        """Whether ``error`` is an overload this policy waits out, uncounted."""
+        return self.wait_out_overload and isinstance(error, OverloadedError)
+
+    def retrying(
+        self,
+        *,
+        give_up: Callable[[], bool] | None = None,
+        after: Hook | None = None,
+        before_sleep: Hook | None = None,
+    ) -> AsyncRetrying:
+        """A tenacity loop for one operation (it counts that operation's failed tries, so
+        build one per operation). ``give_up`` is asked after each failed try; true (a cancel)
+        ends the loop there with that try's outcome. ``after`` runs after each failed try
+        that is retryable, ``before_sleep`` before each wait."""
+        tries = _Tries(self, give_up)
+        stop = tries.stop if self.within_s is None else stop_any(
+            tries.stop, stop_before_delay(self.within_s)
+        )  # fmt: skip
+        return AsyncRetrying(
+            retry=tries.retry,
+            stop=stop,
+            wait=tries.wait,
+            after=after,
+            before_sleep=before_sleep,
+            retry_error_callback=_last_outcome,
+        )
+
+
+class _Tries:
+    """One loop's count of the failed tries that count (an overload waited out does not).
+    tenacity asks ``retry`` once per finished try, before ``wait`` and ``stop``."""
+
+    def __init__(self, policy: RetryPolicy, give_up: Callable[[], bool] | None) -> None:
+        self.policy, self.give_up = policy, give_up
+        self.failed = 0
+
+    def retry(self, state: RetryCallState) -> bool:
+        outcome = state.outcome
+        assert outcome is not None
+        error = outcome.exception() if outcome.failed else None
+        if error is not None:
+            again = self.policy.is_retryable(error)
+        else:
+            judge = self.policy.retry_result
+            again = judge is not None and judge(outcome.result())
+        if again and self.give_up is not None and self.give_up():
+            return False
+        if again and not self.policy.waits_out(error):
+            self.failed += 1
+        return again
+
+    def wait(self, state: RetryCallState) -> float:
+        error = state.outcome.exception() if state.outcome and state.outcome.failed else None
+        if isinstance(error, OverloadedError) and self.policy.waits_out(error):
+            return error.retry_after_s
+        backoff = self.policy.backoff
+        return 0.0 if backoff is None else backoff.delay_s(self.failed)
+
+    def stop(self, state: RetryCallState) -> bool:
+        attempts = self.policy.attempts
+        return attempts is not None and self.failed >= max(1, attempts)
+
+
+def _last_outcome(state: RetryCallState) -> Any:
+    assert state.outcome is not None
+    return state.outcome.result()  # raises the last try's exception, if it raised
+
+
+class _Outcome(Protocol):
+    @property
+    def error_kind(self) -> str | None: ...
+
+
+def is_transient(outcome: _Outcome) -> bool:
+    """An outcome that says nothing about the policy (see ``errors.TRANSIENT_KINDS``)."""
+    return outcome.error_kind in TRANSIENT_KINDS
+
+
+#: A request to a remote engine goes again once when it never left (no TCP connection): it
+#: cannot have run, so the same request id is safe. A routed fleet sets ``attempts=1`` and
+#: sends it to another server instead.
+ENGINE_CONNECT = RetryPolicy(
+    attempts=2, retry_on=(aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+)
+
+#: A rollout's init on an agent server: unreachable or failing (5xx), three tries in all; at
+#: capacity (429), again after its ``Retry-After`` for as long as the rollout may wait.
+#: ``RemoteAgent`` paces the waits with its ``PollPolicy`` (twice the first poll interval).
+AGENT_INIT = RetryPolicy(
+    attempts=3,
+    backoff=Backoff(first_s=1.0),
+    retry_on=(InfrastructureError,),
+    wait_out_overload=True,
+)
+
+#: A finished rollout's report to the client's callback route: connection failures and 5xx
+#: answers, five tries in all (the report is in the store whatever happens).
+REPORT_DELIVERY = RetryPolicy(
+    attempts=5, backoff=Backoff(first_s=0.5), retry_on=(InfrastructureError,)
+)
+
+#: A rollout run again from the start (a new attempt) while its outcome says nothing about
+#: the policy (an infrastructure or engine error).
+ROLLOUT_ATTEMPTS = RetryPolicy(attempts=3, backoff=Backoff(first_s=0.5), retry_result=is_transient)
+
+#: A rollout whose Ray worker died, dispatched to another: three dispatches in all (the Ray
+#: executor names its worker-lost error and sets ``attempts`` from ``max_requeues``).
+WORKER_REDISPATCH = RetryPolicy(attempts=3)
+
+#: A Ray worker being restarted, asked every half second whether it is ready, for two
+#: minutes at most (the executor names Ray's errors and sets ``within_s``).
+WORKER_RESTART = RetryPolicy(backoff=Backoff(first_s=0.5, factor=1.0), within_s=120.0)
