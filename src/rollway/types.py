@@ -170,7 +170,9 @@ class RolloutResult:
 
 
 class RolloutMetrics(_Wire):
-    """Counters an agent's context keeps while a rollout runs."""
+    """Counters of one attempt: its context counts the model calls made through ``ctx.chat``
+    and the tool calls; an agent that calls the gateway over HTTP instead (a program, an SDK)
+    gets its model-call figures from the turns the gateway recorded."""
 
     llm_calls: int = 0
     llm_latency_ms: float = 0.0
@@ -179,6 +181,11 @@ class RolloutMetrics(_Wire):
     prompt_tokens: int = 0
     response_tokens: int = 0
     max_context: int = 0
+    total_latency_ms: float = Field(
+        default=0.0,
+        description="Wall time of the agent's run, stop included (0: it never started); the "
+        "record's elapsed_s spans every attempt.",
+    )
 
 
 class TrajectoryStats(_Wire):
@@ -217,6 +224,16 @@ class RolloutRecord(_Wire):
     started_at: float
     elapsed_s: float
     metrics: RolloutMetrics = Field(default_factory=RolloutMetrics)
+    messages: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="The final conversation the agent passed to ctx.complete or ctx.error; "
+        "where it passed none (a program agent, a timeout), the gateway's recorded one.",
+    )
+    finish_reason: str | None = Field(
+        default=None,
+        description="Why the agent ended, as it told ctx.complete (stop, max_steps, ...); "
+        "error from ctx.error; None when it returned nothing (timeout, cancel, a raise).",
+    )
     task: dict[str, Any] = Field(default_factory=dict)
     cleanup_errors: list[str] = Field(default_factory=list)
     run_id: str | None = Field(default=None, description="The batch (or invoke) it was run in.")

@@ -101,10 +101,41 @@ def test_the_run_summary_counts_what_a_program_agent_sampled(
     with RolloutClient(ProgramAgent(OPENAI_AGENT), sim_gateway(renderer), store=str(tmp_path)) as c:
         (item,) = c.run_batch([TASK])
         summary = c.last_summary
-    assert item.result.status == "completed" and item.result.metrics.llm_calls == 0
+    assert item.result.status == "completed"
     sampled = sum(len(t.completion_ids) for t in item.result.trajectory.turns)
     assert sampled > 0 and summary is not None
     assert summary["tokens_per_s"] == pytest.approx(sampled / summary["wall_s"])
+
+
+def test_a_program_agents_record_takes_its_metrics_and_messages_from_the_recorded_turns(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    three_calls = script(
+        tmp_path,
+        "import json, os\n"
+        "from openai import OpenAI\n"
+        "client, messages = OpenAI(), [{'role': 'user', 'content': 'hi'}]\n"
+        "for _ in range(3):\n"
+        "    reply = client.chat.completions.create(\n"
+        "        model=os.environ['OPENAI_MODEL'], messages=messages, max_tokens=8)\n"
+        "    answer = {'role': 'assistant', 'content': reply.choices[0].message.content}\n"
+        "    messages += [answer, {'role': 'user', 'content': 'more'}]\n"
+        "json.dump({'finish_reason': 'max_steps'}, open(os.environ['ROLLWAY_RESULT_FILE'], 'w'))\n",
+    )
+    record = run_one(sim_gateway(renderer), ProgramAgent(three_calls), tmp_path)
+    assert record.status == "completed" and record.finish_reason == "max_steps"
+    trajectory = record.trajectory
+    turns, metrics = trajectory.turns, record.metrics
+    assert metrics.llm_calls == len(turns) == 3
+    assert metrics.prompt_tokens == sum(len(t.prompt_ids) for t in turns) > 0
+    assert metrics.response_tokens == sum(len(t.completion_ids) for t in turns) > 0
+    assert metrics.max_context == len(turns[-1].prompt_ids) + len(turns[-1].completion_ids)
+    assert metrics.llm_latency_ms == pytest.approx(sum(t.latency_ms for t in turns))
+    assert 0 < metrics.llm_latency_ms < metrics.total_latency_ms
+    # The last request (user, then assistant and user twice) and the gateway's reply.
+    assert record.messages == trajectory.messages and len(record.messages) == 6
+    failed = run_one(sim_gateway(renderer), ProgramAgent(script(tmp_path, "1/0")), tmp_path / "f")
+    assert (failed.status, failed.finish_reason) == ("error", "error")
 
 
 def test_in_a_namespace_sandbox_the_gateway_is_the_only_way_out(

@@ -68,6 +68,31 @@ def test_a_batch_on_an_agent_server_records_every_rollout_token_exactly(
     wait_until(lambda: all(run.callback == "delivered" for run in runs), timeout=10)
 
 
+def test_what_a_served_agent_ends_with_and_its_metrics_reach_the_record(
+    agent_server: Start, remote_client: Callable[..., RolloutClient]
+) -> None:
+    server = agent_server()
+    client = remote_client(server)
+    task = {"task_id": "capped", "chats": 2, "finish_reason": "max_steps", "sleep": 0.2}
+    record = client.invoke(task).result(30)
+    assert record.status == "completed" and record.finish_reason == "max_steps"
+    passed = server.service.get(record.rollout_id).report.messages
+    assert record.messages == passed and len(passed) == 5  # user, (reply, user) twice
+    assert passed[-1] == {"role": "user", "content": "again"}  # the agent's, not the gateway's
+    turns = record.trajectory.turns
+    metrics = record.metrics
+    assert metrics.llm_calls == len(turns) == 2
+    assert metrics.prompt_tokens == sum(len(t.prompt_ids) for t in turns) > 0
+    assert metrics.response_tokens == sum(len(t.completion_ids) for t in turns) > 0
+    assert metrics.llm_latency_ms > 0
+    # The client's wall time of the run holds the served agent's sleep and model calls.
+    assert metrics.total_latency_ms >= 200 + metrics.llm_latency_ms
+    failed = client.invoke({"task_id": "gave-up", "chats": 1, "end": "error"}).result(30)
+    assert (failed.status, failed.finish_reason, failed.reason) == ("error", "error", "gave up")
+    assert failed.messages == server.service.get(failed.rollout_id).report.messages
+    assert len(failed.messages) == 3
+
+
 def test_without_callbacks_the_store_is_polled(
     agent_server: Start, remote_client: Callable[..., RolloutClient]
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import orjson
 import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
@@ -93,3 +94,19 @@ def test_a_latest_version_older_than_the_records_is_refused(tmp_path: Path) -> N
 
     with pytest.raises(ConfigError, match="latest version 2 is older than version 3"):
         export_records(RECORDS, tmp_path / "x.jsonl", "jsonl", latest_version=2)
+
+
+def test_rows_carry_the_agents_finish_reason(tmp_path: Path) -> None:
+    capped = record("capped.0", [turn(0, [1], [2], None)])
+    capped = capped.model_copy(update={"finish_reason": "max_steps"})
+    records = [capped, record("plain.0", [turn(0, [1], [2], None)])]
+    parquet, jsonl = tmp_path / "rows.parquet", tmp_path / "rows.jsonl"
+    assert export_records(records, parquet, "parquet") == export_records(records, jsonl, "jsonl")
+    from_parquet = {
+        r["rollout_key"]: r["finish_reason"] for r in pq.read_table(parquet).to_pylist()
+    }
+    from_jsonl = {
+        row["rollout_key"]: row["finish_reason"]
+        for row in map(orjson.loads, jsonl.read_bytes().splitlines())
+    }
+    assert from_parquet == from_jsonl == {"capped.0": "max_steps", "plain.0": None}

@@ -6,6 +6,7 @@ both classify outcomes the same way."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,9 @@ async def run_agent(
     """Run ``agent`` until it returns, ``timeout_s`` passes or ``cancel`` is set. A stopped agent
     gets ``on_stop`` (abort its generation), then ``agent.stop(ctx)``, then ``stop_grace_s`` to
     return before its task is cancelled; it is never left running. Failed stop steps go to
-    ``ctx.cleanup_errors``."""
+    ``ctx.cleanup_errors``. ``ctx.metrics.total_latency_ms`` gets the run's wall time, stop
+    included."""
+    started = time.perf_counter()
     agent_task = asyncio.create_task(agent.run(ctx), name=ctx.rollout_id)
     cancel_wait = asyncio.create_task(cancel.wait())
     try:
@@ -46,6 +49,8 @@ async def run_agent(
     finally:
         cancel_wait.cancel()
         await _stop(agent, ctx, agent_task, stop_grace_s, on_stop)
+        # Read after the run: an agent may replace ctx.metrics (a remote one, with its report's).
+        ctx.metrics.total_latency_ms = (time.perf_counter() - started) * 1000.0
     if agent_task not in done:
         if cancel.is_set():
             return AgentOutcome("cancelled", reason="cancelled by the caller")

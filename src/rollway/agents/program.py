@@ -2,11 +2,12 @@
 
 The program gets ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` (and the Anthropic
 equivalents) for its rollout, the task as JSON on stdin and in the file named by
-``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "final": ...}``) to
-``ROLLWAY_RESULT_FILE``; otherwise the reward function scores the recorded conversation. A
-non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
-path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
-``cleanup_errors`` and leaves the program's outcome as it was.
+``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "finish_reason": ...}``)
+to ``ROLLWAY_RESULT_FILE``; otherwise the reward function scores the recorded conversation. The
+record's final messages are the gateway's recorded conversation, and its metrics count the
+turns the gateway recorded. A non-zero exit is an agent error carrying the tail of stderr. The
+sandbox is torn down on every path (success, failure, timeout, cancellation); a teardown that
+fails is one of the record's ``cleanup_errors`` and leaves the program's outcome as it was.
 """
 
 from __future__ import annotations
@@ -76,7 +77,13 @@ class ProgramAgent(AgentLoop):
             tail = outcome.stderr[-_STDERR_TAIL:].strip()
             return ctx.error(f"program exited with {outcome.exit_code}: {tail}")
         reward = written.get("reward")
-        return ctx.complete([], reward=float(reward) if reward is not None else None)
+        finish_reason = written.get("finish_reason")
+        # No messages: the program's conversation is the gateway's, which the record takes.
+        return ctx.complete(
+            [],
+            finish_reason=finish_reason if isinstance(finish_reason, str) else "stop",
+            reward=float(reward) if reward is not None else None,
+        )
 
     def _env(self, ctx: RolloutContext, task_file: Any, result_file: Any) -> dict[str, str]:
         assert ctx.base_url is not None and ctx.api_key is not None

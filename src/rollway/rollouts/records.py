@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
-from rollway.types import ErrorKind, RolloutRecord, Status
+from rollway.types import ErrorKind, RolloutMetrics, RolloutRecord, Status, Trajectory
 
 
 def make_record(
@@ -20,10 +20,16 @@ def make_record(
     elapsed_s: float = 0.0,
     **fields: Any,
 ) -> RolloutRecord:
-    """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, ...)."""
-    trajectory = fields.get("trajectory")
-    if trajectory is not None and "policy_version" not in fields:
-        fields["policy_version"] = trajectory.oldest_policy_version()
+    """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, messages,
+    ...). With a trajectory, what the agent left out is taken from it: the final messages,
+    the model-call metrics of calls that did not go through ``ctx.chat``, the policy version."""
+    trajectory: Trajectory | None = fields.get("trajectory")
+    if trajectory is not None:
+        fields.setdefault("policy_version", trajectory.oldest_policy_version())
+        if not fields.get("messages"):
+            fields["messages"] = trajectory.messages
+        if "metrics" in fields:
+            fields["metrics"] = with_recorded_calls(fields["metrics"], trajectory)
     return RolloutRecord(
         exp_id=settings.exp_id,
         rollout_key=spec.rollout_key,
@@ -41,4 +47,23 @@ def make_record(
         task=spec.task,
         run_id=spec.run_id,
         **fields,
+    )
+
+
+def with_recorded_calls(metrics: RolloutMetrics, trajectory: Trajectory) -> RolloutMetrics:
+    """``metrics`` with its model-call figures taken from the gateway's turns when the agent's
+    context counted none: the agent called the gateway over HTTP (a program, an SDK pointed at
+    ``ctx.base_url``), past ``ctx.chat``. Token counts need token ids (0 behind a chat-level
+    engine, whose turns hold none); latency is the gateway's, engine time only."""
+    turns = trajectory.turns
+    if metrics.llm_calls or not turns:
+        return metrics
+    return metrics.model_copy(
+        update={
+            "llm_calls": len(turns),
+            "llm_latency_ms": sum(turn.latency_ms for turn in turns),
+            "prompt_tokens": sum(len(turn.prompt_ids) for turn in turns),
+            "response_tokens": sum(len(turn.completion_ids) for turn in turns),
+            "max_context": max(len(turn.prompt_ids) + len(turn.completion_ids) for turn in turns),
+        }
     )

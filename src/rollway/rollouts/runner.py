@@ -116,6 +116,7 @@ class RolloutRunner:
             },
         }
         ctx: RolloutContext | None = None
+        result: RolloutResult | None = None
         trajectory, cleanup_errors = None, []
         try:
             registration = await self._register(rollout_id, register)
@@ -134,6 +135,8 @@ class RolloutRunner:
                 )  # fmt: skip
             except Exception as exc:  # get_tools failed, say
                 outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+            # What the agent returned is recorded even if the outcome is reclassified below.
+            result = outcome.result
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
             if ctx is not None:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
@@ -158,6 +161,8 @@ class RolloutRunner:
             reward=reward,
             reward_info=reward_info,
             metrics=ctx.metrics if ctx is not None else RolloutMetrics(),
+            messages=result.messages if result is not None else [],
+            finish_reason=result.finish_reason if result is not None else None,
             cleanup_errors=cleanup_errors,
             trajectory=trajectory,
         )  # fmt: skip

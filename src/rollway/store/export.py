@@ -1,13 +1,16 @@
 """Export an experiment in the shape trainers read: one row per sample (segment).
 
 Columns: rollout_id, rollout_key, group_id, group_index, sample_index, segment, status,
-reward, prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned with
-response_ids, -1 off the mask; null without versions), policy_version (the oldest version that
-sampled a token of the sample), staleness (the latest version minus that one) and logprob_kind
-(``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns differ: never train on
-those as if they were one kind). Records without token data (a rollout that failed before its
-first turn) have no rows. ``max_staleness`` drops samples more than that many versions behind
-the latest (the newest version in the records unless ``latest_version`` is given).
+finish_reason (the agent's, as on the record: ``max_steps`` tells a capped episode from a
+finished one), reward, prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned
+with response_ids, -1 off the mask; null without versions), policy_version (the oldest version
+that sampled a token of the sample), staleness (the latest version minus that one) and
+logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns differ:
+never train on those as if they were one kind). The record's final messages are not a column
+(text, repeated on every segment's row): they stay on the record. Records without token data
+(a rollout that failed before its first turn) have no rows. ``max_staleness`` drops samples
+more than that many versions behind the latest (the newest version in the records unless
+``latest_version`` is given).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def sample_rows(
                 "sample_index": record.sample_index,
                 "segment": sample.segment,
                 "status": record.status,
+                "finish_reason": record.finish_reason,
                 "reward": record.reward,
                 "prompt_ids": sample.prompt_ids,
                 "response_ids": sample.response_ids,
@@ -111,6 +115,7 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("sample_index", pa.int64()),
             ("segment", pa.int64()),
             ("status", pa.string()),
+            ("finish_reason", pa.string()),
             ("reward", pa.float64()),
             ("prompt_ids", pa.list_(pa.int32())),
             ("response_ids", pa.list_(pa.int32())),

@@ -22,7 +22,8 @@ def shout(text: str) -> str:
 
 
 class TaskDrivenAgent(AgentLoop):
-    """``sleep`` seconds, ``chats`` model calls, then ``end`` (complete | error | raise)."""
+    """``sleep`` seconds, ``chats`` model calls, then ``end`` (complete | error | raise); a
+    completed run ends with the task's ``finish_reason`` (default ``stop``)."""
 
     name = "task-driven"
     tools = (echo, shout)
@@ -41,7 +42,8 @@ class TaskDrivenAgent(AgentLoop):
             raise ValueError("agent bug")
         if end == "error":
             return ctx.error("gave up", messages)
-        return ctx.complete(messages, reward=task.get("reward"))
+        finish_reason = task.get("finish_reason", "stop")
+        return ctx.complete(messages, finish_reason=finish_reason, reward=task.get("reward"))
 
 
 class NamelessTools(AgentLoop):
