@@ -37,10 +37,16 @@ class SamplingParams:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["stop"] = list(self.stop)
-        data["stop_token_ids"] = list(self.stop_token_ids)
-        return data
+        # By hand: dataclasses.asdict deep-copies recursively, a cost on every recorded turn.
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "max_tokens": self.max_tokens,
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
+from collections import OrderedDict
 from typing import Any
 
+import orjson
+
 from rollway.errors import InvalidFieldsError
+from rollway.gateway.message_template import ROLES, read_pieces
 from rollway.gateway.token_bound import TokenBound
 from rollway.gateway.tool_calls import render_tool_calls, render_tool_result, tool_system_prompt
 
 Message = dict[str, Any]
+log = logging.getLogger(__name__)
+#: One continuation in this many is rendered by the template too, to check the pieces.
+AUDIT_EVERY = 64
+#: First prompts kept: a few batches' worth of distinct tasks.
+PROMPT_CACHE_SIZE = 1024
 
 _SENTINEL = "rollwaysentinel"
 _BASE: list[Message] = [
@@ -52,11 +62,22 @@ class ChatRenderer:
         # What the template writes after an assistant's content, e.g. "<|im_end|>\n".
         self._assistant_tail = base[base.rindex(_SENTINEL) + len(_SENTINEL) :]
         self._base_renders: dict[str, str] = {}
+        # The Rust tokenizer itself where there is one: transformers' wrapper costs more than
+        # the encoding of a turn's few new tokens.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._pieces = read_pieces(_BASE, self._render_prepared)
+        #: First prompts of recent conversations: a group's rollouts all start from one.
+        self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._glue: dict[int, str] = {}
+        self._continued = 0
 
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
             raise TokenBudgetExceeded(least)
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if self._backend is not None:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
         if max_tokens is not None and len(ids) > max_tokens:
             raise TokenBudgetExceeded(len(ids))
         return ids
@@ -83,7 +104,18 @@ class ChatRenderer:
         max_tokens: int | None = None,
     ) -> list[int]:
         """The whole conversation, ready for the model to answer."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True), max_tokens)
+        key = orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)
+        ids = self._prompts.get(key)
+        if ids is None:
+            ids = self.encode(self.render(messages, tools, add_generation_prompt=True))
+            self._prompts[key] = ids
+            if len(self._prompts) > PROMPT_CACHE_SIZE:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(key)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenBudgetExceeded(len(ids))
+        return list(ids)
 
     def transcript_ids(
         self, messages: list[Message], tools: list[dict[str, Any]] | None
@@ -93,11 +125,15 @@ class ChatRenderer:
 
     def closing_glue(self, completion_ids: list[int]) -> str:
         """Template text that closes an assistant turn after the sampled ``completion_ids``."""
-        if completion_ids:
+        if not completion_ids:
+            return self._assistant_tail
+        glue = self._glue.get(completion_ids[-1])
+        if glue is None:
             last = self.decode(completion_ids[-1:])
-            if last and self._assistant_tail.startswith(last):
-                return self._assistant_tail[len(last) :]
-        return self._assistant_tail
+            tail = self._assistant_tail
+            glue = tail[len(last) :] if last and tail.startswith(last) else tail
+            self._glue[completion_ids[-1]] = glue
+        return glue
 
     def continuation_ids(
         self,
@@ -111,11 +147,40 @@ class ChatRenderer:
         None when the template renders earlier messages differently once later ones follow
         (it is not append-stable), so the caller must start a new segment.
         """
+        if self._pieces is not None and self._plain(new_messages, tools):
+            text = self._pieces.render([self._prepare_one(m) for m in new_messages])
+            self._continued += 1
+            if self._continued % AUDIT_EVERY != 1 or self._audit(text, new_messages, tools):
+                return self.encode(self.closing_glue(completion_ids) + text, max_tokens)
         base = self._base_render(tools)
         extended = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
         if not extended.startswith(base):
             return None
         return self.encode(self.closing_glue(completion_ids) + extended[len(base) :], max_tokens)
+
+    def _audit(
+        self, text: str, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> bool:
+        """Check the pieces against the template on a real turn now and then; on a mismatch
+        the template is used from then on (and the mismatch said once, loudly)."""
+        extended = self.render(_BASE + messages, tools, add_generation_prompt=True)
+        if extended == self._base_render(tools) + text:
+            return True
+        log.warning("the chat template's pieces disagree with the template; not used again")
+        self._pieces = None
+        return False
+
+    def _plain(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the template's pieces render these messages: tools folded into the system
+        prompt (or none), and nothing but a role and text for the template to see."""
+        if self.native_tools and (tools or any(set(m) - {"role", "content"} for m in messages)):
+            return False
+        return all(m["role"] in ROLES or m["role"] == "developer" for m in messages)
+
+    def _render_prepared(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
 
     def _base_render(self, tools: list[dict[str, Any]] | None) -> str:
         key = json.dumps(tools, sort_keys=True) if tools else ""

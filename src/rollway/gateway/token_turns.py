@@ -131,7 +131,9 @@ class TokenTurns:
         if segment is None or state.last_in_segment(segment).index != plan.parent:
             segment = state.next_segment()
         result = sampled.result
-        turn = Turn(
+        # Built from values the gateway made itself: validating them again would cost more
+        # than the rest of the record (the prompt ids alone are thousands of ints).
+        turn = Turn.model_construct(
             index=len(state.turns),
             segment=segment,
             request_id=sampled.request_id,
