@@ -17,7 +17,7 @@ from rollway.agents import (
     validate,
 )
 from rollway.errors import AgentError, ConfigError
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 
 @tool
@@ -44,7 +44,7 @@ class Good(AgentLoop):
     name = "good"
     tools = (add, loud)
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         return ctx.complete([])
 
 
@@ -52,7 +52,7 @@ def test_a_concrete_agent_without_a_name_fails_at_class_definition() -> None:
     with pytest.raises(TypeError, match="non-empty `name`"):
 
         class Nameless(AgentLoop):
-            async def run(self, ctx: RolloutContext) -> RolloutResult:
+            async def run(self, ctx: RolloutContext) -> AgentResult:
                 return ctx.complete([])
 
     with pytest.raises(TypeError):
@@ -60,7 +60,7 @@ def test_a_concrete_agent_without_a_name_fails_at_class_definition() -> None:
         class Blank(AgentLoop):
             name = "  "
 
-            async def run(self, ctx: RolloutContext) -> RolloutResult:
+            async def run(self, ctx: RolloutContext) -> AgentResult:
                 return ctx.complete([])
 
 
@@ -72,7 +72,7 @@ def test_abstract_intermediates_need_no_name() -> None:
     class Concrete(Base):
         name = "concrete"
 
-        async def run(self, ctx: RolloutContext) -> RolloutResult:
+        async def run(self, ctx: RolloutContext) -> AgentResult:
             return ctx.complete([])
 
     assert Concrete().helper() == 1
@@ -158,7 +158,7 @@ def test_validate_returns_coded_errors_and_warnings() -> None:
     class NotAsync(AgentLoop):
         name = "not-async"
 
-        def run(self, ctx: RolloutContext) -> RolloutResult:  # type: ignore[override]
+        def run(self, ctx: RolloutContext) -> AgentResult:  # type: ignore[override]
             return ctx.complete([])
 
     class Raises(Good):

@@ -32,9 +32,9 @@ from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
 from rollway.store.base import Store
 from rollway.types import (
+    AgentResult,
     RolloutMetrics,
     RolloutRecord,
-    RolloutResult,
     Trajectory,
 )
 
@@ -149,7 +149,7 @@ class RolloutRunner:
                 outcome = AgentOutcome("error", "engine", reason + str(outcome.reason))
         reward, reward_info = None, {}
         if outcome.status == "completed" and trajectory is not None:
-            if trajectory.is_truncated:
+            if trajectory.truncation_reason is not None:  # a gateway limit ended it
                 outcome.status = "truncated"
             try:
                 reward, reward_info = await self._reward(spec, outcome.result, trajectory)
@@ -215,7 +215,7 @@ class RolloutRunner:
         return trajectory, errors
 
     async def _reward(
-        self, spec: RolloutSpec, result: RolloutResult | None, trajectory: Trajectory
+        self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
     ) -> tuple[float | None, dict[str, Any]]:
         if result is not None and result.reward is not None:
             return float(result.reward), {"source": "agent"}
