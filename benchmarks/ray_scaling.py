@@ -27,7 +27,7 @@ from typing import Any
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.executors import RayExecutor
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 TURNS = 3
 ENGINE = "sim://?latency_s=0.05&output_len=16"
@@ -38,7 +38,7 @@ class ThreeTurnAgent(AgentLoop):
 
     name = "three-turn"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.task["q"]}]
         for turn in range(TURNS):
             reply = await ctx.chat(messages)

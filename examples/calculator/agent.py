@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext, execute_tool_calls, tool
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 
 def format_number(value: float) -> str:
@@ -71,7 +71,7 @@ class CalculatorAgent(AgentLoop):
     tools = (add, subtract, multiply, divide)
     max_steps = 4
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages = [*FEW_SHOT, {"role": "user", "content": ctx.task["question"]}]
         for _ in range(self.max_steps):
             reply = await ctx.chat(messages, max_tokens=48)

@@ -22,7 +22,7 @@ from typing import Any
 
 from examples.calculator.agent import CalculatorAgent
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 SYSTEM_PROMPT = "Answer with exactly one word."
 
@@ -79,7 +79,7 @@ class OneWordAgent(AgentLoop):
 
     name = "one-word"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": ctx.task["question"]},

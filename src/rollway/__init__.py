@@ -2,7 +2,6 @@
 
 from rollway.agents import (
     AgentLoop,
-    ChatReply,
     ProgramAgent,
     RolloutContext,
     Tool,
@@ -11,6 +10,7 @@ from rollway.agents import (
 )
 from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import BatchItem, RolloutClient, RolloutFuture
+from rollway.deprecated import deprecated_alias as _deprecated_alias
 from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
     AgentError,
@@ -34,11 +34,11 @@ from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, c
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.types import (
+    AgentResult,
     Drift,
     GenerationResult,
     RolloutMetrics,
     RolloutRecord,
-    RolloutResult,
     Sample,
     SamplingParams,
     Trajectory,
@@ -50,9 +50,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AgentError",
     "AgentLoop",
+    "AgentResult",
     "AuthError",
     "BatchItem",
-    "ChatReply",
     "ChatResult",
     "ConfigError",
     "Drift",
@@ -81,7 +81,6 @@ __all__ = [
     "RolloutFuture",
     "RolloutMetrics",
     "RolloutRecord",
-    "RolloutResult",
     "RollwayError",
     "Sample",
     "SamplingParams",
@@ -103,3 +102,14 @@ __all__ = [
     "store_from_uri",
     "tool",
 ]
+
+#: Names renamed in this release, importable under the old ones (with a DeprecationWarning)
+#: for one more.
+_RENAMED = {
+    "ChatReply": ("rollway.ChatResult", ChatResult),
+    "RolloutResult": ("rollway.AgentResult", AgentResult),
+}
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated_alias(__name__, name, _RENAMED)

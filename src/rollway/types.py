@@ -1,6 +1,11 @@
-"""Data types that cross seams: sampling, generation results, turns, samples, trajectories.
+"""Data types that cross seams: sampling, the model's answers, turns, samples, trajectories.
 
 Frozen dataclasses for what stays inside a process; pydantic models for what goes over the wire.
+
+The model's answer has one name per level: an engine returns a ``GenerationResult`` (token
+ids) or, a chat-level engine (a hosted API), a ``ChatGeneration`` (a message); the gateway
+turns either into a recorded turn and answers every chat call, in process or over HTTP, with a
+``ChatResult`` (what ``ctx.chat`` returns). An agent's ``run`` returns an ``AgentResult``.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from rollway.deprecated import deprecated_alias
 
 FinishReason = Literal["stop", "length", "abort"]
 #: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
@@ -65,13 +72,52 @@ class GenerationResult:
 
 @dataclass(frozen=True, slots=True)
 class ChatGeneration:
-    """What a chat-level engine (a hosted API) answered: a message, no token ids."""
+    """What a chat-level engine (a hosted API) answered: a message, no token ids. The
+    engine-level twin of ``GenerationResult``: the gateway records it as a turn and answers
+    with a ``ChatResult``."""
 
     message: dict[str, Any]
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
     logprobs: list[float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """The gateway's answer to one chat call, whoever asked (``ctx.chat``, an agent server, an
+    HTTP client): the assistant message, usage, and what was sampled.
+
+    ``completion_ids`` and ``logprobs`` are the recorded turn's own; ``completion_ids`` is None
+    behind a chat-level engine, which gives no ids. ``turn_index`` is the turn's place in the
+    trajectory; None when no turn was recorded (an answer past a limit, made without the engine).
+    """
+
+    message: dict[str, Any]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    turn_index: int | None = None
+
+    @property
+    def content(self) -> str | None:
+        return self.message.get("content")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return self.message.get("tool_calls") or []
+
+    @property
+    def usage(self) -> dict[str, int]:
+        """OpenAI's usage object."""
+        total = self.prompt_tokens + self.completion_tokens
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": total,
+        }
 
 
 class _Wire(BaseModel):
@@ -149,8 +195,14 @@ class Trajectory(_Wire):
     tools: list[dict[str, Any]] | None
     turns: list[Turn]
     samples: list[Sample]
-    is_truncated: bool
-    truncation_reason: str | None
+    is_truncated: bool = Field(
+        description="A turn was cut (finish_reason 'length', its own max_tokens included) or "
+        "a gateway limit ended the rollout."
+    )
+    truncation_reason: str | None = Field(
+        description="The gateway limit that ended the rollout (max_turns, max_seq_len); None "
+        "when none did, even where a turn was cut."
+    )
     is_cancelled: bool
     segment_count: int
     drift: Drift | None
@@ -166,8 +218,9 @@ class Trajectory(_Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class RolloutResult:
-    """What an agent's ``run`` returns: made by ``ctx.complete(...)`` or ``ctx.error(...)``."""
+class AgentResult:
+    """What an agent's ``run`` returns: made by ``ctx.complete(...)`` or ``ctx.error(...)``.
+    Formerly ``RolloutResult``, a deprecated alias for one release."""
 
     messages: list[dict[str, Any]]
     finish_reason: str = "stop"
@@ -290,3 +343,11 @@ class AgentReport(_Wire):
     @property
     def finished(self) -> bool:
         return self.status != "running"
+
+
+#: Renamed types, importable under their old names (with a DeprecationWarning) for one release.
+_RENAMED = {"RolloutResult": ("AgentResult", AgentResult)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

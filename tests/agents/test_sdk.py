@@ -21,7 +21,7 @@ from rollway.agents import (
 )
 from rollway.agents.validate import ready_agent
 from rollway.errors import AgentError, ConfigError
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 
 @tool
@@ -48,7 +48,7 @@ class Good(AgentLoop):
     name = "good"
     tools = (add, loud)
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         return ctx.complete([])
 
 
@@ -56,7 +56,7 @@ def test_a_concrete_agent_without_a_name_fails_at_class_definition() -> None:
     with pytest.raises(TypeError, match="non-empty `name`"):
 
         class Nameless(AgentLoop):
-            async def run(self, ctx: RolloutContext) -> RolloutResult:
+            async def run(self, ctx: RolloutContext) -> AgentResult:
                 return ctx.complete([])
 
     with pytest.raises(TypeError):
@@ -64,7 +64,7 @@ def test_a_concrete_agent_without_a_name_fails_at_class_definition() -> None:
         class Blank(AgentLoop):
             name = "  "
 
-            async def run(self, ctx: RolloutContext) -> RolloutResult:
+            async def run(self, ctx: RolloutContext) -> AgentResult:
                 return ctx.complete([])
 
 
@@ -76,7 +76,7 @@ def test_abstract_intermediates_need_no_name() -> None:
     class Concrete(Base):
         name = "concrete"
 
-        async def run(self, ctx: RolloutContext) -> RolloutResult:
+        async def run(self, ctx: RolloutContext) -> AgentResult:
             return ctx.complete([])
 
     assert Concrete().helper() == 1
@@ -159,8 +159,11 @@ def found(agent: Any) -> list[tuple[str, str | None]]:
 class NotAsync(AgentLoop):
     name = "not-async"
 
-    def run(self, ctx: RolloutContext) -> RolloutResult:  # type: ignore[override]
+    def run(self, ctx: RolloutContext) -> AgentResult:  # type: ignore[override]
         return ctx.complete([])
+
+        def run(self, ctx: RolloutContext) -> AgentResult:  # type: ignore[override]
+            return ctx.complete([])
 
 
 class Unnamed(AgentLoop):  # abstract (no run), so the class statement allows it

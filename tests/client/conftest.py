@@ -22,7 +22,7 @@ from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import InfrastructureError
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import RolloutResult
+from rollway.types import AgentResult, ChatResult
 from tests.agents.server.fixtures import wait_until
 
 
@@ -34,8 +34,10 @@ class ScriptedAgent(AgentLoop):
     peak: ClassVar[int] = 0
     starts: ClassVar[list[float]] = []
     attempts: ClassVar[dict[str, int]] = {}
+    #: What ``ctx.chat`` answered, by rollout id.
+    answers: ClassVar[dict[str, list[ChatResult]]] = {}
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         cls = type(self)
         cls.starts.append(time.monotonic())
         cls.running += 1
@@ -45,13 +47,14 @@ class ScriptedAgent(AgentLoop):
         finally:
             cls.running -= 1
 
-    async def _act(self, ctx: RolloutContext) -> RolloutResult:
+    async def _act(self, ctx: RolloutContext) -> AgentResult:
         task = ctx.task
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.get("q", "hi")}]
         if task.get("wait"):
             await asyncio.sleep(task["wait"])
         for _ in range(task.get("chats", 1)):
             reply = await ctx.chat(messages)
+            type(self).answers.setdefault(ctx.rollout_id, []).append(reply)
             messages += [reply.message, {"role": "user", "content": "more"}]
         end = task.get("end", "complete")
         key = f"{task.get('task_id')}:{ctx.rollout_id.rsplit('.', 2)[-2]}"
@@ -72,6 +75,7 @@ def reset_scripted_agent() -> None:
     ScriptedAgent.running = ScriptedAgent.peak = 0
     ScriptedAgent.starts = []
     ScriptedAgent.attempts = {}
+    ScriptedAgent.answers = {}
 
 
 @pytest.fixture

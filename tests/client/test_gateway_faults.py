@@ -19,7 +19,7 @@ from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.types import RolloutRecord, RolloutResult
+from rollway.types import AgentResult, RolloutRecord
 from rollway.web.background_server import BackgroundServer
 
 ROLLOUTS = 4
@@ -75,7 +75,7 @@ class FaultAgent(AgentLoop):
         self.released: asyncio.Event | None = None
         self.stopped = 0
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
         reply = await ctx.chat(messages)
         messages += [reply.message, {"role": "user", "content": "more"}]

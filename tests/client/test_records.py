@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 MakeClient = Callable[..., RolloutClient]
 
@@ -22,7 +22,7 @@ class EndingAgent(AgentLoop):
     name = "ending"
     passed: ClassVar[dict[str, list[dict[str, Any]]]] = {}
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         task = ctx.task
         messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}]
         for _ in range(task.get("chats", 2)):

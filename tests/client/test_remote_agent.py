@@ -93,6 +93,20 @@ def test_what_a_served_agent_ends_with_and_its_metrics_reach_the_record(
     assert len(failed.messages) == 3
 
 
+def test_ctx_chat_on_an_agent_server_returns_the_recorded_ids_and_logprobs(
+    agent_server: Start, remote_client: Callable[..., RolloutClient]
+) -> None:
+    client = remote_client(agent_server())
+    record = client.invoke({"task_id": "t", "chats": 2}).result(30)
+    assert record.status == "completed" and record.trajectory is not None
+    answers = TaskDrivenAgent.answers[record.rollout_id]
+    turns = record.trajectory.turns
+    assert len(answers) == len(turns) == 2 and all(turn.completion_ids for turn in turns)
+    assert [(a.completion_ids, a.logprobs, a.turn_index) for a in answers] == [
+        (turn.completion_ids, turn.logprobs, turn.index) for turn in turns
+    ]
+
+
 def test_without_callbacks_the_store_is_polled(
     agent_server: Start, remote_client: Callable[..., RolloutClient]
 ) -> None:

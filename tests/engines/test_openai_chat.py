@@ -58,6 +58,10 @@ async def test_turns_are_recorded_as_messages_without_token_ids(
     assert [len(t.logprobs) for t in trajectory.turns] == [5, 5]
     assert all(t.prompt_ids == [] and t.completion_ids == [] for t in trajectory.turns)
     assert trajectory.messages[-1] == second.message
+    # The answer has no ids to give (None, not an empty list) but the recorded logprobs.
+    for answer, turn in zip((first, second), trajectory.turns, strict=True):
+        assert answer.completion_ids is None and answer.turn_index == turn.index
+        assert answer.logprobs == turn.logprobs
 
 
 async def test_cancel_aborts_the_hosted_call(chat_api: Any, renderer: ChatRenderer) -> None:

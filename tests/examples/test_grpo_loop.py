@@ -25,7 +25,7 @@ from examples.grpo.tasks import QUESTIONS, TaskSet
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.types import RolloutRecord, RolloutResult
+from rollway.types import AgentResult, RolloutRecord
 
 
 class ReplyLengthAgent(AgentLoop):
@@ -34,7 +34,7 @@ class ReplyLengthAgent(AgentLoop):
 
     name = "reply-length"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages = [{"role": "user", "content": ctx.task["question"]}]
         reply = await ctx.chat(messages)
         reward = len(reply.content or "") / 40

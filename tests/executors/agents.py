@@ -12,7 +12,7 @@ from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.store import FileStore
-from rollway.types import RolloutRecord, RolloutResult
+from rollway.types import AgentResult, RolloutRecord
 
 
 class ProbeAgent(AgentLoop):
@@ -21,7 +21,7 @@ class ProbeAgent(AgentLoop):
 
     name = "probe"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         task = ctx.task
         note(task, "start", ctx.rollout_id)
         try:

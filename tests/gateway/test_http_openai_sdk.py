@@ -105,6 +105,32 @@ def test_streaming_gives_the_same_answer_as_the_record(served: Served) -> None:
     assert usage is not None and usage.completion_tokens == len(turn["completion_ids"])
 
 
+def test_return_token_ids_adds_what_was_sampled_in_fields_the_sdk_ignores(
+    served: Served,
+) -> None:
+    reg = register(served, temperature=0.7, seed=3, max_tokens=12)
+    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    messages: list[Any] = [{"role": "user", "content": "Say hello."}]
+    plain = client.chat.completions.create(model="m", messages=messages)
+    asked = client.chat.completions.create(
+        model="m", messages=messages, extra_body={"return_token_ids": True}
+    )
+    stream = client.chat.completions.create(
+        model="m", messages=messages, stream=True, extra_body={"return_token_ids": True}
+    )
+    last = [chunk for chunk in stream if chunk.choices and chunk.choices[0].finish_reason][-1]
+    turns = fetch_trajectory(served, reg["rollout_id"])["turns"]
+    assert "rollway" not in (plain.model_extra or {})
+    assert "token_ids" not in (plain.choices[0].model_extra or {})
+    for answer, turn in ((asked, turns[1]), (last, turns[2])):
+        assert answer.choices[0].model_extra["token_ids"] == turn["completion_ids"]
+        assert answer.model_extra["rollway"] == {
+            "turn_index": turn["index"],
+            "logprobs": turn["logprobs"],
+        }
+    assert len(turns[1]["completion_ids"]) == asked.usage.completion_tokens > 0
+
+
 def test_streaming_plain_text(served: Served) -> None:
     reg = register(served, temperature=0.0, max_tokens=24)
     client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])

@@ -31,6 +31,11 @@ def test_in_process_agents_record_through_a_remote_gateway(served: Served, tmp_p
         assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
         assert all(len(turn.completion_ids) <= 6 for turn in trajectory.turns)
         assert item.result.metrics.llm_calls == 2
+        # ctx.chat through the served gateway answers what its turns recorded.
+        answers = ScriptedAgent.answers[item.result.rollout_id]
+        assert [(a.completion_ids, a.logprobs, a.turn_index) for a in answers] == [
+            (turn.completion_ids, turn.logprobs, turn.index) for turn in trajectory.turns
+        ]
     assert not [r for r in served.gateway._rollouts if r.startswith("remote-gw.")]
 
 

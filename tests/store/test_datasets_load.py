@@ -12,7 +12,7 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.store import export_records
 from rollway.store.export import sample_rows
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 datasets = pytest.importorskip("datasets")
 
@@ -22,7 +22,7 @@ class TwoTurnAgent(AgentLoop):
 
     name = "two-turn-export"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.task["q"]}]
         for _ in range(2):
             reply = await ctx.chat(messages)

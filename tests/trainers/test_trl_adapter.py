@@ -15,7 +15,7 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.models import resolve_model_path
 from rollway.trainers.trl import rollway_reward, rollway_rollout_func
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -30,7 +30,7 @@ class TwoTurnAgent(AgentLoop):
 
     name = "two-turn"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages: list[dict[str, Any]] = list(ctx.task["prompt"])
         for _ in range(2):
             reply = await ctx.chat(messages)

@@ -15,7 +15,7 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
 from rollway.trainers.trl import PromptAgent, rollway_reward, rollway_rollout_func
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 
 class PickyAgent(AgentLoop):
@@ -23,7 +23,7 @@ class PickyAgent(AgentLoop):
 
     name = "picky"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         prompt = ctx.task["prompt"]
         if prompt == "fail":
             return ctx.error("no")

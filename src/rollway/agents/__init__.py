@@ -1,15 +1,16 @@
 """The agent SDK: ``AgentLoop``, its ``RolloutContext``, ``@tool``, validation, a registry."""
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.context import ChatReply, RolloutContext
+from rollway.agents.context import RolloutContext
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import list_agents, load_agent, register_agent, unregister_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
 from rollway.agents.validate import IssueCode, ValidationIssue, ValidationResult, validate
+from rollway.deprecated import deprecated_alias as _deprecated_alias
+from rollway.types import ChatResult
 
 __all__ = [
     "AgentLoop",
-    "ChatReply",
     "IssueCode",
     "ProgramAgent",
     "RolloutContext",
@@ -24,3 +25,7 @@ __all__ = [
     "unregister_agent",
     "validate",
 ]
+
+
+def __getattr__(name: str) -> object:
+    return _deprecated_alias(__name__, name, {"ChatReply": ("rollway.ChatResult", ChatResult)})

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rollway.agents.tools import Tool
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 if TYPE_CHECKING:
     from rollway.agents.context import RolloutContext
@@ -45,7 +45,7 @@ class AgentLoop(ABC):
         return self.get_tools({})
 
     @abstractmethod
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         """Run one rollout of ``ctx.task``."""
 
     async def stop(self, ctx: RolloutContext) -> None:

@@ -10,38 +10,20 @@ from typing import Any, Protocol
 
 import orjson
 
-from rollway.gateway.chat_answer import ChatResult
+from rollway.deprecated import deprecated_alias
 from rollway.logs import log_stage
-from rollway.types import RolloutMetrics, RolloutResult
+from rollway.types import AgentResult, ChatResult, RolloutMetrics
 
 log = logging.getLogger(__name__)
 
 
 class ChatBackend(Protocol):
-    """Where a context's ``chat`` goes: the in-process ``Gateway`` itself, or the gateway over
-    HTTP (``rollway.agents.server.gateway_http.HttpChat``) on an agent server."""
+    """Where a context's ``chat`` goes: the in-process gateway (``LocalGateway``), a served one
+    (``RemoteGateway``), or one rollout's chat over HTTP (``HttpChat``) on an agent server."""
 
     model_name: str
 
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ChatReply:
-    """One model answer: the message to append, its tool calls, token counts, finish reason."""
-
-    message: dict[str, Any]
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def content(self) -> str | None:
-        return self.message.get("content")
-
-    @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return self.message.get("tool_calls") or []
 
 
 @dataclass(eq=False)
@@ -64,8 +46,11 @@ class RolloutContext:
     #: the rollout's record, and never replace its outcome.
     cleanup_errors: list[str] = field(default_factory=list)
 
-    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatReply:
-        """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...)."""
+    async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatResult:
+        """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...).
+        The answer has the message to append (``.message``, ``.content``, ``.tool_calls``),
+        usage, and what was sampled: ``completion_ids`` and ``logprobs``, the recorded turn's
+        own (``completion_ids`` is None behind a chat-level engine), and ``turn_index``."""
         request: dict[str, Any] = {"messages": messages, **sampling}
         if self.tools:
             request.setdefault("tools", self.tools)
@@ -80,22 +65,22 @@ class RolloutContext:
         m.response_tokens += completion
         m.max_context = max(m.max_context, result.prompt_tokens + completion)
         self.log_event("chat", finish_reason=result.finish_reason, latency_ms=latency_ms)
-        return ChatReply(result.message, result.finish_reason, result.prompt_tokens, completion)
+        return result
 
     def complete(
         self,
         messages: list[dict[str, Any]],
         finish_reason: str = "stop",
         reward: float | None = None,
-    ) -> RolloutResult:
+    ) -> AgentResult:
         """The rollout ended normally; ``reward`` (if given) overrides the reward function."""
         self.log_event("complete", finish_reason=finish_reason, reward=reward)
-        return RolloutResult(messages, finish_reason, reward)
+        return AgentResult(messages, finish_reason, reward)
 
-    def error(self, message: str, messages: list[dict[str, Any]] | None = None) -> RolloutResult:
+    def error(self, message: str, messages: list[dict[str, Any]] | None = None) -> AgentResult:
         """The agent gives up: recorded as an ``error`` outcome of kind ``agent``."""
         self.log_event("error", message=message)
-        return RolloutResult(messages or [], "error", None, message)
+        return AgentResult(messages or [], "error", None, message)
 
     def cleanup_failed(self, stage: str, error: BaseException) -> None:
         """Record a failed cleanup step instead of raising it over the rollout's result."""
@@ -115,3 +100,12 @@ class RolloutContext:
         line = {"t": time.time(), "rollout_id": self.rollout_id, "kind": kind, **data}
         with self.debug_path.open("ab") as out:
             out.write(orjson.dumps(line, default=str) + b"\n")
+
+
+#: ``ctx.chat`` used to answer a ``ChatReply`` (message and usage only); the old name stays,
+#: deprecated, for one release.
+_RENAMED = {"ChatReply": ("rollway.types.ChatResult", ChatResult)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

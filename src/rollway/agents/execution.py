@@ -14,7 +14,7 @@ from typing import Any
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.errors import error_kind
-from rollway.types import ErrorKind, RolloutResult, Status
+from rollway.types import AgentResult, ErrorKind, Status
 
 
 @dataclass
@@ -22,7 +22,7 @@ class AgentOutcome:
     status: Status
     kind: ErrorKind | None = None
     reason: str | None = None
-    result: RolloutResult | None = None
+    result: AgentResult | None = None
 
 
 async def run_agent(
@@ -61,7 +61,7 @@ async def run_agent(
     if exc is not None:
         return AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
     result = agent_task.result()
-    if not isinstance(result, RolloutResult):
+    if not isinstance(result, AgentResult):
         reason = f"run returned {type(result).__name__}; return ctx.complete(...) or ctx.error(...)"
         return AgentOutcome("error", "agent", reason)
     if result.error is not None:

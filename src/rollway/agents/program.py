@@ -24,7 +24,7 @@ from rollway.agents.context import RolloutContext
 from rollway.errors import AgentError
 from rollway.sandbox.base import Sandbox, SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 _STDERR_TAIL = 2000
 
@@ -52,7 +52,7 @@ class ProgramAgent(AgentLoop):
         self.env = env or {}
         self.make_sandbox = sandbox
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         if ctx.base_url is None or ctx.api_key is None:
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
         ctx.log_event("create_sandbox", sandbox=type(self).__name__)

@@ -14,7 +14,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollway.errors import InvalidFieldsError
-from rollway.gateway.chat_answer import ChatResult
+from rollway.types import ChatResult
 
 _STOP_REASON = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 

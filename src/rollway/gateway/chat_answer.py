@@ -1,10 +1,11 @@
-"""What one chat call gives back, whichever turn strategy answered it."""
+"""What the gateway hands back besides the answer itself (``rollway.types.ChatResult``): a
+rollout's registration, and the answer made without the engine past a limit."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollway.gateway.chat_template import Message
+from rollway.types import ChatResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,21 +14,7 @@ class Registration:
     api_key: str
 
 
-@dataclass(frozen=True, slots=True)
-class ChatResult:
-    """One answered chat call: the assistant message and what the HTTP layer reports."""
-
-    message: Message
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    completion_ids: list[int]
-    logprobs: list[float]
-    turn_index: int | None
-
-
 def length_answer(prompt_tokens: int = 0) -> ChatResult:
-    """The answer to a call past a limit, made without the engine: empty, finish 'length'."""
-    return ChatResult(
-        {"role": "assistant", "content": ""}, "length", prompt_tokens, 0, [], [], None
-    )
+    """The answer to a call past a limit, made without the engine: empty, finish 'length',
+    nothing sampled and no turn recorded."""
+    return ChatResult({"role": "assistant", "content": ""}, "length", prompt_tokens, 0, [], [])

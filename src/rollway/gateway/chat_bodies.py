@@ -1,4 +1,11 @@
-"""OpenAI-shaped response bodies: chat completions, SSE chunks and error objects."""
+"""OpenAI-shaped response bodies: chat completions, SSE chunks and error objects.
+
+Asked with ``return_token_ids`` (vLLM's request field), an answer also carries what was
+sampled, in fields OpenAI SDKs ignore: the completion's ids as the choice's ``token_ids``
+(where vLLM puts them; null behind a chat-level engine) and, with no vLLM field for them, the
+engine's logprobs (one per id, without the per-token text of OpenAI's ``logprobs``) and the
+recorded turn's index under a top-level ``rollway`` object. Prompt ids are not sent back: the
+trajectory holds them."""
 
 from __future__ import annotations
 
@@ -9,39 +16,39 @@ from typing import Any
 
 import orjson
 
-from rollway.gateway.chat_answer import ChatResult
+from rollway.types import ChatResult
 
 _CONTENT_PIECE = 64
 
 
 def completion_body(
-    result: ChatResult, model: str, logprobs: dict[str, Any] | None
+    result: ChatResult, model: str, logprobs: dict[str, Any] | None, token_ids: bool = False
 ) -> dict[str, Any]:
-    completion_tokens = result.completion_tokens
-    return {
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": result.message,
+        "finish_reason": result.finish_reason,
+        "logprobs": logprobs,
+    }
+    body: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": result.message,
-                "finish_reason": result.finish_reason,
-                "logprobs": logprobs,
-            }
-        ],
-        "usage": {
-            "prompt_tokens": result.prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": result.prompt_tokens + completion_tokens,
-        },
+        "choices": [choice],
+        "usage": result.usage,
     }
+    if token_ids:
+        choice["token_ids"] = result.completion_ids
+        body["rollway"] = {"turn_index": result.turn_index, "logprobs": result.logprobs}
+    return body
 
 
 def logprobs_body(result: ChatResult, token_text: Callable[[int], str]) -> dict[str, Any]:
     content = []
-    for token_id, logprob in zip(result.completion_ids, result.logprobs, strict=True):
+    if result.completion_ids is None:  # a chat-level engine: no tokens to name
+        return {"content": content}
+    for token_id, logprob in zip(result.completion_ids, result.logprobs or [], strict=True):
         text = token_text(token_id)
         content.append(
             {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
@@ -50,14 +57,19 @@ def logprobs_body(result: ChatResult, token_text: Callable[[int], str]) -> dict[
 
 
 def sse_events(
-    result: ChatResult, model: str, logprobs: dict[str, Any] | None, include_usage: bool
+    result: ChatResult,
+    model: str,
+    logprobs: dict[str, Any] | None,
+    include_usage: bool,
+    token_ids: bool = False,
 ) -> Iterator[bytes]:
-    """The answer as chat.completion.chunk events, the way the OpenAI SDKs read a stream."""
-    body = completion_body(result, model, logprobs)
+    """The answer as chat.completion.chunk events, the way the OpenAI SDKs read a stream; what
+    was sampled (logprobs, ``token_ids``) rides on the last chunk, the one that finishes."""
+    body = completion_body(result, model, logprobs, token_ids)
     head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None} | extra
+    def chunk(delta: dict[str, Any]) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
         return _event(head | {"choices": [choice]})
 
     yield chunk({"role": "assistant", "content": ""})
@@ -66,7 +78,11 @@ def sse_events(
         yield chunk({"content": content[start : start + _CONTENT_PIECE]})
     for index, call in enumerate(result.message.get("tool_calls") or []):
         yield chunk({"tool_calls": [{"index": index, **call}]})
-    yield chunk({}, result.finish_reason, logprobs=logprobs)
+    # The last chunk finishes: the body's choice (finish reason, logprobs, token ids) with an
+    # empty delta for its message, and the body's rollway object.
+    last = {k: v for k, v in body["choices"][0].items() if k != "message"} | {"delta": {}}
+    extension = {"rollway": body["rollway"]} if "rollway" in body else {}
+    yield _event(head | {"choices": [last]} | extension)
     if include_usage:
         yield _event(head | {"choices": [], "usage": body["usage"]})
     yield b"data: [DONE]\n\n"

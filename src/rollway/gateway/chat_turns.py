@@ -9,13 +9,12 @@ from typing import Any
 
 from rollway.engines.base import ChatEngine
 from rollway.errors import RolloutClosedError
-from rollway.gateway.chat_answer import ChatResult
 from rollway.gateway.chat_template import Message
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
-from rollway.types import Turn
+from rollway.types import ChatResult, Turn
 
 
 class ChatTurns:
@@ -63,6 +62,6 @@ class ChatTurns:
         self.metrics.turns.labels(answer.finish_reason).inc()
         self.metrics.turn_latency.observe(latency)
         return ChatResult(
-            message, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens, [], [],
-            turn.index,
+            message, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens,
+            completion_ids=None, logprobs=answer.logprobs, turn_index=turn.index,
         )  # fmt: skip

@@ -19,7 +19,7 @@ from rollway.errors import (
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.gateway.chat_answer import ChatResult, Registration, length_answer
+from rollway.gateway.chat_answer import Registration, length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
@@ -30,7 +30,7 @@ from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
 from rollway.gateway.weight_control import WeightControl
 from rollway.ids import check_id, keys_match
-from rollway.types import Trajectory
+from rollway.types import ChatResult, Trajectory
 from rollway.web.handlers import parse_model
 
 log = logging.getLogger(__name__)

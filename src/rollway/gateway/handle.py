@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from rollway.gateway.chat_answer import ChatResult, Registration
+from rollway.gateway.chat_answer import Registration
 from rollway.gateway.core import Gateway
-from rollway.types import Trajectory
+from rollway.types import ChatResult, Trajectory
 
 
 class GatewayHandle(Protocol):

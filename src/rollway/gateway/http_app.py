@@ -79,9 +79,9 @@ def create_app(
         logprobs = logprobs_body(result, gateway.renderer.decode_one) if body.logprobs else None
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = sse_events(result, model, logprobs, include_usage)
+            events = sse_events(result, model, logprobs, include_usage, body.return_token_ids)
             return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(completion_body(result, model, logprobs))
+        return JSONResponse(completion_body(result, model, logprobs, body.return_token_ids))
 
     async def messages(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]

@@ -15,21 +15,29 @@ import aiohttp
 import httpx
 
 from rollway.errors import ConfigError, InfrastructureError
-from rollway.gateway.chat_answer import ChatResult, Registration
-from rollway.types import Trajectory
+from rollway.gateway.chat_answer import Registration
+from rollway.types import ChatResult, Trajectory
 from rollway.web.http_client import new_session, request_json
 
 
+def _asking_for_ids(request: dict[str, Any]) -> dict[str, Any]:
+    """The request, asking the gateway to send back what it sampled (unless the caller said)."""
+    return {"return_token_ids": True, **request}
+
+
 def _chat_result(body: dict[str, Any]) -> ChatResult:
+    """The gateway's chat-completions answer, asked with ``return_token_ids``, read back into
+    the ``ChatResult`` the in-process gateway gives (see ``chat_bodies``)."""
     choice, usage = body["choices"][0], body.get("usage") or {}
+    sampled = body.get("rollway") or {}
     return ChatResult(
         message=choice["message"],
         finish_reason=choice["finish_reason"],
         prompt_tokens=usage.get("prompt_tokens", 0),
         completion_tokens=usage.get("completion_tokens", 0),
-        completion_ids=[],
-        logprobs=[],
-        turn_index=None,
+        completion_ids=choice.get("token_ids"),
+        logprobs=sampled.get("logprobs"),
+        turn_index=sampled.get("turn_index"),
     )
 
 
@@ -43,8 +51,8 @@ class HttpChat:
         self.url = f"{base_url.rstrip('/')}/chat/completions"
 
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
-        answer = await request_json(self.session, "POST", self.url, self.api_key, request)
-        return _chat_result(answer)
+        body = _asking_for_ids(request)
+        return _chat_result(await request_json(self.session, "POST", self.url, self.api_key, body))
 
 
 class RemoteGateway:
@@ -78,7 +86,8 @@ class RemoteGateway:
         if key is None:
             raise InfrastructureError(f"rollout {rollout_id!r} was not registered here")
         url = f"{self.base_url(rollout_id)}/chat/completions"
-        return _chat_result(await request_json(self.session(), "POST", url, key, request))
+        body = _asking_for_ids(request)
+        return _chat_result(await request_json(self.session(), "POST", url, key, body))
 
     async def trajectory(self, rollout_id: str) -> Trajectory:
         answer = await self._admin("GET", f"{self.base_url(rollout_id)}/trajectory")

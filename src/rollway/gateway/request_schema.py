@@ -117,6 +117,11 @@ class ChatCompletionRequest(SamplingFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
+    return_token_ids: bool = Field(
+        default=False,
+        description="vLLM's extension: the answer also carries the completion's token ids "
+        "(choice.token_ids) and rollway.logprobs and rollway.turn_index.",
+    )
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
     n: int = Field(default=1, ge=1, le=1)
     frequency_penalty: float | None = Field(default=None, ge=0.0, le=0.0)

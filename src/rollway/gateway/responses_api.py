@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from rollway.gateway.chat_answer import ChatResult
 from rollway.gateway.chat_template import Message
+from rollway.types import ChatResult
 
 
 class _Lenient(BaseModel):

@@ -63,7 +63,11 @@ def compare_ids(recorded: list[int], fresh: list[int]) -> Drift:
 
 
 def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
+    """The rollout's record. ``is_truncated``: a turn was cut (finish ``length``: the request's
+    own ``max_tokens`` counts) or a gateway limit ended the rollout; ``truncation_reason`` names
+    the gateway limit (``max_turns``, ``max_seq_len``), None where only a turn was cut."""
     samples = build_samples(state.turns) if state.has_token_ids else []
+    cut_turn = any(turn.finish_reason == "length" for turn in state.turns)
     return Trajectory(
         rollout_id=state.rollout_id,
         model=state.model,
@@ -74,7 +78,7 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         tools=state.tools,
         turns=state.turns,
         samples=samples,
-        is_truncated=state.truncation_reason is not None,
+        is_truncated=cut_turn or state.truncation_reason is not None,
         truncation_reason=state.truncation_reason,
         is_cancelled=state.cut_by_cancel,
         engine_errors=list(state.engine_errors),

@@ -8,15 +8,15 @@ from typing import Any
 
 from rollway.engines.base import Engine
 from rollway.errors import RequestError, RolloutClosedError
-from rollway.gateway.chat_answer import ChatResult, length_answer
+from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
-from rollway.gateway.tool_calls import ParsedCompletion, parse_tool_calls
-from rollway.types import GenerationResult, SamplingParams, Turn
+from rollway.gateway.tool_calls import ParsedToolCalls, parse_tool_calls
+from rollway.types import ChatResult, GenerationResult, SamplingParams, Turn
 
 
 class TokenTurns:
@@ -77,8 +77,8 @@ class TokenTurns:
         finish = "tool_calls" if parsed.tool_calls else result.finish_reason
         self.metrics.turns.labels(finish).inc()
         return ChatResult(
-            message, finish, len(plan.prompt_ids), len(result.output_ids), result.output_ids,
-            result.logprobs, turn.index,
+            message, finish, len(plan.prompt_ids), len(result.output_ids),
+            completion_ids=result.output_ids, logprobs=result.logprobs, turn_index=turn.index,
         )  # fmt: skip
 
     def truncate(self, state: RolloutState, reason: str) -> None:
@@ -108,7 +108,7 @@ class TokenTurns:
 
     def _parse(
         self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
-    ) -> ParsedCompletion:
+    ) -> ParsedToolCalls:
         ids = result.output_ids
         if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
             ids = ids[:-1]
@@ -116,7 +116,7 @@ class TokenTurns:
         cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
         if cuts:
             text = text[: min(cuts)]
-        return parse_tool_calls(text) if use_tools else ParsedCompletion(text)
+        return parse_tool_calls(text) if use_tools else ParsedToolCalls(text)
 
     @staticmethod
     def _record(
@@ -124,7 +124,7 @@ class TokenTurns:
         plan: PromptPlan,
         sampling: SamplingParams,
         sampled: Sampled,
-        parsed: ParsedCompletion,
+        parsed: ParsedToolCalls,
     ) -> Turn:
         segment = plan.segment
         # A concurrent call may have extended the same parent first: then this is a branch.
@@ -155,7 +155,7 @@ class TokenTurns:
         return turn
 
 
-def _assistant_message(parsed: ParsedCompletion) -> Message:
+def _assistant_message(parsed: ParsedToolCalls) -> Message:
     if parsed.tool_calls:
         return {
             "role": "assistant",

@@ -51,27 +51,28 @@ def render_tool_result(content: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class ParsedCompletion:
-    """Content and OpenAI-shaped tool calls; ``error`` says why a tool call did not parse."""
+class ParsedToolCalls:
+    """A completion's text split into content and OpenAI-shaped tool calls; ``error`` says why
+    a tool call did not parse. Internal to building the turn: the answer is a ``ChatResult``."""
 
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
 
-def parse_tool_calls(text: str) -> ParsedCompletion:
+def parse_tool_calls(text: str) -> ParsedToolCalls:
     """Split Hermes ``<tool_call>`` blocks out of ``text``; on any bad block keep the text whole."""
     if _OPEN_TAG not in text:
-        return ParsedCompletion(text)
+        return ParsedToolCalls(text)
     calls = []
     for match in _TOOL_CALL.finditer(text):
         call, error = _parse_block(match.group(1))
         if error is not None:
-            return ParsedCompletion(text, error=error)
+            return ParsedToolCalls(text, error=error)
         calls.append(call)
     if text.count(_OPEN_TAG) != len(calls):
-        return ParsedCompletion(text, error="unterminated <tool_call> block")
-    return ParsedCompletion(_TOOL_CALL.sub("", text).strip(), calls)
+        return ParsedToolCalls(text, error="unterminated <tool_call> block")
+    return ParsedToolCalls(_TOOL_CALL.sub("", text).strip(), calls)
 
 
 def _parse_block(body: str) -> tuple[dict[str, Any], str | None]:

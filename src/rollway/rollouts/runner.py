@@ -31,9 +31,9 @@ from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
 from rollway.store.base import Store
 from rollway.types import (
+    AgentResult,
     RolloutMetrics,
     RolloutRecord,
-    RolloutResult,
     Trajectory,
 )
 
@@ -116,7 +116,7 @@ class RolloutRunner:
             },
         }
         ctx: RolloutContext | None = None
-        result: RolloutResult | None = None
+        result: AgentResult | None = None
         trajectory, cleanup_errors = None, []
         try:
             registration = await self._register(rollout_id, register)
@@ -148,7 +148,7 @@ class RolloutRunner:
                 outcome = AgentOutcome("error", "engine", reason + str(outcome.reason))
         reward, reward_info = None, {}
         if outcome.status == "completed" and trajectory is not None:
-            if trajectory.is_truncated:
+            if trajectory.truncation_reason is not None:  # a gateway limit ended it
                 outcome.status = "truncated"
             try:
                 reward, reward_info = await self._reward(spec, outcome.result, trajectory)
@@ -216,7 +216,7 @@ class RolloutRunner:
         return trajectory, errors
 
     async def _reward(
-        self, spec: RolloutSpec, result: RolloutResult | None, trajectory: Trajectory
+        self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
     ) -> tuple[float | None, dict[str, Any]]:
         if result is not None and result.reward is not None:
             return float(result.reward), {"source": "agent"}

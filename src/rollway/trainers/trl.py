@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.errors import ConfigError
-from rollway.types import RolloutRecord, RolloutResult, Sample
+from rollway.types import AgentResult, RolloutRecord, Sample
 
 if TYPE_CHECKING:
     from rollway.client import RolloutClient
@@ -41,7 +41,7 @@ class PromptAgent(AgentLoop):
 
     name = "prompt"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         prompt = ctx.task["prompt"]
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
         reply = await ctx.chat(list(messages))

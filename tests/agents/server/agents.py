@@ -6,7 +6,7 @@ import asyncio
 from typing import Any, ClassVar
 
 from rollway.agents import AgentLoop, RolloutContext, tool
-from rollway.types import RolloutResult
+from rollway.types import AgentResult, ChatResult
 
 
 @tool
@@ -28,14 +28,17 @@ class TaskDrivenAgent(AgentLoop):
     name = "task-driven"
     tools = (echo, shout)
     started: ClassVar[list[str]] = []
+    #: What ``ctx.chat`` answered, by rollout id.
+    answers: ClassVar[dict[str, list[ChatResult]]] = {}
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         type(self).started.append(ctx.rollout_id)
         task = ctx.task
         await asyncio.sleep(task.get("sleep", 0))
         messages: list[dict[str, Any]] = [{"role": "user", "content": task.get("q", "hi")}]
         for _ in range(task.get("chats", 0)):
             reply = await ctx.chat(messages)
+            type(self).answers.setdefault(ctx.rollout_id, []).append(reply)
             messages += [reply.message, {"role": "user", "content": "again"}]
         end = task.get("end", "complete")
         if end == "raise":
@@ -54,5 +57,5 @@ class NamelessTools(AgentLoop):
     def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"type": "function", "function": {"parameters": {"type": "object"}}}]
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         return ctx.complete([])

@@ -63,6 +63,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
 def agent_server(tmp_path: Path) -> Iterator[Callable[..., AgentServer]]:
     servers: list[tuple[BackgroundServer, httpx.Client]] = []
     TaskDrivenAgent.started = []
+    TaskDrivenAgent.answers = {}
 
     def start(agent: Any = TaskDrivenAgent, **config: Any) -> AgentServer:
         config.setdefault("store", str(tmp_path / "reports"))

@@ -11,7 +11,7 @@ import pytest
 from schemathesis import Case
 
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 from tests.agents.server.fixtures import AUTH, AgentServer
 from tests.gateway.fuzzing import fuzz
 
@@ -21,7 +21,7 @@ class DoneAgent(AgentLoop):
 
     name = "done"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         return ctx.complete([{"role": "user", "content": str(ctx.task)[:100]}], reward=1.0)
 
 

@@ -33,7 +33,7 @@ from rollway.errors import (
 )
 from rollway.retry import AGENT_INIT, Backoff
 from rollway.store.base import Store
-from rollway.types import AgentReport, RolloutResult
+from rollway.types import AgentReport, AgentResult
 from rollway.web.http_client import new_session, request_json
 
 log = logging.getLogger(__name__)
@@ -106,7 +106,7 @@ class RemoteAgent(AgentLoop):
     def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return self.default_tools
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         if ctx.base_url is None or ctx.api_key is None or self._settings is None:
             raise AgentError("a remote agent needs a client that serves its gateway over HTTP")
         key = run_key(ctx.rollout_id, ctx.api_key)
@@ -224,10 +224,10 @@ class RemoteAgent(AgentLoop):
         return await request_json(self._session, method, f"{self.url}{path}", self.api_key, body)
 
 
-def _result(report: AgentReport) -> RolloutResult:
+def _result(report: AgentReport) -> AgentResult:
     """The agent server's outcome as the client's runner expects it from ``run``."""
     if report.status == "completed":
-        return RolloutResult(report.messages, report.finish_reason or "stop", report.reward)
+        return AgentResult(report.messages, report.finish_reason or "stop", report.reward)
     reason = report.reason or report.status
     if report.status == "error" and report.error_kind == "engine":
         raise EngineError(reason)
@@ -235,7 +235,7 @@ def _result(report: AgentReport) -> RolloutResult:
         raise InfrastructureError(reason)
     if report.status == "cancelled":
         raise InfrastructureError(f"cancelled on the agent server: {reason}")
-    return RolloutResult(report.messages, "error", None, reason)
+    return AgentResult(report.messages, "error", None, reason)
 
 
 def _health(url: str, api_key: str) -> dict[str, Any]:
