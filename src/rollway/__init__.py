@@ -38,6 +38,7 @@ from rollway.gateway import (
     build_gateway,
     create_app,
 )
+from rollway.rollouts import RetryPolicy, RolloutLimits, RolloutOptions, ServingConfig
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.types import (
@@ -82,12 +83,15 @@ __all__ = [
     "RayExecutor",
     "Registration",
     "RequestError",
+    "RetryPolicy",
     "RewardError",
     "RolloutClient",
     "RolloutClosedError",
     "RolloutContext",
     "RolloutFuture",
+    "RolloutLimits",
     "RolloutMetrics",
+    "RolloutOptions",
     "RolloutRecord",
     "RolloutResult",
     "RollwayError",
@@ -96,6 +100,7 @@ __all__ = [
     "Sandbox",
     "SandboxLimits",
     "SandboxResult",
+    "ServingConfig",
     "SimConfig",
     "SimEngine",
     "Store",

@@ -26,6 +26,7 @@ from rollway.errors import (
 )
 from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
@@ -56,9 +57,10 @@ class RolloutRunner:
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
         started_at, clock = time.time(), time.monotonic()
+        retry = self.settings.retry
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(max(1, self.settings.max_retry_attempts)),
-            wait=wait_exponential(multiplier=self.settings.retry_wait_s, max=30),
+            stop=stop_after_attempt(retry.max_attempts),
+            wait=wait_exponential(multiplier=retry.wait_s, max=retry.max_wait_s),
             retry=retry_if_result(
                 lambda r: r.error_kind in TRANSIENT_KINDS and not cancel.is_set()
             ),
@@ -108,17 +110,7 @@ class RolloutRunner:
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
         rollout_id = attempt_id(self.settings, spec, attempt)
-        register = {
-            **self._seeded(self.settings.sampling, spec),
-            "max_turns": self.settings.max_turns,
-            "max_seq_len": self.settings.max_seq_len,
-            "metadata": {
-                **{k: v for k, v in spec.task.items() if k not in ("messages", "prompt")},
-                "group_id": spec.group_id,
-                "group_index": spec.group_index,
-                "sample_index": spec.sample_index,
-            },
-        }
+        register = self._registration(spec)
         ctx: RolloutContext | None = None
         trajectory, cleanup_errors = None, []
         try:
@@ -132,8 +124,8 @@ class RolloutRunner:
                 outcome = await run_agent(
                     self.agent, ctx,
                     cancel=cancel,
-                    timeout_s=self.settings.timeout,
-                    stop_grace_s=self.settings.stop_grace_s,
+                    timeout_s=self.settings.limits.timeout,
+                    stop_grace_s=self.settings.limits.stop_grace_s,
                     on_stop=functools.partial(self.gateway.cancel, rollout_id),
                 )  # fmt: skip
             except Exception as exc:  # get_tools failed, say
@@ -166,7 +158,7 @@ class RolloutRunner:
             trajectory=trajectory,
         )  # fmt: skip
 
-    async def _register(self, rollout_id: str, params: dict[str, Any]) -> Registration:
+    async def _register(self, rollout_id: str, params: RegisterRequest) -> Registration:
         # Agents that can re-attach (served ones) pick up a rollout a dead client left open
         # on a shared gateway; for the rest it is stale (its agent died with the client).
         reuse = self.agent.reattaches
@@ -176,14 +168,25 @@ class RolloutRunner:
             await self.gateway.unregister(rollout_id)
             return await self.gateway.register(rollout_id, params)
 
-    @staticmethod
-    def _seeded(sampling: dict[str, Any], spec: RolloutSpec) -> dict[str, Any]:
-        """Give each rollout its own seed derived from the run's, so a group's samples differ
-        and a rerun of the same rollout draws the same tokens."""
-        if sampling.get("seed") is None:
-            return sampling
-        digest = hashlib.sha256(f"{sampling['seed']}:{spec.rollout_key}".encode()).digest()
-        return {**sampling, "seed": int.from_bytes(digest[:4], "little")}
+    def _registration(self, spec: RolloutSpec) -> RegisterRequest:
+        """The client's fixed sampling and limits, and the task's metadata. Each rollout gets
+        its own seed derived from the run's, so a group's samples differ and a rerun of the
+        same rollout draws the same tokens."""
+        settings, sampling = self.settings, self.settings.sampling
+        if sampling.seed is not None:
+            digest = hashlib.sha256(f"{sampling.seed}:{spec.rollout_key}".encode()).digest()
+            sampling = sampling.replace(seed=int.from_bytes(digest[:4], "little"))
+        return RegisterRequest(
+            **settings.fixed_sampling(sampling),
+            max_turns=settings.limits.max_turns,
+            max_seq_len=settings.limits.max_seq_len,
+            metadata={
+                **{k: v for k, v in spec.task.items() if k not in ("messages", "prompt")},
+                "group_id": spec.group_id,
+                "group_index": spec.group_index,
+                "sample_index": spec.sample_index,
+            },
+        )
 
     def _context(self, spec: RolloutSpec, rollout_id: str, api_key: str) -> RolloutContext:
         debug_dir = self.store.debug_dir
@@ -222,7 +225,7 @@ class RolloutRunner:
         if self.reward_fn is None:
             return None, {}
         reward, extras = await score(
-            self.reward_fn, spec.task, trajectory, self.settings.reward_timeout
+            self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
         )
         return reward, {"source": "reward_fn", **extras}
 
