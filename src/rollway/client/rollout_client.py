@@ -63,8 +63,9 @@ class RolloutClient:
     ``agent`` may be an agent server's URL (``"http://host:port"``, key in ``agent_key`` or
     ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route as
     ``serving`` says (``ServingConfig``: host, port, the public URL agent servers reach it by),
-    and a rollout ends when its report arrives by callback or, with ``callback=False`` or when
-    the callback is lost, when ``poll`` finds it in the store.
+    and a rollout ends when its report arrives by callback or, with
+    ``ServingConfig(callback=False)`` or when the callback is lost, when ``poll`` finds it in the
+    store.
 
     ``executor`` is where rollouts run: ``"local"`` (this process), ``"ray"`` or a
     ``RayExecutor(...)`` (worker actors on a Ray cluster; records come back light, their
