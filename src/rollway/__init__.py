@@ -31,6 +31,8 @@ from rollway.errors import (
 )
 from rollway.executors import LocalExecutor, RayExecutor
 from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, create_app
+from rollway.retry import Backoff, RetryPolicy
+from rollway.rollouts import RolloutLimits, RolloutOptions, ServingConfig
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.types import (
@@ -52,6 +54,7 @@ __all__ = [
     "AgentLoop",
     "AgentResult",
     "AuthError",
+    "Backoff",
     "BatchItem",
     "ChatResult",
     "ConfigError",
@@ -74,12 +77,15 @@ __all__ = [
     "RayExecutor",
     "RemoteGateway",
     "RequestError",
+    "RetryPolicy",
     "RewardError",
     "RolloutClient",
     "RolloutClosedError",
     "RolloutContext",
     "RolloutFuture",
+    "RolloutLimits",
     "RolloutMetrics",
+    "RolloutOptions",
     "RolloutRecord",
     "RollwayError",
     "Sample",
@@ -87,6 +93,7 @@ __all__ = [
     "Sandbox",
     "SandboxLimits",
     "SandboxResult",
+    "ServingConfig",
     "SimConfig",
     "SimEngine",
     "Store",

@@ -37,6 +37,8 @@ def test_run_then_rerun_then_export(tmp_path: Path) -> None:
     assert "rollway run summary" in first.stderr
     summary = orjson.loads((exp / "summary.json").read_bytes())
     assert summary["total"] == 6 and sum(summary["by_status"].values()) == 6
+    config = orjson.loads((exp / "config.json").read_bytes())
+    assert config["limits"]["timeout"] == 900.0  # no run hangs forever by default
     groups = orjson.loads((exp / "groups.json").read_bytes())["groups"]
     assert len(groups) == 3
     second = rollway(*args, cwd=tmp_path)

@@ -85,7 +85,8 @@ def make_client(renderer: ChatRenderer, tmp_path: Path) -> Iterator[Callable[...
     def make(sim: SimConfig | None = None, **kwargs: Any) -> RolloutClient:
         gateway = Gateway(SimEngine(sim or SimConfig()), renderer, model_name="sim")
         kwargs.setdefault("store", str(tmp_path / "runs"))
-        kwargs.setdefault("max_retry_attempts", 3)
+        if "retry" not in kwargs:
+            kwargs.setdefault("max_retry_attempts", 3)
         client = RolloutClient(kwargs.pop("agent", ScriptedAgent), gateway, **kwargs)
         clients.append(client)
         return client

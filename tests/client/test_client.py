@@ -240,7 +240,7 @@ def test_stopping_iteration_early_cancels_the_rest(make_client: MakeClient) -> N
 
 
 def test_bad_configuration_fails_before_any_rollout(make_client: MakeClient) -> None:
-    with pytest.raises(InvalidFieldsError, match="temprature"):
+    with pytest.raises(ConfigError, match="unknown option 'temprature': did you mean 'temp"):
         make_client(temprature=1.0)
 
     class NoRun(ScriptedAgent):

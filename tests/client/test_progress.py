@@ -24,7 +24,9 @@ def test_status_lines_report_counts_and_mean_reward(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.INFO, logger="rollway.client"), progress:
         progress.advance(record("completed", 1.0))
         progress.advance(record("error", None))
-    assert caplog.messages[-1] == "batch status: 2/3 done; completed 1, error 1 | mean reward 1.000"
+    assert caplog.messages[-1] == (
+        "batch status: 2/3 done after 0 s; completed 1, error 1 | mean reward 1.000"
+    )
 
 
 def test_summary_counts_outcomes_and_rewards() -> None:

@@ -17,6 +17,7 @@ from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
+from rollway.rollouts import ServingConfig
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer, wait_until
 from tests.client.conftest import spawn_agent_server
@@ -111,7 +112,7 @@ def test_without_callbacks_the_store_is_polled(
     agent_server: Start, remote_client: Callable[..., RolloutClient]
 ) -> None:
     server = agent_server()
-    client = remote_client(server, callback=False)
+    client = remote_client(server, serving=ServingConfig(callback=False))
     record = client.invoke({"task_id": "t", "chats": 1, "reward": 1.0}).result(30)
     assert record.status == "completed" and record.reward == 1.0
     assert all(run.callback == "none" for run in server.service._runs.values())
@@ -121,7 +122,7 @@ def test_an_agent_server_without_a_store_is_asked_for_the_report(
     agent_server: Start, remote_client: Callable[..., RolloutClient]
 ) -> None:
     server = agent_server(store=None)
-    client = remote_client(server, callback=False)
+    client = remote_client(server, serving=ServingConfig(callback=False))
     record = client.invoke({"task_id": "t", "reward": 2.0}).result(30)
     assert record.status == "completed" and record.reward == 2.0
 

@@ -174,15 +174,20 @@ def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
         ProbeAgent, "embedded", store=str(tmp_path), exp_id="bound", executor=executor
     ) as client:
         items = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
-        after = client.invoke({"task_id": "after", "chat": False}).result(timeout=60)
+        # Per-call overrides travel to the worker with the rollout.
+        after = client.invoke({"task_id": "after"}, temperature=0.25, max_tokens=3).result(60)
     crash = items["crash.0"]
     assert (crash.status, crash.error_kind, crash.attempts) == ("error", "infrastructure", 2)
     assert "Ray worker died 2 times" in crash.reason
     assert sum(1 for row in events(log) if row[0] == "start") == 2  # the bound held
     assert items["ok1.0"].status == items["ok2.0"].status == "completed"
     assert after.status == "completed"
-    stored = store_from_uri(str(tmp_path), "bound").get("crash.0")
+    store = store_from_uri(str(tmp_path), "bound")
+    stored = store.get("crash.0")
     assert stored is not None and stored.reason == crash.reason
+    (turn,) = store.get(after.rollout_key).trajectory.turns
+    assert (turn.sampling["temperature"], turn.sampling["max_tokens"]) == (0.25, 3)
+    assert len(turn.completion_ids) <= 3
 
 
 def test_the_cap_and_the_rate_limit_hold_across_the_cluster(
@@ -281,7 +286,7 @@ def test_everything_sent_to_workers_survives_pickling(
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
     from rollway.executors.base import WorkerSetup
     from rollway.executors.ray_executor import _check_shippable
-    from rollway.rollouts import RolloutSettings
+    from rollway.rollouts import RolloutLimits, RolloutSettings
     from rollway.sandbox import sandbox_factory
 
     calculator = load_agent(CALCULATOR)()
@@ -291,7 +296,9 @@ def test_everything_sent_to_workers_survives_pickling(
         engine=RemoteGateway(served.url, admin_key=served.admin_key),
         model=None,
         store=store_from_uri(s3_env, "pickled"),
-        settings=RolloutSettings(exp_id="pickled", sampling={"seed": 3}, timeout=9.0),
+        settings=RolloutSettings.build(
+            "pickled", sampling={"seed": 3}, limits=RolloutLimits(timeout=9.0)
+        ),
         reward=reward,
     )
     _check_shippable(setup, ray)
@@ -307,7 +314,7 @@ def test_everything_sent_to_workers_survives_pickling(
     assert seen["reward"] == {"reward": 1.0, "final": "25"}
     assert seen["store"] == ("pickled", False)  # an S3 HEAD from the worker, no env needed
     assert seen["gateway"] == (served.url, served.gateway.model_name, {}, None)
-    assert seen["settings"] == {"seed": 3}
+    assert seen["settings"] == ({"seed": 3}, 9.0)
     assert seen["program"] == (program.command, "NamespaceSandbox")
     assert seen["remote"] == (server.url, None)
 
@@ -337,7 +344,7 @@ def _inspect(setup, program, remote) -> dict:  # type: ignore[no-untyped-def]
             setup.engine._keys,
             setup.engine._session,
         ),
-        "settings": setup.settings.sampling,
+        "settings": (setup.settings.fixed_sampling(), setup.settings.limits.timeout),
         "program": (program.command, program.make_sandbox.__name__),
         "remote": (remote.url, remote._settings),
     }

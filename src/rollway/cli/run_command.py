@@ -15,10 +15,12 @@ from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
+from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.rollout_client import resolve_agent
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.rollouts.config import DEFAULT_TIMEOUT_S, RolloutLimits, ServingConfig
 from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import sandbox_factory
 
@@ -48,7 +50,16 @@ def run(
     ] = "rollway-runs",
     exp_id: Annotated[str | None, typer.Option(help="Default: agent name + task file.")] = None,
     reward: Annotated[str | None, typer.Option(help="Reward: module:fn or file.py:fn.")] = None,
-    timeout: Annotated[float | None, typer.Option(help="Seconds per rollout.")] = None,
+    timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds per rollout (0: no limit).")
+    ] = DEFAULT_TIMEOUT_S,
+    status_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="ROLLWAY_STATUS_INTERVAL",
+            help="Seconds between status lines, whether or not a rollout finished.",
+        ),
+    ] = DEFAULT_STATUS_INTERVAL_S,
     temperature: Annotated[float, typer.Option()] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Run seed; rollouts derive theirs.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip rollouts already in the store.")] = True,
@@ -106,14 +117,13 @@ def run(
         store=out,
         exp_id=exp,
         reward=_load_reward(reward) if reward else None,
+        sampling=sampling,
+        limits=RolloutLimits(timeout=timeout or None),
+        serving=ServingConfig(host=http_host, port=http_port, public_url=public_url),
         max_concurrent=concurrency,
-        timeout=timeout,
-        show_progress=True,
-        http_host=http_host,
-        http_port=http_port,
-        public_url=public_url,
         executor=_executor(executor, ray_address, workers),
-        **sampling,
+        show_progress=True,
+        status_interval=status_interval,
     ) as client:
         try:
             # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which

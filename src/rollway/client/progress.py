@@ -17,16 +17,22 @@ from rollway.types import RolloutRecord
 
 log = logging.getLogger("rollway.client")
 
+DEFAULT_STATUS_INTERVAL_S = 30.0
+
 
 class BatchProgress:
-    """Counts outcomes as they arrive; draws a bar when ``show`` is set."""
+    """Counts outcomes as they arrive; draws a bar when ``show`` is set. A status line comes
+    every ``status_interval_s`` whether or not anything finished (the batch's loop waits at most
+    ``until_status()`` and then calls ``tick``), so a stuck batch still reports."""
 
-    def __init__(self, total: int, *, show: bool, status_interval_s: float = 30.0) -> None:
+    def __init__(
+        self, total: int, *, show: bool, status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
+    ) -> None:
         self.console = Console(stderr=True)
         self.counts: Counter[str] = Counter()
         self.rewards: list[float] = []
         self._interval = status_interval_s
-        self._last_status = time.monotonic()
+        self._started = self._last_status = time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]rollouts"),
             BarColumn(),
@@ -56,13 +62,22 @@ class BatchProgress:
         if record.reward is not None:
             self.rewards.append(record.reward)
         self._progress.update(self._task, advance=1, description=self.describe())
-        if time.monotonic() - self._last_status >= self._interval:
+        self.tick()
+
+    def until_status(self) -> float:
+        """Seconds until the next status line is due."""
+        return max(0.0, self._last_status + self._interval - time.monotonic())
+
+    def tick(self) -> None:
+        """Write a status line if one is due."""
+        if self.until_status() == 0.0:
             self._last_status = time.monotonic()
             self.status_line()
 
     def status_line(self) -> None:
         done = sum(self.counts.values())
-        line = f"batch status: {done}/{self.total} done; {self.describe()}"
+        elapsed = time.monotonic() - self._started
+        line = f"batch status: {done}/{self.total} done after {elapsed:.0f} s; {self.describe()}"
         if self._progress.disable:
             log.info(line)
         else:
@@ -71,7 +86,7 @@ class BatchProgress:
     def describe(self) -> str:
         parts = [f"{status} {n}" for status, n in sorted(self.counts.items())]
         mean = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
-        return f"{', '.join(parts)} | mean reward {mean}"
+        return f"{', '.join(parts) or 'none finished'} | mean reward {mean}"
 
 
 def summary_table(summary: RunSummary) -> Table:

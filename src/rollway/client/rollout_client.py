@@ -10,9 +10,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from aiolimiter import AsyncLimiter
 
@@ -22,41 +22,55 @@ from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.policy import PolicyTracker
-from rollway.client.progress import BatchProgress, summary_table
+from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
 from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.gateway.request_schema import RegisterRequest
 from rollway.ids import check_exp_id
-from rollway.rollouts import RolloutSettings, RolloutSpec, task_key
+from rollway.retry import RetryPolicy
+from rollway.rollouts import (
+    RolloutLimits,
+    RolloutOptions,
+    RolloutSettings,
+    RolloutSpec,
+    ServingConfig,
+    task_key,
+)
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
-from rollway.types import RolloutRecord
-from rollway.web.handlers import parse_model
+from rollway.types import RolloutRecord, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 class RolloutClient:
     """Runs ``agent`` on tasks. ``engine`` is ``"embedded"``, ``"sim"``, an engine spec or
-    object, a ready ``Gateway``, or a ``RemoteGateway`` (a shared ``rollway gateway`` server);
-    ``**sampling`` (temperature, top_p, max_tokens, ...) is fixed for every rollout.
+    object, a ready ``Gateway``, or a ``RemoteGateway`` (a shared ``rollway gateway`` server).
     Close it (or use ``with``) to stop its loop and engine.
 
+    How each rollout runs comes in config objects: ``sampling`` (a ``SamplingParams``, or a
+    mapping that fixes only the fields it names), ``limits`` (``RolloutLimits``: turns, tokens,
+    a 900 s ``timeout`` by default), ``retry`` (``RetryPolicy``). The common settings are also
+    keywords (``RolloutOptions``): ``temperature=1.0, max_tokens=256, max_turns=8,
+    timeout=120, max_retry_attempts=2``; a setting given both ways is an error. ``invoke`` and
+    ``run_batch`` take the same keywords for one rollout or one batch.
+
     ``agent`` may be an agent server's URL (``"http://host:port"``, key in ``agent_key`` or
-    ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route on
-    ``http_host``:``http_port`` (advertised as ``public_url`` when agent servers reach it by
-    another name), and a rollout ends when its report arrives by callback or, with
-    ``callback=False`` or when the callback is lost, when ``poll`` finds it in the store.
+    ``ROLLWAY_AGENT_KEY``): the client then serves its gateway and a callback route as
+    ``serving`` says (``ServingConfig``: host, port, the public URL agent servers reach it by),
+    and a rollout ends when its report arrives by callback or, with
+    ``ServingConfig(callback=False)`` or when the callback is lost, when ``poll`` finds it in the
+    store.
 
     ``executor`` is where rollouts run: ``"local"`` (this process), ``"ray"`` or a
     ``RayExecutor(...)`` (worker actors on a Ray cluster; records come back light, their
-    trajectories are in the store). The cap and the rate limit hold across all of them.
+    trajectories are in the store). The cap and the rate limit hold across all of them. A batch
+    shows a bar with ``show_progress`` and a status line every ``status_interval`` seconds.
 
     In a training loop, ``update_weights`` puts new weights into every engine the rollouts
     sample from (pausing starts meanwhile) and bumps the policy version stamped on each token;
@@ -72,48 +86,37 @@ class RolloutClient:
         store: str | Store = "rollway-runs",
         exp_id: str | None = None,
         reward: RewardFn | None = None,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        limits: RolloutLimits | None = None,
+        retry: RetryPolicy | None = None,
+        serving: ServingConfig | None = None,
         max_concurrent: int = 16,
         tps_limit: float | None = None,
-        max_retry_attempts: int = 3,
-        timeout: float | None = None,
-        reward_timeout: float = 30.0,
-        stop_grace_s: float = 2.0,
-        max_turns: int | None = None,
-        max_seq_len: int | None = None,
-        show_progress: bool = False,
-        debug: bool = False,
         executor: str | Executor = "local",
-        serve_http: bool | None = None,
-        http_host: str = "127.0.0.1",
-        http_port: int = 0,
-        public_url: str | None = None,
         agent_key: str | None = None,
-        callback: bool = True,
         poll: PollPolicy | None = None,
         max_staleness: int | None = None,
-        **sampling: Any,
+        debug: bool = False,
+        show_progress: bool = False,
+        status_interval: float = DEFAULT_STATUS_INTERVAL_S,
+        **options: Unpack[RolloutOptions],
     ) -> None:
+        if not status_interval > 0:  # NaN too
+            raise ConfigError(
+                "status_interval must be a positive number of seconds", "status_interval"
+            )
         self.agent = resolve_agent(agent, agent_key, poll)
-        parse_model(RegisterRequest, sampling)  # a typo fails here, not in every rollout
-        for name, seconds in (("timeout", timeout), ("reward_timeout", reward_timeout)):
-            if seconds is not None and not seconds > 0:  # NaN too
-                raise ConfigError(f"{name} must be a positive number of seconds", name)
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
         self.exp_id = check_exp_id(exp_id or self.agent.name)
+        # Checked and typed once, here: a typo fails now, not in every rollout.
+        self.settings = RolloutSettings.build(
+            self.exp_id, sampling=sampling, limits=limits, retry=retry, debug=debug,
+            options=options,
+        )  # fmt: skip
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
-        self.settings = RolloutSettings(
-            exp_id=self.exp_id,
-            sampling=sampling,
-            max_turns=max_turns,
-            max_seq_len=max_seq_len,
-            timeout=timeout,
-            reward_timeout=reward_timeout,
-            stop_grace_s=stop_grace_s,
-            max_retry_attempts=max_retry_attempts,
-            debug=debug,
-        )
         self.reward_fn = reward
         self.show_progress = show_progress
+        self.status_interval = status_interval
         self.last_summary: dict[str, Any] | None = None
         # The cap and the rate limit live here, ahead of every executor: with Ray they hold
         # across the whole cluster, not per worker.
@@ -130,11 +133,7 @@ class RolloutClient:
             store=self.store,
             settings=self.settings,
             reward=reward,
-            serve_http=serve_http,
-            http_host=http_host,
-            http_port=http_port,
-            public_url=public_url,
-            callback=callback,
+            serving=serving or ServingConfig(),
         )
         self._loop = LoopThread()
         try:
@@ -160,19 +159,18 @@ class RolloutClient:
 
     # -- single rollouts ---------------------------------------------------------------------
 
-    def invoke(self, task: dict[str, Any], **overrides: Any) -> RolloutFuture:
-        """Start one rollout of ``task``; ``overrides`` change sampling for it alone."""
+    def invoke(self, task: dict[str, Any], **overrides: Unpack[RolloutOptions]) -> RolloutFuture:
+        """Start one rollout of ``task``; ``overrides`` (sampling fields, limits,
+        ``max_retry_attempts``) change it alone. Anything else is refused, naming it."""
+        settings = self.settings.with_options(overrides)
         run = uuid.uuid4().hex
         key = f"{task_key(task)}-{run[:8]}"
         spec = RolloutSpec(task, 0, key, f"{self.exp_id}:{key}", 0, 0, run_id=run)
-        settings = self.settings
-        if overrides:
-            parse_model(RegisterRequest, overrides)
-            sampling = {**self.settings.sampling, **overrides}
-            settings = dataclasses.replace(self.settings, sampling=sampling)
         return self._submit(spec, settings)
 
-    async def invoke_async(self, task: dict[str, Any], **overrides: Any) -> RolloutRecord:
+    async def invoke_async(
+        self, task: dict[str, Any], **overrides: Unpack[RolloutOptions]
+    ) -> RolloutRecord:
         """Run one rollout of ``task`` and return its ``RolloutRecord`` (whatever the outcome;
         awaitable from any event loop). Cancelling the awaiting task cancels the rollout, which
         is then recorded as ``cancelled``."""
@@ -232,30 +230,65 @@ class RolloutClient:
     # -- batches -----------------------------------------------------------------------------
 
     def run_batch(
-        self, tasks: Iterable[dict[str, Any]], group_size: int = 1, *, resume: bool = True
+        self,
+        tasks: Iterable[dict[str, Any]],
+        group_size: int = 1,
+        *,
+        resume: bool = True,
+        **overrides: Unpack[RolloutOptions],
     ) -> Iterator[BatchItem]:
-        """Yield one ``BatchItem`` per rollout (tasks x group_size), in completion order.
-        Stopping the iteration early cancels what is still running. A ``KeyboardInterrupt``
-        inside the batch (Ctrl-C while it waits) cancels what is running, writes the summary of
-        what finished (``last_summary["interrupted"]``), and is raised again."""
+        """Yield one ``BatchItem`` per rollout (tasks x group_size), in completion order;
+        ``overrides`` (as for ``invoke``) change this batch alone. Stopping the iteration early
+        cancels what is still running. A ``KeyboardInterrupt`` inside the batch (Ctrl-C while
+        it waits) cancels what is running, writes the summary of what finished
+        (``last_summary["interrupted"]``), and is raised again."""
+        settings = self.settings.with_options(overrides)  # refused now, not at the first item
+        return self._run_batch(list(tasks), group_size, resume, settings)
+
+    def run_batch_async(
+        self,
+        tasks: Iterable[dict[str, Any]],
+        group_size: int = 1,
+        *,
+        resume: bool = True,
+        **overrides: Unpack[RolloutOptions],
+    ) -> AsyncIterator[BatchItem]:
+        """``run_batch`` as an async iterator."""
+        settings = self.settings.with_options(overrides)
+        return self._run_batch_async(list(tasks), group_size, resume, settings)
+
+    def _run_batch(
+        self,
+        tasks: list[dict[str, Any]],
+        group_size: int,
+        resume: bool,
+        settings: RolloutSettings,
+    ) -> Iterator[BatchItem]:
         started = time.monotonic()
-        done, todo = self._prepare(list(tasks), group_size, resume)
-        futures = {self._submit(spec, self.settings): index for index, spec in todo}
+        done, todo = self._prepare(tasks, group_size, resume, settings)
+        futures = {self._submit(spec, settings): index for index, spec in todo}
         resumed = [item.result for item in done]
         ran: list[RolloutRecord] = []
         try:
-            with BatchProgress(len(done) + len(todo), show=self.show_progress) as progress:
+            with self._progress(len(done) + len(todo)) as progress:
                 try:
                     for item in done:
                         progress.advance(item.result)
                         yield item
                     by_cf = {f._future: f for f in futures}
-                    for cf in concurrent.futures.as_completed(by_cf):
-                        future = by_cf[cf]
-                        record = cf.result()
-                        ran.append(record)
-                        progress.advance(record)
-                        yield BatchItem.of(record, futures[future], future.elapsed())
+                    waiting = set(by_cf)
+                    while waiting:
+                        # Wake for the next status line too: a stuck batch still reports.
+                        finished, waiting = concurrent.futures.wait(
+                            waiting, progress.until_status(), concurrent.futures.FIRST_COMPLETED
+                        )
+                        progress.tick()
+                        for cf in finished:
+                            future = by_cf[cf]
+                            record = cf.result()
+                            ran.append(record)
+                            progress.advance(record)
+                            yield BatchItem.of(record, futures[future], future.elapsed())
                 finally:
                     self._cancel_and_wait(futures)
         except KeyboardInterrupt:
@@ -265,28 +298,41 @@ class RolloutClient:
             raise
         self._finish(resumed, ran, time.monotonic() - started)
 
-    async def run_batch_async(
-        self, tasks: Iterable[dict[str, Any]], group_size: int = 1, *, resume: bool = True
+    async def _run_batch_async(
+        self,
+        tasks: list[dict[str, Any]],
+        group_size: int,
+        resume: bool,
+        settings: RolloutSettings,
     ) -> AsyncIterator[BatchItem]:
-        """``run_batch`` as an async iterator."""
         started = time.monotonic()
-        done, todo = self._prepare(list(tasks), group_size, resume)
-        futures = {self._submit(spec, self.settings): index for index, spec in todo}
+        done, todo = self._prepare(tasks, group_size, resume, settings)
+        futures = {self._submit(spec, settings): index for index, spec in todo}
         ran: list[RolloutRecord] = []
         try:
-            for item in done:
-                yield item
-            waiting = {asyncio.wrap_future(f._future): f for f in futures}
-            while waiting:
-                finished, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                for aw in finished:
-                    future = waiting.pop(aw)
-                    record = aw.result()
-                    ran.append(record)
-                    yield BatchItem.of(record, futures[future], future.elapsed())
+            with self._progress(len(done) + len(todo)) as progress:
+                for item in done:
+                    progress.advance(item.result)
+                    yield item
+                waiting = {asyncio.wrap_future(f._future): f for f in futures}
+                while waiting:
+                    finished, _ = await asyncio.wait(
+                        waiting, timeout=progress.until_status(),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )  # fmt: skip
+                    progress.tick()
+                    for aw in finished:
+                        future = waiting.pop(aw)
+                        record = aw.result()
+                        ran.append(record)
+                        progress.advance(record)
+                        yield BatchItem.of(record, futures[future], future.elapsed())
         finally:
             await asyncio.to_thread(self._cancel_and_wait, futures)
         self._finish([item.result for item in done], ran, time.monotonic() - started)
+
+    def _progress(self, total: int) -> BatchProgress:
+        return BatchProgress(total, show=self.show_progress, status_interval_s=self.status_interval)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -360,10 +406,10 @@ class RolloutClient:
             spec = dataclasses.replace(spec, first_attempt=record.attempts + 1)
 
     def _prepare(
-        self, tasks: list[dict[str, Any]], group_size: int, resume: bool
+        self, tasks: list[dict[str, Any]], group_size: int, resume: bool, settings: RolloutSettings
     ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
         specs = plan(tasks, group_size, self.exp_id, run_id=uuid.uuid4().hex)
-        self.store.write_config(self._config(len(tasks), group_size))
+        self.store.write_config(self._config(len(tasks), group_size, settings))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
         stored_keys = self.store.keys() if resume else set()  # one listing, not a read each
@@ -400,7 +446,7 @@ class RolloutClient:
         if self.show_progress:
             BatchProgress(0, show=False).console.print(summary_table(summary))
 
-    def _config(self, n_tasks: int, group_size: int) -> dict[str, Any]:
+    def _config(self, n_tasks: int, group_size: int, settings: RolloutSettings) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
             "agent": _agent_spec(self.agent),
@@ -409,7 +455,8 @@ class RolloutClient:
             **self.executor.describe(),
             "tasks": n_tasks,
             "group_size": group_size,
-            **{k: v for k, v in dataclasses.asdict(self.settings).items() if k != "exp_id"},
+            **settings.to_dict(),
+            "status_interval": self.status_interval,
             "written_at": time.time(),
         }
 

@@ -5,14 +5,14 @@ in this process (``LocalExecutor``) or on a Ray cluster's workers (``RayExecutor
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
 from rollway.engines.base import ChatEngine, Engine
 from rollway.gateway.core import Gateway
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.rollouts import RolloutSettings, RolloutSpec
+from rollway.rollouts import RolloutSettings, RolloutSpec, ServingConfig
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
@@ -31,13 +31,7 @@ class WorkerSetup:
     store: Store
     settings: RolloutSettings
     reward: RewardFn | None = None
-    #: Serve the gateway over HTTP (None: when the agent needs it).
-    serve_http: bool | None = None
-    http_host: str = "127.0.0.1"
-    http_port: int = 0
-    public_url: str | None = None
-    #: Agent servers report by callback (else the store is polled).
-    callback: bool = True
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
 
 class Executor(Protocol):

@@ -61,7 +61,7 @@ class LocalExecutor:
         self.model_name = self._gateway.model_name
         agent = setup.agent
         if isinstance(agent, RemoteAgent):
-            self._inbox = CallbackInbox() if setup.callback else None
+            self._inbox = CallbackInbox() if setup.serving.callback else None
             agent.bind(setup.store, self._inbox, setup.settings)
         self._runner = RolloutRunner(
             agent, self._gateway, setup.store, setup.settings, setup.reward
@@ -73,7 +73,8 @@ class LocalExecutor:
         host in the URLs handed out (a Ray worker bound to 0.0.0.0 gives its node's IP)."""
         setup = self._setup
         assert setup is not None, "prepare first"
-        serve_gateway = setup.serve_http
+        serving = setup.serving
+        serve_gateway = serving.http
         if serve_gateway is None:
             serve_gateway = setup.agent.needs_http
         routes = [self._inbox.route()] if self._inbox is not None else []
@@ -89,11 +90,11 @@ class LocalExecutor:
             return
         # The gateway on a Unix socket too, for sandboxes whose only way out is a relay to it.
         server = LoopServer(
-            app, host=setup.http_host, port=setup.http_port, unix_socket=local is not None
+            app, host=serving.host, port=serving.port, unix_socket=local is not None
         )
         bound = await server.start()
-        if setup.public_url:
-            url = setup.public_url.rstrip("/")
+        if serving.public_url:
+            url = serving.public_url.rstrip("/")
         elif advertise_host:
             url = f"http://{advertise_host}:{bound.rsplit(':', 1)[1]}"
         else:
@@ -109,7 +110,7 @@ class LocalExecutor:
     ) -> RolloutRecord:
         runner = self._runner
         assert runner is not None, "start first"
-        if settings != runner.settings:  # sampling overrides of one invoke
+        if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
                 runner.agent, runner.gateway, runner.store, settings, runner.reward_fn
             )

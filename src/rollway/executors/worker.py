@@ -35,7 +35,7 @@ class RolloutWorker:
     async def _served(self) -> None:
         if self._serving is None:
             advertise = None
-            if self._setup.http_host in _ANY_HOST:
+            if self._setup.serving.host in _ANY_HOST:
                 import ray
 
                 advertise = ray.util.get_node_ip_address()

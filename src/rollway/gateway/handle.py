@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.core import Gateway
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.types import ChatResult, Trajectory
 
 
@@ -20,7 +21,7 @@ class GatewayHandle(Protocol):
         ...
 
     async def register(
-        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+        self, rollout_id: str, params: RegisterRequest, *, reuse: bool = False
     ) -> Registration: ...
 
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
@@ -56,7 +57,7 @@ class LocalGateway:
         return f"{self.url}/v1/rollouts/{rollout_id}" if self.url else None
 
     async def register(
-        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+        self, rollout_id: str, params: RegisterRequest, *, reuse: bool = False
     ) -> Registration:
         return self.gateway.register(rollout_id, params, reuse=reuse)
 

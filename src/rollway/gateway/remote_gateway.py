@@ -16,6 +16,7 @@ import httpx
 
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.types import ChatResult, Trajectory
 from rollway.web.http_client import new_session, request_json
 
@@ -74,10 +75,11 @@ class RemoteGateway:
         return f"{self.url}/v1/rollouts/{rollout_id}"
 
     async def register(
-        self, rollout_id: str, params: dict[str, Any], *, reuse: bool = False
+        self, rollout_id: str, params: RegisterRequest, *, reuse: bool = False
     ) -> Registration:
         url = f"{self.base_url(rollout_id)}/register" + ("?reuse=true" if reuse else "")
-        answer = await self._admin("POST", url, params)
+        body = params.model_dump(mode="json", exclude_unset=True)
+        answer = await self._admin("POST", url, body)
         self._keys[rollout_id] = answer["api_key"]
         return Registration(rollout_id, answer["api_key"])
 

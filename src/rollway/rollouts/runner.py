@@ -10,7 +10,6 @@ import hashlib
 import itertools
 import logging
 import time
-from dataclasses import replace
 from typing import Any
 
 from rollway.agents.base import AgentLoop
@@ -24,8 +23,8 @@ from rollway.errors import (
 )
 from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
-from rollway.retry import ROLLOUT_ATTEMPTS, Backoff
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
@@ -55,11 +54,7 @@ class RolloutRunner:
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
         started_at, clock = time.time(), time.monotonic()
-        policy = replace(
-            ROLLOUT_ATTEMPTS,
-            attempts=self.settings.max_retry_attempts,
-            backoff=Backoff(first_s=self.settings.retry_wait_s),
-        )
+        policy = self.settings.retry
         attempts = itertools.count(spec.first_attempt)
         # A worker that died may have left earlier attempts open on a shared gateway.
         opened = [attempt_id(self.settings, spec, n) for n in range(1, spec.first_attempt)]
@@ -104,17 +99,7 @@ class RolloutRunner:
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
         rollout_id = attempt_id(self.settings, spec, attempt)
-        register = {
-            **self._seeded(self.settings.sampling, spec),
-            "max_turns": self.settings.max_turns,
-            "max_seq_len": self.settings.max_seq_len,
-            "metadata": {
-                **{k: v for k, v in spec.task.items() if k not in ("messages", "prompt")},
-                "group_id": spec.group_id,
-                "group_index": spec.group_index,
-                "sample_index": spec.sample_index,
-            },
-        }
+        register = self._registration(spec)
         ctx: RolloutContext | None = None
         result: AgentResult | None = None
         trajectory, cleanup_errors = None, []
@@ -129,8 +114,8 @@ class RolloutRunner:
                 outcome = await run_agent(
                     self.agent, ctx,
                     cancel=cancel,
-                    timeout_s=self.settings.timeout,
-                    stop_grace_s=self.settings.stop_grace_s,
+                    timeout_s=self.settings.limits.timeout,
+                    stop_grace_s=self.settings.limits.stop_grace_s,
                     on_stop=functools.partial(self.gateway.cancel, rollout_id),
                 )  # fmt: skip
             except Exception as exc:  # get_tools failed, say
@@ -167,7 +152,7 @@ class RolloutRunner:
             trajectory=trajectory,
         )  # fmt: skip
 
-    async def _register(self, rollout_id: str, params: dict[str, Any]) -> Registration:
+    async def _register(self, rollout_id: str, params: RegisterRequest) -> Registration:
         # Agents that can re-attach (served ones) pick up a rollout a dead client left open
         # on a shared gateway; for the rest it is stale (its agent died with the client).
         reuse = self.agent.reattaches
@@ -177,14 +162,25 @@ class RolloutRunner:
             await self.gateway.unregister(rollout_id)
             return await self.gateway.register(rollout_id, params)
 
-    @staticmethod
-    def _seeded(sampling: dict[str, Any], spec: RolloutSpec) -> dict[str, Any]:
-        """Give each rollout its own seed derived from the run's, so a group's samples differ
-        and a rerun of the same rollout draws the same tokens."""
-        if sampling.get("seed") is None:
-            return sampling
-        digest = hashlib.sha256(f"{sampling['seed']}:{spec.rollout_key}".encode()).digest()
-        return {**sampling, "seed": int.from_bytes(digest[:4], "little")}
+    def _registration(self, spec: RolloutSpec) -> RegisterRequest:
+        """The client's fixed sampling and limits, and the task's metadata. Each rollout gets
+        its own seed derived from the run's, so a group's samples differ and a rerun of the
+        same rollout draws the same tokens."""
+        settings, sampling = self.settings, self.settings.sampling
+        if sampling.seed is not None:
+            digest = hashlib.sha256(f"{sampling.seed}:{spec.rollout_key}".encode()).digest()
+            sampling = sampling.replace(seed=int.from_bytes(digest[:4], "little"))
+        return RegisterRequest(
+            **settings.fixed_sampling(sampling),
+            max_turns=settings.limits.max_turns,
+            max_seq_len=settings.limits.max_seq_len,
+            metadata={
+                **{k: v for k, v in spec.task.items() if k not in ("messages", "prompt")},
+                "group_id": spec.group_id,
+                "group_index": spec.group_index,
+                "sample_index": spec.sample_index,
+            },
+        )
 
     def _context(self, spec: RolloutSpec, rollout_id: str, api_key: str) -> RolloutContext:
         debug_dir = self.store.debug_dir
@@ -223,7 +219,7 @@ class RolloutRunner:
         if self.reward_fn is None:
             return None, {}
         reward, extras = await score(
-            self.reward_fn, spec.task, trajectory, self.settings.reward_timeout
+            self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
         )
         return reward, {"source": "reward_fn", **extras}
 

@@ -1,15 +1,16 @@
-"""Which rollout to run (a task row and its place in its group) and how (the batch's settings);
-the ids a rollout and each of its attempts go by."""
+"""Which rollout to run (a task row and its place in its group), and the ids a rollout and each
+of its attempts go by. How it runs (the batch's settings) is ``rollouts.config``."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from rollway.ids import TASK_KEY_MAX_LENGTH
+from rollway.rollouts.config import RolloutSettings
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,21 +41,6 @@ def task_key(task: dict[str, Any]) -> str:
     if given is not None and usable and text.replace("-", "").replace("_", "").isalnum():
         return text
     return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class RolloutSettings:
-    exp_id: str
-    sampling: dict[str, Any] = field(default_factory=dict)
-    max_turns: int | None = None
-    max_seq_len: int | None = None
-    timeout: float | None = None
-    reward_timeout: float = 30.0
-    max_retry_attempts: int = 3
-    retry_wait_s: float = 0.5
-    debug: bool = False
-    #: After a timeout or cancel, how long an agent may take to stop before it is cancelled.
-    stop_grace_s: float = 2.0
 
 
 def attempt_id(settings: RolloutSettings, spec: RolloutSpec, attempt: int) -> str:

@@ -59,21 +59,25 @@ def run_key(rollout_id: str, api_key: str) -> str:
     return f"{rollout_id}-{hashlib.sha256(api_key.encode()).hexdigest()[:12]}"
 
 
-class InitSettings(Protocol):
-    """What a rollout's init carries to the agent server (the client's rollout settings)."""
-
-    @property
-    def exp_id(self) -> str: ...
-    @property
-    def sampling(self) -> dict[str, Any]: ...
+class LimitSettings(Protocol):
     @property
     def max_turns(self) -> int | None: ...
     @property
     def max_seq_len(self) -> int | None: ...
     @property
     def timeout(self) -> float | None: ...
+
+
+class InitSettings(Protocol):
+    """What a rollout's init carries to the agent server (the client's rollout settings)."""
+
+    @property
+    def exp_id(self) -> str: ...
+    @property
+    def limits(self) -> LimitSettings: ...
     @property
     def debug(self) -> bool: ...
+    def fixed_sampling(self) -> dict[str, Any]: ...
 
 
 class RemoteAgent(AgentLoop):
@@ -137,7 +141,8 @@ class RemoteAgent(AgentLoop):
     async def _init(self, ctx: RolloutContext, key: str) -> None:
         settings = self._settings
         assert settings is not None and ctx.base_url is not None
-        timeout_s = settings.timeout
+        limits = settings.limits
+        timeout_s = limits.timeout
         body = {
             "rollout_id": ctx.rollout_id,
             "exp_id": settings.exp_id,
@@ -145,12 +150,12 @@ class RemoteAgent(AgentLoop):
             "api_key": ctx.api_key,
             "model": ctx.gateway.model_name,
             "task": ctx.task,
-            "sampling": settings.sampling,
+            "sampling": settings.fixed_sampling(),
             # A little longer than the client's own timeout: the client decides the outcome.
             "limits": {
                 "timeout_s": timeout_s + 5.0 if timeout_s else None,
-                "max_turns": settings.max_turns,
-                "max_seq_len": settings.max_seq_len,
+                "max_turns": limits.max_turns,
+                "max_seq_len": limits.max_seq_len,
             },
             "callback_url": self._inbox.url if self._inbox else None,
             "callback_key": self._inbox.key if self._inbox else None,

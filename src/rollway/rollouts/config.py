@@ -1,0 +1,232 @@
+"""How rollouts run, as frozen config objects: sampling, per-rollout limits, the retry policy
+(together a batch's ``RolloutSettings``), and how the client serves its gateway. Keyword sugar
+(``timeout=...``, ``temperature=...``) fills them, at a client's construction and per call."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from rollway.errors import ConfigError
+from rollway.gateway.request_schema import SamplingFields
+from rollway.retry import ROLLOUT_ATTEMPTS, RetryPolicy, is_transient
+from rollway.types import SamplingParams
+from rollway.web.handlers import parse_model
+
+#: A rollout's default time limit: no configuration hangs forever unless asked to.
+DEFAULT_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class RolloutLimits:
+    """How far one rollout may go. Past ``max_turns`` model calls or ``max_seq_len`` tokens the
+    gateway ends it as truncated; past ``timeout`` seconds (None: never) its generation is
+    aborted and it is recorded as ``timeout``, the agent getting ``stop_grace_s`` to stop before
+    it is cancelled; the reward function has ``reward_timeout`` seconds."""
+
+    max_turns: int | None = None
+    max_seq_len: int | None = None
+    timeout: float | None = DEFAULT_TIMEOUT_S
+    reward_timeout: float = 30.0
+    stop_grace_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_count("max_turns", self.max_turns, least=1, optional=True)
+        _check_count("max_seq_len", self.max_seq_len, least=2, optional=True)
+        if self.timeout is not None:
+            _check_seconds("timeout", self.timeout)
+        _check_seconds("reward_timeout", self.reward_timeout)
+        _check_seconds("stop_grace_s", self.stop_grace_s, zero=True)
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """How agents outside this process reach the client: its gateway over HTTP (program
+    agents, agent servers) and the callback route for agent servers' reports, bound on
+    ``host``:``port`` (0: any free port) and advertised as ``public_url`` when they reach it by
+    another name. ``http``: serve the gateway (None: when the agent needs it). ``callback``
+    False: an agent server's report is found by polling the store instead."""
+
+    http: bool | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    public_url: str | None = None
+    callback: bool = True
+
+
+class RolloutOptions(TypedDict, total=False):
+    """The keyword sugar a client takes at construction and per call (``invoke``,
+    ``run_batch``): sampling fields, limits, and the retry policy's attempts."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop: str | Sequence[str]
+    stop_token_ids: Sequence[int]
+    seed: int
+    max_turns: int | None
+    max_seq_len: int | None
+    timeout: float | None
+    reward_timeout: float
+    stop_grace_s: float
+    max_retry_attempts: int
+
+
+SAMPLING_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))
+LIMIT_NAMES = tuple(f.name for f in dataclasses.fields(RolloutLimits))
+#: Sugar name -> the RetryPolicy field it sets.
+RETRY_NAMES = {"max_retry_attempts": "attempts"}
+
+
+@dataclass(frozen=True)
+class RolloutSettings:
+    """How a batch's rollouts run, from the client to wherever they run (pickled to Ray
+    workers). Registration fixes the ``sampling`` fields named in ``sampling_fixed``; an agent's
+    chat request fills the others (an agent cannot change the policy's sampling behind the
+    trainer's back, and keeps what the client left open, such as its own stop strings)."""
+
+    exp_id: str
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    sampling_fixed: frozenset[str] = frozenset()
+    limits: RolloutLimits = field(default_factory=RolloutLimits)
+    #: How a rollout is run again after an attempt whose outcome says nothing about the policy
+    #: (``rollway.retry.ROLLOUT_ATTEMPTS``: 3 attempts in all, 0.5 s x 2^n between them).
+    retry: RetryPolicy = ROLLOUT_ATTEMPTS
+    debug: bool = False
+
+    @classmethod
+    def build(
+        cls,
+        exp_id: str,
+        *,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        limits: RolloutLimits | None = None,
+        retry: RetryPolicy | None = None,
+        debug: bool = False,
+        options: Mapping[str, Any] | None = None,
+    ) -> RolloutSettings:
+        """Settings from config objects plus keyword sugar; a setting given both ways (in a
+        config object and as a keyword) is an error naming it."""
+        options = options or {}
+        for group, given, names in (
+            ("sampling", sampling, SAMPLING_NAMES),
+            ("limits", limits, LIMIT_NAMES),
+            ("retry", retry, tuple(RETRY_NAMES)),
+        ):
+            twice = [name for name in names if name in options]
+            if given is not None and twice:
+                raise ConfigError(
+                    f"{twice[0]} is given twice, as a keyword and in {group}=: give it once",
+                    twice[0],
+                )
+        fixed = sampling_fields(sampling) if sampling is not None else {}
+        settings = cls(
+            exp_id,
+            sampling=SamplingParams(**fixed),
+            sampling_fixed=frozenset(fixed),
+            limits=limits or RolloutLimits(),
+            retry=_rollout_policy(retry or ROLLOUT_ATTEMPTS),
+            debug=debug,
+        )
+        return settings.with_options(options)
+
+    def with_options(self, options: Mapping[str, Any]) -> RolloutSettings:
+        """These settings with per-call keyword options applied (sampling fields, limits,
+        ``max_retry_attempts``); anything else is refused, naming it."""
+        if not options:
+            return self
+        sampling: dict[str, Any] = {}
+        limits: dict[str, Any] = {}
+        retry: dict[str, Any] = {}
+        for name, value in options.items():
+            if name in SAMPLING_NAMES:
+                sampling[name] = value
+            elif name in LIMIT_NAMES:
+                limits[name] = value
+            elif name in RETRY_NAMES:
+                _check_count(name, value, least=1)
+                retry[RETRY_NAMES[name]] = value
+            else:
+                raise _unknown_option(name)
+        fixed = sampling_fields(sampling) if sampling else {}
+        return dataclasses.replace(
+            self,
+            sampling=self.sampling.replace(**fixed),
+            sampling_fixed=self.sampling_fixed.union(fixed),
+            limits=dataclasses.replace(self.limits, **limits),
+            retry=dataclasses.replace(self.retry, **retry),
+        )
+
+    def fixed_sampling(self, sampling: SamplingParams | None = None) -> dict[str, Any]:
+        """The fixed sampling fields of ``sampling`` (default: these settings'), as JSON values
+        (what a registration and an agent server's init carry)."""
+        values = (sampling or self.sampling).to_dict()
+        return {name: values[name] for name in SAMPLING_NAMES if name in self.sampling_fixed}
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a run's ``config.json`` says about them."""
+        return {
+            "sampling": self.fixed_sampling(),
+            "limits": dataclasses.asdict(self.limits),
+            "retry": {
+                "attempts": self.retry.attempts,
+                "backoff": dataclasses.asdict(self.retry.backoff) if self.retry.backoff else None,
+            },
+            "debug": self.debug,
+        }
+
+
+def sampling_fields(sampling: SamplingParams | Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields ``sampling`` fixes, as ``SamplingParams`` keyword arguments, checked
+    by the gateway's own rules (an error names the field). A mapping fixes the fields it names;
+    a whole ``SamplingParams`` fixes every field it gives a value (temperature, top_p and top_k
+    always; max_tokens, seed, stop and stop_token_ids when set)."""
+    if isinstance(sampling, SamplingParams):
+        given = {k: v for k, v in sampling.to_dict().items() if v is not None and v != []}
+    elif isinstance(sampling, Mapping):
+        given = dict(sampling)
+    else:
+        raise ConfigError(
+            f"sampling must be a SamplingParams or a mapping, not {type(sampling).__name__}",
+            "sampling",
+        )
+    return parse_model(SamplingFields, given).sampling_overrides()
+
+
+def _unknown_option(name: str) -> ConfigError:
+    if name == "model":
+        return ConfigError(
+            "model cannot change per call: rollouts sample from the client's engine (make a "
+            "client for another model)",
+            name,
+        )
+    known = [*SAMPLING_NAMES, *LIMIT_NAMES, *RETRY_NAMES]
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(f"unknown option {name!r}: {hint}expected one of {', '.join(known)}", name)
+
+
+def _check_seconds(name: str, seconds: Any, *, zero: bool = False) -> None:
+    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not (number and (seconds > 0 or (zero and seconds == 0))):  # NaN fails both
+        least = "0 or a positive" if zero else "a positive"
+        raise ConfigError(f"{name} must be {least} number of seconds", name)
+
+
+def _check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be a whole number of at least {least}", name)
+
+
+def _rollout_policy(policy: RetryPolicy) -> RetryPolicy:
+    """A policy for rollout attempts: one that names nothing retryable retries what
+    ``ROLLOUT_ATTEMPTS`` does (outcomes that say nothing about the policy)."""
+    if policy.retry_on or policy.retry_result is not None:
+        return policy
+    return dataclasses.replace(policy, retry_result=is_transient)

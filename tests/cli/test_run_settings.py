@@ -1,0 +1,65 @@
+"""`rollway run`'s rollout settings as an outsider sees them: the per-rollout timeout (900 s
+unless told, 0 for none) and status lines on a timer while a batch is stuck."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.cli.test_run_failures import rollway
+
+AGENTS = """\
+import asyncio
+
+from rollway.agents import AgentLoop
+
+
+class Hang(AgentLoop):
+    name = "hang"
+
+    async def run(self, ctx):
+        await asyncio.sleep(3600)
+
+
+class Quick(AgentLoop):
+    name = "quick"
+
+    async def run(self, ctx):
+        return ctx.complete([])
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "agents.py").write_text(AGENTS)
+    (tmp_path / "tasks.jsonl").write_text('{"task_id": "t"}\n')
+    return tmp_path
+
+
+def run(workdir: Path, agent: str, *flags: str) -> tuple[str, dict]:
+    ran = rollway(
+        "run", f"agents.py:{agent}", "--tasks", "tasks.jsonl", "--engine", "sim",
+        "--out", "runs", *flags, cwd=workdir,
+    )  # fmt: skip
+    config = orjson.loads(
+        (workdir / "runs" / f"{agent.lower()}-tasks" / "config.json").read_bytes()
+    )
+    return ran.stderr, config
+
+
+def test_a_stuck_run_reports_status_lines_on_a_timer(workdir: Path) -> None:
+    stderr, config = run(workdir, "Hang", "--timeout", "1.5", "--status-interval", "0.2")
+    stuck = [line for line in stderr.splitlines() if "batch status: 0/1 done" in line]
+    assert len(stuck) >= 2, stderr
+    record = orjson.loads(
+        (workdir / "runs" / "hang-tasks" / "trajectories" / "t.0.json").read_bytes()
+    )
+    assert record["status"] == "timeout"
+    assert config["limits"]["timeout"] == 1.5 and config["status_interval"] == 0.2
+
+
+def test_timeout_0_means_no_limit(workdir: Path) -> None:
+    _, config = run(workdir, "Quick", "--timeout", "0")
+    assert config["limits"]["timeout"] is None
