@@ -192,3 +192,20 @@ def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_e
     assert (record.status, record.error_kind) == ("error", "infrastructure"), record.reason
     assert record.attempts == 2 and record.rollout_id.endswith(".2")
     assert "unreachable" in (record.reason or "")  # the retry found it gone too
+
+
+def test_per_call_overrides_reach_the_agent_servers_init(
+    agent_server: Start, remote_client: Callable[..., RolloutClient]
+) -> None:
+    server = agent_server()
+    client = remote_client(server, timeout=30.0)
+    record = client.invoke(
+        {"task_id": "overridden", "chats": 1}, timeout=120.0, temperature=0.25, max_turns=4
+    ).result(30)
+    assert record.status == "completed"
+    init = server.service.get(record.rollout_id).init
+    # A little longer than the client's own timeout for this rollout: the client decides.
+    assert init.limits.timeout_s == 125.0 and init.limits.max_turns == 4
+    assert init.sampling["temperature"] == 0.25
+    plain = client.invoke({"task_id": "plain", "chats": 1}).result(30)
+    assert server.service.get(plain.rollout_id).init.limits.timeout_s == 35.0

@@ -26,6 +26,28 @@ class ChatBackend(Protocol):
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
 
 
+class LimitSettings(Protocol):
+    @property
+    def max_turns(self) -> int | None: ...
+    @property
+    def max_seq_len(self) -> int | None: ...
+    @property
+    def timeout(self) -> float | None: ...
+
+
+class InitSettings(Protocol):
+    """A rollout's settings as an agent that runs elsewhere passes them on (an agent server's
+    init carries them)."""
+
+    @property
+    def exp_id(self) -> str: ...
+    @property
+    def limits(self) -> LimitSettings: ...
+    @property
+    def debug(self) -> bool: ...
+    def fixed_sampling(self) -> dict[str, Any]: ...
+
+
 @dataclass(eq=False)
 class RolloutContext:
     """Passed to ``AgentLoop.run``; every ``chat`` goes through the recording gateway."""
@@ -45,6 +67,8 @@ class RolloutContext:
     #: Cleanup steps that failed (stopping the agent, tearing down its sandbox): they go on
     #: the rollout's record, and never replace its outcome.
     cleanup_errors: list[str] = field(default_factory=list)
+    #: This rollout's settings, per-call overrides applied (None outside a client).
+    settings: InitSettings | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatResult:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...).

@@ -192,7 +192,7 @@ class RolloutRunner:
         return RolloutContext(
             spec.task, tools, rollout_id, self.gateway, debug_path,
             base_url=self.gateway.base_url(rollout_id), api_key=api_key,
-            gateway_socket=self.gateway.socket_path,
+            gateway_socket=self.gateway.socket_path, settings=self.settings,
         )  # fmt: skip
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:

@@ -15,13 +15,13 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 import httpx
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.context import RolloutContext
+from rollway.agents.context import InitSettings, RolloutContext
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.errors import (
     AgentError,
@@ -59,27 +59,6 @@ def run_key(rollout_id: str, api_key: str) -> str:
     return f"{rollout_id}-{hashlib.sha256(api_key.encode()).hexdigest()[:12]}"
 
 
-class LimitSettings(Protocol):
-    @property
-    def max_turns(self) -> int | None: ...
-    @property
-    def max_seq_len(self) -> int | None: ...
-    @property
-    def timeout(self) -> float | None: ...
-
-
-class InitSettings(Protocol):
-    """What a rollout's init carries to the agent server (the client's rollout settings)."""
-
-    @property
-    def exp_id(self) -> str: ...
-    @property
-    def limits(self) -> LimitSettings: ...
-    @property
-    def debug(self) -> bool: ...
-    def fixed_sampling(self) -> dict[str, Any]: ...
-
-
 class RemoteAgent(AgentLoop):
     name = "remote"
     needs_http = True
@@ -111,7 +90,7 @@ class RemoteAgent(AgentLoop):
         return self.default_tools
 
     async def run(self, ctx: RolloutContext) -> AgentResult:
-        if ctx.base_url is None or ctx.api_key is None or self._settings is None:
+        if ctx.base_url is None or ctx.api_key is None or (ctx.settings or self._settings) is None:
             raise AgentError("a remote agent needs a client that serves its gateway over HTTP")
         key = run_key(ctx.rollout_id, ctx.api_key)
         waiter = self._inbox.expect(key) if self._inbox is not None else None
@@ -139,7 +118,8 @@ class RemoteAgent(AgentLoop):
     # -- internals ---------------------------------------------------------------------------
 
     async def _init(self, ctx: RolloutContext, key: str) -> None:
-        settings = self._settings
+        # The rollout's own settings (a per-call override of timeout or sampling included).
+        settings = ctx.settings or self._settings
         assert settings is not None and ctx.base_url is not None
         limits = settings.limits
         timeout_s = limits.timeout
