@@ -19,7 +19,7 @@ from rollway.engines.sim import SimConfig
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.retry import ROLLOUT_ATTEMPTS
 from rollway.rollouts.config import LIMIT_NAMES, RETRY_NAMES, SAMPLING_NAMES, RolloutOptions
-from rollway.types import RolloutResult
+from rollway.types import AgentResult
 
 MakeClient = Callable[..., RolloutClient]
 
@@ -29,7 +29,7 @@ class AskingAgent(AgentLoop):
 
     name = "asking"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         messages = [{"role": "user", "content": "hi"}]
         reply = await ctx.chat(messages, temperature=0.9, top_p=0.5, stop=["\n\n"])
         return ctx.complete([*messages, reply.message])
