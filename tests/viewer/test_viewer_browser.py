@@ -10,7 +10,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from rollway.store import FileStore
+from rollway.viewer import create_viewer_app, open_run
+from rollway.web.background_server import BackgroundServer
 from tests.viewer.conftest import EXP_ID, Browser, RealRun
+from tests.viewer.test_listing_scale import small_record
+from tests.viewer.test_token_view import trajectory as drifted
 
 
 class Elements(HTMLParser):
@@ -58,6 +62,8 @@ def test_a_rollout_page_shows_each_token_under_its_loss_mask(
     first = record.trajectory.turns[0]
     tips = [a["title"] or "" for a in dom.with_attr("data-mask") if a.get("title")]
     assert any(f"id {first.completion_ids[0]}" in t and "logprob" in t for t in tips)
+    if first.policy_versions:
+        assert any(f"policy version {first.policy_versions[0]}" in t for t in tips)
 
 
 def test_a_screenshot_of_each_page_is_kept(
@@ -70,3 +76,18 @@ def test_a_screenshot_of_each_page_is_kept(
         header = path.read_bytes()[:24]
         assert header[:8] == b"\x89PNG\r\n\x1a\n"
         assert struct.unpack(">II", header[16:24]) == (1400, 1000)
+
+
+def test_segments_drift_and_bare_ids_on_a_rollout_page(browser: Browser, tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    record = small_record(1).model_copy(update={"trajectory": drifted(3)})
+    store.write(record)
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        dom = Elements(browser.dom(f"{url}/rollouts/{record.rollout_key}"))
+    assert [a["data-segment"] for a in dom.with_attr("data-segment")] == ["0", "1"]
+    assert [a["data-turn"] for a in dom.with_attr("data-turn")] == ["0", "1", "2"]
+    tokens = dom.with_attr("data-mask")
+    assert [a["data-mask"] for a in tokens] == ["1", "1", "0", "0", "1", "1", "1", "1"]
+    drift = [a for a in tokens if "drift" in (a.get("class") or "")]
+    assert len(drift) == 1 and drift[0]["title"].startswith("#3 · id 11")  # segment 1's ids
+    assert "policy version 2" in drift[0]["title"]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import socket
+import threading
 import webbrowser
 from typing import Annotated
 
 import typer
 import uvicorn
 
-from rollway.viewer import create_viewer_app, open_run
+from rollway.viewer import RunIndex, create_viewer_app, open_run
 from rollway.web.uvicorn_server import ServerLimits, uvicorn_config
 
 
@@ -36,7 +37,10 @@ def view(
     """Serve a page listing the run's rollouts (filter, sort, group statistics) and, for each,
     the conversation and the token stream a trainer sees. Ctrl-C stops it."""
     location = open_run(run)
-    app = create_viewer_app(location, tokenizer=tokenizer)
+    index = RunIndex(location)
+    # Rows the index lacks (object storage, older runs) are read now, not at the first click.
+    threading.Thread(target=index.totals, name="rollway-view-index", daemon=True).start()
+    app = create_viewer_app(location, tokenizer=tokenizer, index=index)
     # Bind first: with --port 0 the URL is known only once the OS picked the port.
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     server_socket = socket.create_server((host, port), family=family)
