@@ -3,7 +3,9 @@
 Rows come from the run folder's ``index.jsonl`` (``rollway.store.index_row`` lines), so listing
 10,000 rollouts reads that one file and never a trajectory. Records the index does not
 describe (an object store keeps no index; runs written before the index had these fields) are
-read once, in threads, and their rows kept. The index is read again when it changes.
+read once, in threads, and their rows kept. The index is read again when it changes; object
+storage is listed again every ``recheck_s``, which finds new records but not a record rewritten
+in place (a rerun): that one shows its first row until the viewer restarts.
 """
 
 from __future__ import annotations
