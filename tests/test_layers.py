@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "rollway"
 #: one above, nor a sibling in its own layer. Root modules (``types``, ``errors``...) are ground.
 LAYERS: list[set[str]] = [
     {"cli"},
-    {"trainers"},
+    {"trainers", "viewer"},
     {"client"},
     {"executors"},
     {"rollouts"},

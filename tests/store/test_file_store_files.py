@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rollway.store import FileStore, read_index
+from rollway.store import FileStore, index_row, read_index
+from rollway.store.file import INDEX_REASON_CHARS
 from tests.store.test_file_store import record
+from tests.viewer.test_listing_scale import small_record
 
 
 def tmp_files(exp: Path) -> list[str]:
@@ -44,6 +46,7 @@ CHILD = """
 import os, signal, sys
 from rollway.store import FileStore
 from tests.store.test_file_store import record
+from tests.viewer.test_listing_scale import small_record
 
 store = FileStore(sys.argv[1], "exp")
 store.write(record("t.0", reward=1.0))
@@ -106,3 +109,26 @@ def test_files_get_the_permissions_the_umask_gives(tmp_path: Path) -> None:
         os.umask(old)
     for path in (store.path / "trajectories" / "t.0.json", store.path / "summary.json"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_an_index_line_carries_what_a_listing_shows(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    full = small_record(1)  # two turns: 4 and 2 sampled tokens
+    failed = record("t.1", reward=None, status="error").model_copy(
+        update={"error_kind": "agent", "reason": "x" * 1000, "trajectory": None}
+    )
+    store.write(full)
+    store.write(failed)
+    rows = {k: e.row for k, e in read_index(store.path).items()}
+    assert rows[full.rollout_key] == {
+        "key": full.rollout_key, "status": "completed", "reward": 0.5,
+        "rollout_id": full.rollout_id, "group_id": full.group_id, "task_index": 0,
+        "sample_index": 1, "error_kind": None, "reason": None, "attempts": 1,
+        "started_at": full.started_at, "elapsed_s": full.elapsed_s, "turns": 2,
+        "sampled_tokens": 6, "policy_version": None,
+    }  # fmt: skip
+    assert rows["t.1"]["turns"] is None and rows["t.1"]["error_kind"] == "agent"
+    assert len(rows["t.1"]["reason"]) == INDEX_REASON_CHARS
+    assert rows["t.1"]["reason"].startswith("xxx") and rows["t.1"]["reason"].endswith("\u2026")
+    light = full.light()  # a Ray worker's copy: the figures travel without the trajectory
+    assert index_row(light) == rows[full.rollout_key]

@@ -18,6 +18,7 @@ from rollway.cli import (
     serve_agent_command,
     sim_server_command,
     validate_command,
+    view_command,
 )
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
@@ -28,6 +29,7 @@ app.command("gateway")(gateway_command.serve)
 app.command("serve-agent")(serve_agent_command.serve)
 app.command("sim-server")(sim_server_command.serve)
 app.command("demo")(demo_command.run)
+app.command("view")(view_command.view)
 app.add_typer(model_command.app, name="model")
 
 

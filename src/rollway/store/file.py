@@ -2,7 +2,8 @@
 
     <root>/<exp_id>/config.json                 the run's config
     <root>/<exp_id>/trajectories/<key>.json     one record per rollout (written atomically)
-    <root>/<exp_id>/index.jsonl                 one line per write: key, status, reward
+    <root>/<exp_id>/index.jsonl                 one line per write: key, status, reward and
+                                                what a listing shows (``index_row``)
     <root>/<exp_id>/<name>.json                 summaries (groups, run)
     <root>/<exp_id>/debug/<rollout_id>.jsonl    per-rollout debug events, when enabled
     <root>/<exp_id>/agent-reports/<run_key>.json  what remote agent servers reported
@@ -27,7 +28,7 @@ import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ from rollway.types import AgentReport, RolloutRecord, Status
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"
+#: The longest error reason an index line keeps (a program agent's carries its stderr's tail).
+INDEX_REASON_CHARS = 300
 
 
 def check_name(name: str, what: str) -> None:
@@ -64,9 +67,8 @@ class FileStore:
 
     def write(self, record: RolloutRecord) -> None:
         _atomic_write(self._record_path(record.rollout_key), record.model_dump_json().encode())
-        entry = {"key": record.rollout_key, "status": record.status, "reward": record.reward}
         with _named_in_errors(self._index), self._index.open("ab") as index:
-            index.write(orjson.dumps(entry) + b"\n")
+            index.write(orjson.dumps(index_row(record)) + b"\n")
 
     def exists(self, rollout_key: str) -> bool:
         return self._record_path(rollout_key).is_file()
@@ -78,7 +80,13 @@ class FileStore:
         return RolloutRecord.model_validate_json(path.read_bytes())
 
     def keys(self) -> set[str]:
-        return {path.stem for path in self._trajectories.glob("*.json")}
+        # scandir, not glob: no Path per entry (10,000 records list in milliseconds).
+        with os.scandir(self._trajectories) as entries:
+            return {
+                entry.name[:-5]
+                for entry in entries
+                if entry.name.endswith(".json") and not entry.name.startswith(".")
+            }
 
     def records(self) -> Iterator[RolloutRecord]:
         for path in sorted(self._trajectories.glob("*.json")):
@@ -111,11 +119,45 @@ class FileStore:
         return self._trajectories / f"{rollout_key}.json"
 
 
+def index_row(record: RolloutRecord) -> dict[str, Any]:
+    """A record's index line: what a listing of the run shows (``rollway view``), so that
+    listing 10,000 rollouts reads one file instead of 10,000 trajectories."""
+    turns = tokens = None
+    if record.trajectory is not None:
+        turns = len(record.trajectory.turns)
+        if record.trajectory.has_token_ids:
+            tokens = sum(len(turn.completion_ids) for turn in record.trajectory.turns)
+    elif record.trajectory_stats is not None:
+        turns, tokens = record.trajectory_stats.turns, record.trajectory_stats.sampled_tokens
+    reason = record.reason
+    if reason is not None and len(reason) > INDEX_REASON_CHARS:
+        reason = reason[: INDEX_REASON_CHARS - 1] + "\u2026"
+    return {
+        "key": record.rollout_key,
+        "status": record.status,
+        "reward": record.reward,
+        "rollout_id": record.rollout_id,
+        "group_id": record.group_id,
+        "task_index": record.task_index,
+        "sample_index": record.sample_index,
+        "error_kind": record.error_kind,
+        "reason": reason,
+        "attempts": record.attempts,
+        "started_at": record.started_at,
+        "elapsed_s": record.elapsed_s,
+        "turns": turns,
+        "sampled_tokens": tokens,
+        "policy_version": record.policy_version,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     key: str
     status: Status
     reward: float | None
+    #: The whole line (``index_row``'s fields; just the three above in older runs' indexes).
+    row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 def read_index(exp_dir: str | Path) -> dict[str, IndexEntry]:
@@ -128,7 +170,7 @@ def read_index(exp_dir: str | Path) -> dict[str, IndexEntry]:
     for line in path.read_bytes().splitlines():
         try:
             row = orjson.loads(line)
-            entry = IndexEntry(row["key"], row["status"], row["reward"])
+            entry = IndexEntry(row["key"], row["status"], row["reward"], row)
         except (orjson.JSONDecodeError, KeyError, TypeError):
             continue  # torn by a writer that was killed mid-line
         entries[entry.key] = entry

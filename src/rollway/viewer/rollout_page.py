@@ -1,0 +1,76 @@
+"""One rollout for its page: the record, the conversation the agent saw, each turn, the token
+stream per sample (``token_view``), and the debug events the run kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rollway.types import RolloutRecord
+from rollway.viewer.run_index import RunLocation
+from rollway.viewer.token_view import TokenTexts, sample_views, token_texts
+
+#: The most debug events a page shows per rollout (a chatty agent may log thousands).
+MAX_DEBUG_EVENTS = 2000
+
+
+def rollout_detail(
+    record: RolloutRecord, location: RunLocation, texts: TokenTexts, config: dict[str, Any]
+) -> dict[str, Any]:
+    detail: dict[str, Any] = {
+        "record": record.model_dump(mode="json", exclude={"trajectory"}),
+        "trajectory": None,
+        "turns": [],
+        "samples": [],
+        "tokenizer": None,
+        "texts": {},
+        "debug": debug_events(location.folder, record),
+    }
+    trajectory = record.trajectory
+    if trajectory is None:
+        return detail
+    detail["trajectory"] = trajectory.model_dump(mode="json", exclude={"turns", "samples"})
+    detail["turns"] = [
+        {
+            **turn.model_dump(mode="json", exclude={"prompt_ids", "completion_ids", "logprobs",
+                                                    "policy_versions"}),
+            "prompt_tokens": len(turn.prompt_ids),
+            "completion_tokens": len(turn.completion_ids),
+            "policy_versions": sorted(set(turn.policy_versions or [])),
+        }
+        for turn in trajectory.turns
+    ]  # fmt: skip
+    views = sample_views(trajectory)
+    detail["samples"] = views
+    model = config.get("model")
+    detail["tokenizer"], detail["texts"] = token_texts(
+        texts, trajectory, views, model if isinstance(model, str) else None
+    )
+    return detail
+
+
+def debug_events(folder: Path | None, record: RolloutRecord) -> list[dict[str, Any]]:
+    """The events ``debug=True`` wrote for each attempt (``debug/<exp>.<key>.<attempt>.jsonl``),
+    oldest first, each with its attempt; torn lines skipped."""
+    debug = folder / "debug" if folder else None
+    if debug is None or not debug.is_dir():
+        return []
+    prefix = f"{record.exp_id}.{record.rollout_key}."
+    attempts = []
+    for path in debug.glob(f"{prefix}*.jsonl"):
+        attempt = path.name.removeprefix(prefix).removesuffix(".jsonl")
+        if attempt.isdigit():  # not another key that starts like this one
+            attempts.append((int(attempt), path))
+    events: list[dict[str, Any]] = []
+    for attempt, path in sorted(attempts):
+        for line in path.read_bytes().splitlines():
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(event, dict):
+                events.append({"attempt": attempt, **event})
+    events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), int | float) else 0.0)
+    return events[:MAX_DEBUG_EVENTS]

@@ -1,0 +1,300 @@
+"""The listing of a run: one compact row per rollout, filtered, sorted and paged in memory.
+
+Rows come from the run folder's ``index.jsonl`` (``rollway.store.index_row`` lines), so listing
+10,000 rollouts reads that one file and never a trajectory. Records the index does not
+describe (an object store keeps no index; runs written before the index had these fields) are
+read once, in threads, and their rows kept. The index is read again when it changes; object
+storage is listed again every ``recheck_s``, which finds new records but not a record rewritten
+in place (a rerun): that one shows its first row until the viewer restarts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from rollway.errors import TRANSIENT_KINDS, ConfigError
+from rollway.store import Store, index_row, read_index, store_from_uri
+
+Row = dict[str, Any]
+#: Columns a listing sorts on (index_row's fields).
+ROLLOUT_COLUMNS = frozenset(
+    {"key", "status", "reward", "group_id", "turns", "sampled_tokens", "elapsed_s", "reason",
+     "error_kind", "started_at", "attempts", "task_index", "sample_index", "policy_version"}
+)  # fmt: skip
+GROUP_COLUMNS = frozenset(
+    {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task"}
+)
+SUCCESS = frozenset({"completed", "truncated"})
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """A run to look at: its store, and its folder when it is a local one (the index, the
+    config and the debug files live there)."""
+
+    store: Store
+    folder: Path | None
+    name: str
+
+    def read_config(self) -> dict[str, Any]:
+        path = self.folder / "config.json" if self.folder else None
+        if path is None or not path.is_file():
+            return {}
+        try:
+            config = orjson.loads(path.read_bytes())
+        except orjson.JSONDecodeError:
+            return {}
+        return config if isinstance(config, dict) else {}
+
+
+def open_run(run: str) -> RunLocation:
+    """``rollway-runs/<exp_id>`` or ``s3://bucket/prefix/<exp_id>`` (as ``rollway export``)."""
+    root, _, exp_id = run.rstrip("/").rpartition("/")
+    if "://" in run:
+        return RunLocation(store_from_uri(root, exp_id), None, run.rstrip("/"))
+    folder = Path(run)
+    if not (folder / "trajectories").is_dir():
+        raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
+    return RunLocation(store_from_uri(root or ".", exp_id), folder.absolute(), exp_id)
+
+
+@dataclass(frozen=True)
+class Query:
+    """A listing's filters and order. ``status``: any of these (empty: all); ``text``: a
+    case-insensitive substring of key, group, status, error kind or reason."""
+
+    status: frozenset[str] = frozenset()
+    group: str | None = None
+    text: str = ""
+    sort: str = "task_index"
+    descending: bool = False
+
+
+@dataclass
+class _Snapshot:
+    """Rows as of one reading of the index, with what queries over them reuse (each made
+    when first asked for: a page of rollouts needs none of the group statistics)."""
+
+    rows: list[Row]  # in task order
+    views: dict[Query, list[Row]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def haystacks(self) -> list[str]:
+        return [_haystack(row) for row in self.rows]
+
+    @functools.cached_property
+    def groups(self) -> list[Row]:
+        return _groups(self.rows)
+
+    @functools.cached_property
+    def totals(self) -> dict[str, Any]:
+        return _totals(self.rows)
+
+
+class RunIndex:
+    """Thread-safe; every read first checks (at most every ``recheck_s``) whether the index
+    changed. ``records_read`` counts the records read to build rows (none for an indexed run).
+    """
+
+    def __init__(
+        self, location: RunLocation, *, recheck_s: float | None = None, threads: int = 16
+    ) -> None:
+        self.location = location
+        self.recheck_s = recheck_s if recheck_s is not None else (2.0 if location.folder else 30.0)
+        self.threads = threads
+        self.records_read = 0
+        self._read_rows: dict[str, Row] = {}  # rows built from records, by key
+        self._stamp: tuple[int, int] | None = None
+        self._checked_at = float("-inf")
+        self._snapshot: _Snapshot | None = None
+        self._lock = threading.Lock()
+
+    def rollouts(self, query: Query, offset: int, limit: int) -> dict[str, Any]:
+        snapshot = self._current()
+        matched = self._view(snapshot, query)
+        return {
+            "total": len(snapshot.rows),
+            "matched": len(matched),
+            "offset": offset,
+            "limit": limit,
+            "rows": matched[offset : offset + limit],
+        }
+
+    def groups(
+        self, text: str, sort: str, descending: bool, offset: int, limit: int
+    ) -> dict[str, Any]:
+        snapshot = self._current()
+        needle = text.lower()
+        matched = [g for g in snapshot.groups if needle in g["group_id"].lower()]
+        matched = _sorted(matched, sort, descending)
+        page = matched[offset : offset + limit]
+        return {"total": len(snapshot.groups), "matched": len(matched), "rows": page}
+
+    def totals(self) -> dict[str, Any]:
+        return self._current().totals
+
+    def _current(self) -> _Snapshot:
+        with self._lock:
+            now = time.monotonic()
+            if self._snapshot is None or now - self._checked_at >= self.recheck_s:
+                self._checked_at = now
+                stamp = self._index_stamp()
+                if self._snapshot is None or stamp is None or stamp != self._stamp:
+                    self._snapshot = self._build()
+                    self._stamp = stamp
+            return self._snapshot
+
+    def _index_stamp(self) -> tuple[int, int] | None:
+        """The index file's size and time: a write appends a line, so they change with it.
+        None where there is no index to watch (object storage): list the records again."""
+        if self.location.folder is None:
+            return None
+        try:
+            stat = (self.location.folder / "index.jsonl").stat()
+        except FileNotFoundError:
+            return None
+        return stat.st_size, stat.st_mtime_ns
+
+    def _build(self) -> _Snapshot:
+        folder = self.location.folder
+        entries = read_index(folder) if folder else {}
+        keys = self.location.store.keys()  # one listing: the records that are there
+        rows: dict[str, Row] = {}
+        unread: list[str] = []
+        for key in [*(k for k in entries if k in keys), *sorted(keys - entries.keys())]:
+            entry = entries.get(key)
+            known = self._read_rows.get(key)
+            if entry is not None and "turns" in entry.row:
+                rows[key] = entry.row
+            elif known is not None and (
+                entry is None or (known["status"], known["reward"]) == (entry.status, entry.reward)
+            ):
+                rows[key] = known
+            else:
+                unread.append(key)
+        for key, row in zip(unread, self._read(unread), strict=True):
+            if row is not None:
+                self._read_rows[key] = rows[key] = row
+        return _Snapshot(sorted(rows.values(), key=_task_order))
+
+    def _read(self, keys: list[str]) -> Iterable[Row | None]:
+        if not keys:
+            return []
+        self.records_read += len(keys)
+
+        def one(key: str) -> Row | None:
+            record = self.location.store.get(key)
+            return None if record is None else index_row(record)
+
+        with ThreadPoolExecutor(min(self.threads, len(keys))) as pool:
+            return list(pool.map(one, keys))
+
+    def _view(self, snapshot: _Snapshot, query: Query) -> list[Row]:
+        with self._lock:
+            cached = snapshot.views.get(query)
+        if cached is not None:
+            return cached
+        matched = [
+            row
+            for row in snapshot.rows
+            if (not query.status or row["status"] in query.status)
+            and (query.group is None or row["group_id"] == query.group)
+        ]
+        if query.text:
+            needle = query.text.lower()
+            texts = dict(zip(map(id, snapshot.rows), snapshot.haystacks, strict=True))
+            matched = [row for row in matched if needle in texts[id(row)]]
+        matched = _sorted(matched, query.sort, query.descending)
+        with self._lock:
+            if len(snapshot.views) > 64:  # a few recent listings, not every one ever asked
+                snapshot.views.clear()
+            snapshot.views[query] = matched
+        return matched
+
+
+def _sorted(rows: list[Row], column: str, descending: bool) -> list[Row]:
+    """Stable (ties keep their order), with missing values last in either direction."""
+    present = [r for r in rows if r.get(column) is not None]
+    missing = [r for r in rows if r.get(column) is None]
+    value: Callable[[Row], Any] = lambda r: r[column]  # noqa: E731
+    if column in ("reason", "group_id", "key", "status", "error_kind"):
+        value = lambda r: str(r[column]).lower()  # noqa: E731
+    return sorted(present, key=value, reverse=descending) + missing
+
+
+def _task_order(row: Row) -> tuple[int, int]:
+    return row["task_index"], row["sample_index"]
+
+
+def _haystack(row: Row) -> str:
+    parts = (row["key"], row["group_id"], row["status"], row["error_kind"], row["reason"])
+    return " ".join(str(p) for p in parts if p).lower()
+
+
+def _groups(rows: list[Row]) -> list[Row]:
+    """Per group: rollouts, reward mean/std over scored ones (infrastructure and engine failures
+    left out, as ``groups.json``), success rate (completed or truncated) over all."""
+    members: dict[str, list[Row]] = {}
+    for row in rows:
+        members.setdefault(row["group_id"], []).append(row)
+    groups = []
+    for group_id, group in members.items():
+        transient = sum(r["error_kind"] in TRANSIENT_KINDS for r in group)
+        rewards = [
+            r["reward"]
+            for r in group
+            if r["error_kind"] not in TRANSIENT_KINDS and r["reward"] is not None
+        ]
+        mean = math.fsum(rewards) / len(rewards) if rewards else None
+        groups.append({
+            "group_id": group_id,
+            "first_task": group[0]["task_index"],
+            "n": len(group),
+            "scored": len(rewards),
+            "mean_reward": mean,
+            "std_reward": _pstdev(rewards, mean),
+            "success_rate": sum(r["status"] in SUCCESS for r in group) / len(group),
+            "infrastructure_failures": transient,
+        })  # fmt: skip
+    return groups
+
+
+def _pstdev(values: list[float], mean: float | None) -> float | None:
+    """The population standard deviation (as ``groups.json``), in floats: ``statistics``
+    computes it exactly in fractions, 20 times slower over thousands of groups."""
+    if mean is None:
+        return None
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _totals(rows: list[Row]) -> dict[str, Any]:
+    scored = [
+        r["reward"]
+        for r in rows
+        if r["error_kind"] not in TRANSIENT_KINDS and r["reward"] is not None
+    ]
+    tokens = [r["sampled_tokens"] for r in rows if r.get("sampled_tokens") is not None]
+    elapsed = [r["elapsed_s"] for r in rows if r.get("elapsed_s") is not None]
+    return {
+        "rollouts": len(rows),
+        "groups": len({r["group_id"] for r in rows}),
+        "by_status": dict(Counter(r["status"] for r in rows).most_common()),
+        "errors_by_kind": dict(Counter(r["error_kind"] for r in rows if r["error_kind"])),
+        "success_rate": sum(r["status"] in SUCCESS for r in rows) / len(rows) if rows else None,
+        "scored": len(scored),
+        "mean_reward": sum(scored) / len(scored) if scored else None,
+        "turns": sum(r.get("turns") or 0 for r in rows),
+        "sampled_tokens": sum(tokens),
+        "mean_elapsed_s": sum(elapsed) / len(elapsed) if elapsed else None,
+    }

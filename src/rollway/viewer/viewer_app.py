@@ -1,0 +1,146 @@
+"""``rollway view``'s HTTP app: two static pages (assets/, no build step, nothing from a CDN)
+over a JSON API. The listing pages over the run's index; a rollout's record is read only for
+its own page. Blocking reads run in worker threads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from rollway.errors import InvalidFieldsError, UnknownRolloutError
+from rollway.ids import is_safe_id
+from rollway.viewer.rollout_page import rollout_detail
+from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
+from rollway.viewer.token_view import TokenTexts
+from rollway.web.handlers import JSONResponse, route_error
+from rollway.web.openapi import Endpoint, Param, routes_and_document
+
+ASSETS = Path(__file__).parent / "assets"
+MAX_PAGE = 500
+
+
+def create_viewer_app(
+    location: RunLocation, *, tokenizer: str | None = None, index: RunIndex | None = None
+) -> Starlette:
+    """The viewer over ``location``; ``tokenizer`` (a folder or hub id) overrides the model's."""
+    index = index or RunIndex(location)
+    texts = TokenTexts(tokenizer)
+
+    async def run_info(request: Request) -> Response:
+        totals = await run_in_threadpool(index.totals)
+        config = await run_in_threadpool(location.read_config)
+        return JSONResponse({"name": location.name, "config": config, "totals": totals})
+
+    async def rollouts(request: Request) -> Response:
+        params = request.query_params
+        query = Query(
+            status=frozenset(s for s in params.get("status", "").split(",") if s),
+            group=params.get("group") or None,
+            text=params.get("q", ""),
+            sort=_column(params.get("sort", "task_index"), ROLLOUT_COLUMNS),
+            descending=_descending(params.get("order", "asc")),
+        )
+        offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
+        return JSONResponse(await run_in_threadpool(index.rollouts, query, offset, limit))
+
+    async def groups(request: Request) -> Response:
+        params = request.query_params
+        sort = _column(params.get("sort", "first_task"), GROUP_COLUMNS)
+        descending = _descending(params.get("order", "asc"))
+        offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
+        answer = await run_in_threadpool(
+            index.groups, params.get("q", ""), sort, descending, offset, limit
+        )
+        return JSONResponse(answer)
+
+    async def rollout(request: Request) -> Response:
+        key = request.path_params["key"]
+        if not is_safe_id(key):
+            raise UnknownRolloutError(f"no rollout {key!r} in this run")
+        return JSONResponse(await run_in_threadpool(_detail, key))
+
+    def _detail(key: str) -> dict[str, Any]:
+        record = location.store.get(key)
+        if record is None:
+            raise UnknownRolloutError(f"no rollout {key!r} in this run")
+        return rollout_detail(record, location, texts, location.read_config())
+
+    async def listing_page(request: Request) -> Response:
+        return FileResponse(ASSETS / "index.html")
+
+    async def rollout_page(request: Request) -> Response:
+        return FileResponse(ASSETS / "rollout.html")
+
+    page = (Param("offset", "query", int, "First row (default 0)"),
+            Param("limit", "query", int, f"Rows, 1 to {MAX_PAGE} (default 50)"),
+            Param("sort", "query", str, "Column to sort on"),
+            Param("order", "query", str, "asc or desc"),
+            Param("q", "query", str, "Case-insensitive text filter"))  # fmt: skip
+    endpoints = [
+        Endpoint("GET", "/api/run", run_info, "The run's name, config and totals"),
+        Endpoint(
+            "GET",
+            "/api/rollouts",
+            rollouts,
+            "A page of rollouts, filtered and sorted",
+            params=(
+                *page,
+                Param("status", "query", str, "Statuses, comma-separated"),
+                Param("group", "query", str, "One group id"),
+            ),
+            errors=(422,),
+        ),
+        Endpoint(
+            "GET", "/api/groups", groups, "A page of group statistics", params=page, errors=(422,)
+        ),
+        Endpoint(
+            "GET",
+            "/api/rollouts/{key}",
+            rollout,
+            "One rollout's record and token stream",
+            errors=(404,),
+        ),
+    ]
+    routes = routes_and_document(
+        endpoints,
+        title="rollway view",
+        description="A run's rollouts, for the viewer's pages.",
+        security={},
+    )
+    return Starlette(
+        routes=[
+            *routes,
+            Route("/", listing_page, methods=["GET"]),
+            Route("/rollouts/{key}", rollout_page, methods=["GET"]),
+            Mount("/assets", StaticFiles(directory=ASSETS), name="assets"),
+        ],
+        exception_handlers={HTTPException: route_error},
+    )
+
+
+def _column(name: str, allowed: frozenset[str]) -> str:
+    if name not in allowed:
+        raise InvalidFieldsError(f"sort: one of {', '.join(sorted(allowed))}", param="sort")
+    return name
+
+
+def _descending(order: str) -> bool:
+    if order not in ("asc", "desc"):
+        raise InvalidFieldsError("order: asc or desc", param="order")
+    return order == "desc"
+
+
+def _page(offset: str, limit: str) -> tuple[int, int]:
+    if not offset.isdigit():
+        raise InvalidFieldsError("offset: a whole number from 0", param="offset")
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+        raise InvalidFieldsError(f"limit: a whole number from 1 to {MAX_PAGE}", param="limit")
+    return int(offset), int(limit)

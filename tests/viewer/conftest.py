@@ -1,0 +1,121 @@
+"""A real run folder to look at (rollouts on the embedded model through the recording gateway,
+debug events kept, plus agent failures), the viewer served on loopback, and headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.client import RolloutClient
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.gateway import ChatRenderer, Gateway
+from rollway.types import RolloutResult
+from rollway.viewer import create_viewer_app, open_run
+from rollway.web.background_server import BackgroundServer
+from tests.conftest import ADD_TOOL
+
+EXP_ID = "viewer-run"
+
+
+class TwoTurnAgent(AgentLoop):
+    """Asks, then always asks again: the second turn's prompt carries template glue (mask 0)
+    between the two sampled completions (mask 1). A task with ``fail`` raises at once."""
+
+    name = "two-turn"
+
+    async def run(self, ctx: RolloutContext) -> RolloutResult:
+        if ctx.task.get("fail"):
+            raise RuntimeError(f"no luck with {ctx.task['task_id']}")
+        messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.task["q"]}]
+        for follow_up in ("Now say it in words.", None):
+            reply = await ctx.chat(messages, tools=[ADD_TOOL], max_tokens=8)
+            messages.append(reply.message)
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+        return ctx.complete(messages, reward=float("5" in (reply.content or "")))
+
+
+@dataclass(frozen=True)
+class RealRun:
+    folder: Path
+    renderer: ChatRenderer
+
+
+@pytest.fixture(scope="session")
+def real_run(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path_factory: pytest.TempPathFactory
+) -> RealRun:
+    root = tmp_path_factory.mktemp("runs")
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    tasks = [{"task_id": "add", "q": "What is 2 + 3?"}, {"task_id": "bad", "fail": True}]
+    with RolloutClient(TwoTurnAgent, gateway, store=str(root), exp_id=EXP_ID, debug=True,
+                       seed=3, max_retry_attempts=1) as client:  # fmt: skip
+        items = list(client.run_batch(tasks, group_size=2))
+    assert sorted(i.result.status for i in items) == ["completed", "completed", "error", "error"]
+    return RealRun(root / EXP_ID, renderer)
+
+
+@pytest.fixture(scope="session")
+def viewer_url(real_run: RealRun) -> Iterator[str]:
+    with BackgroundServer(create_viewer_app(open_run(str(real_run.folder)))) as url:
+        yield url
+
+
+def _find_chromium() -> str | None:
+    return next(filter(None, map(shutil.which, ("chromium", "chromium-browser"))), None)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's ``chromium``; installed with apt-get when missing and we may (root), else skip."""
+    found = _find_chromium()
+    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+        try:
+            if subprocess.run(install, env=env, capture_output=True, timeout=300).returncode:
+                subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True,
+                               timeout=120)  # fmt: skip
+                subprocess.run(install, env=env, capture_output=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            pass
+        found = _find_chromium()
+    if found is None:
+        pytest.skip("no chromium binary: install Debian's chromium (apt-get install chromium)")
+    return found
+
+
+@dataclass(frozen=True)
+class Browser:
+    binary: str
+    profile: Path
+
+    def _run(self, url: str, *args: str) -> str:
+        command = [self.binary, "--headless", "--no-sandbox", "--disable-gpu",
+                   "--hide-scrollbars", f"--user-data-dir={self.profile}",
+                   # The pages fill in from fetches after load: let them finish first.
+                   "--virtual-time-budget=15000", *args, url]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    def dom(self, url: str) -> str:
+        """The page's DOM after its scripts ran."""
+        return self._run(url, "--dump-dom")
+
+    def screenshot(self, url: str, path: Path, size: tuple[int, int] = (1400, 1000)) -> Path:
+        self._run(url, f"--screenshot={path}", f"--window-size={size[0]},{size[1]}")
+        return path
+
+
+@pytest.fixture
+def browser(chromium: str, tmp_path: Path) -> Browser:
+    return Browser(chromium, tmp_path / "chromium-profile")

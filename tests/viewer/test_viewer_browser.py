@@ -1,0 +1,93 @@
+"""The pages in a real headless Chromium: the listing renders the run's rows, a rollout page
+renders its token stream with one element per response token under its loss mask."""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from html.parser import HTMLParser
+from pathlib import Path
+
+from rollway.store import FileStore
+from rollway.viewer import create_viewer_app, open_run
+from rollway.web.background_server import BackgroundServer
+from tests.viewer.conftest import EXP_ID, Browser, RealRun
+from tests.viewer.test_listing_scale import small_record
+from tests.viewer.test_token_view import trajectory as drifted
+
+
+class Elements(HTMLParser):
+    """Every start tag's attributes, in document order."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def with_attr(self, name: str) -> list[dict[str, str | None]]:
+        return [attrs for _, attrs in self.tags if name in attrs]
+
+
+def test_the_listing_page_renders_the_runs_rows(
+    browser: Browser, viewer_url: str, real_run: RealRun
+) -> None:
+    dom = Elements(browser.dom(f"{viewer_url}/"))
+    keys = [attrs["data-key"] for attrs in dom.with_attr("data-key")]
+    assert sorted(keys) == sorted(FileStore(real_run.folder.parent, EXP_ID).keys())
+    links = {a["href"] for tag, a in dom.tags if tag == "a"}
+    assert {f"/rollouts/{key}" for key in keys} <= links
+    errors = Elements(browser.dom(f"{viewer_url}/?status=error"))
+    assert sorted(a["data-key"] for a in errors.with_attr("data-key")) == ["bad.0", "bad.1"]
+
+
+def test_a_rollout_page_shows_each_token_under_its_loss_mask(
+    browser: Browser, viewer_url: str, real_run: RealRun
+) -> None:
+    record = FileStore(real_run.folder.parent, EXP_ID).get("add.1")
+    assert record is not None and record.trajectory is not None
+    dom = Elements(browser.dom(f"{viewer_url}/rollouts/add.1"))
+    samples = dom.with_attr("data-segment")
+    assert len(samples) == len(record.trajectory.samples)
+    shown = Counter(attrs["data-mask"] for attrs in dom.with_attr("data-mask"))
+    expected = Counter(str(m) for s in record.trajectory.samples for m in s.loss_mask)
+    assert shown["1"] == expected["1"] > 0 and shown["0"] == expected["0"] > 0
+    assert set(shown) == {"0", "1"}
+    turns = dom.with_attr("data-turn")
+    assert len(turns) == len(record.trajectory.turns)
+    # Tooltips carry id, text, logprob: the first sampled token's, as recorded.
+    first = record.trajectory.turns[0]
+    tips = [a["title"] or "" for a in dom.with_attr("data-mask") if a.get("title")]
+    assert any(f"id {first.completion_ids[0]}" in t and "logprob" in t for t in tips)
+    if first.policy_versions:
+        assert any(f"policy version {first.policy_versions[0]}" in t for t in tips)
+
+
+def test_a_screenshot_of_each_page_is_kept(
+    browser: Browser, viewer_url: str, tmp_path: Path
+) -> None:
+    folder = Path(os.environ.get("ROLLWAY_TEST_ARTIFACTS", tmp_path))
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, page in (("viewer.png", "/"), ("viewer-rollout.png", "/rollouts/add.0")):
+        path = browser.screenshot(f"{viewer_url}{page}", folder / name)
+        header = path.read_bytes()[:24]
+        assert header[:8] == b"\x89PNG\r\n\x1a\n"
+        assert struct.unpack(">II", header[16:24]) == (1400, 1000)
+
+
+def test_segments_drift_and_bare_ids_on_a_rollout_page(browser: Browser, tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    record = small_record(1).model_copy(update={"trajectory": drifted(3)})
+    store.write(record)
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        dom = Elements(browser.dom(f"{url}/rollouts/{record.rollout_key}"))
+    assert [a["data-segment"] for a in dom.with_attr("data-segment")] == ["0", "1"]
+    assert [a["data-turn"] for a in dom.with_attr("data-turn")] == ["0", "1", "2"]
+    tokens = dom.with_attr("data-mask")
+    assert [a["data-mask"] for a in tokens] == ["1", "1", "0", "0", "1", "1", "1", "1"]
+    drift = [a for a in tokens if "drift" in (a.get("class") or "")]
+    assert len(drift) == 1 and drift[0]["title"].startswith("#3 · id 11")  # segment 1's ids
+    assert "policy version 2" in drift[0]["title"]
