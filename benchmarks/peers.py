@@ -6,14 +6,16 @@ simulated one (a load generator) at zero latency, so what is measured is the ser
 
   direct          the client calls the simulated OpenAI server itself (the load generator's ceiling)
   bare proxy      benchmarks/bare_proxy.py in front of it: the ceiling for any Python proxy
-  LiteLLM         the LiteLLM proxy in front of it (installed into its own virtualenv on first use)
+  LiteLLM         the LiteLLM proxy in front of it, one worker, no database (installed on first use
+                  into ~/.cache/rollway/bench-venvs/, a minute or two; `--litellm-spec` to change)
   rollway         `rollway gateway` in front of the simulated SGLang server (rendering, tokenizing,
                   recording every turn); each conversation first registers a rollout
   rollway (sim)   `rollway gateway --engine sim`: the simulated engine in-process, no upstream
 
 The proxy under test (with its children) is pinned to one core; the upstream servers and this
 client share the other core(s). Repetitions are interleaved (rep -> system -> concurrency) so that
-a busy machine slows every system alike.
+a busy machine slows every system alike. A failed turn ends its conversation and is counted
+(failed convs), not retried.
 
 Usage: python benchmarks/peers.py [--quick] [--skip-litellm] [--reps N] [--concurrency 1,64,256]
 """
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,9 +55,10 @@ FIRST = [{"role": "user", "content": "Look things up until you know the answer."
 OUTPUT_LEN = 16
 MAX_TOKENS = 64
 REPO = Path(__file__).resolve().parent.parent
-# An exact release: LiteLLM's PyPI releases 1.82.7, 1.82.8 and 1.107.0 were malicious uploads
-# (credential stealers), so this benchmark never installs "whatever is newest".
-LITELLM_SPEC = "litellm[proxy]==1.106.10"
+# An exact release, never "whatever is newest": LiteLLM's PyPI releases 1.82.7, 1.82.8 and
+# 1.107.0 were malicious uploads (credential stealers). The later patch releases tried here
+# (1.103.11, 1.104.9, 1.105.7, 1.106.x) want a certifi newer than the index this ran against.
+LITELLM_SPEC = "litellm[proxy]==1.103.1"
 VENVS = Path.home() / ".cache" / "rollway" / "bench-venvs"
 CONVERSATIONS = {1: 100, 64: 640, 256: 1280}
 QUICK_CONVERSATIONS = {1: 8, 64: 64, 256: 256}
@@ -145,14 +148,15 @@ class Servers:
         cmd: list[str],
         port: int,
         cpus: set[int],
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str | None] | None = None,
         timeout_s: float = 120.0,
     ) -> Server:
+        """Start ``cmd`` (``env`` is added to ours; a None value removes that variable)."""
         log = self.logs / (re.sub(r"\W+", "-", name) + ".log")
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 cmd,
-                env={**os.environ, **(env or {})},
+                env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -283,14 +287,14 @@ def litellm_proxy(servers: Servers, spec: str, upstream: str, cpus: set[int]) ->
     port = free_port()
     cmd = [str(venv / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--num_workers", "1"]
-    env = {
+    env: dict[str, str | None] = {
         "LITELLM_LOG": "ERROR",
         # No fetch of the model price list from the internet at start-up; no telemetry.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
         "LITELLM_TELEMETRY": "False",
         # No master key, no database: the plain proxy a user puts in front of vLLM.
-        "LITELLM_MASTER_KEY": "",
-        "DATABASE_URL": "",
+        "LITELLM_MASTER_KEY": None,
+        "DATABASE_URL": None,
     }
     return servers.launch("LiteLLM", cmd, port, cpus, env, timeout_s=300.0)
 
@@ -548,7 +552,7 @@ def main() -> None:
           f"tokens per answer; {args.reps} interleaved repetitions")  # fmt: skip
 
     # SIGTERM ends the benchmark like Ctrl-C does: through the finally below.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     servers = Servers()
     try:
         started = time.monotonic()
@@ -595,4 +599,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.exit("interrupted; every server it started has been stopped")
