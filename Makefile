@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
+	$(BIN)/python benchmarks/peers.py
 
 clean:
 	rm -rf $(VENV)
