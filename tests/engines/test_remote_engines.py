@@ -203,3 +203,25 @@ def test_malformed_answers_are_engine_errors_naming_the_field() -> None:
     with pytest.raises(EngineError, match="differ in length"):
         choice = {"token_ids": [1], "logprobs": {"token_logprobs": []}, "finish_reason": "stop"}
         parse_completion({"choices": [choice]})
+
+
+@PROTOCOLS
+async def test_connections_idle_to_the_servers_limit_are_not_reused(protocol: Protocol) -> None:
+    """A server closes a connection idle for its keep-alive (uvicorn: 5 s; 1 s here); a client
+    that kept it longer would send a turn down a closing socket, and that turn would fail."""
+    from rollway.web.uvicorn_server import ServerLimits
+
+    assert RemoteClient().idle_close_s < ServerLimits().keep_alive_s
+    app = create_sim_server_app(SimConfig(output_len=2), protocol=protocol)
+    with BackgroundServer(app, limits=ServerLimits(keep_alive_s=1.0)) as url:
+        engine = make_engine(protocol, url, http=RemoteClient(idle_close_s=0.6))
+        try:
+            # Idle for just under, at and just over the server's limit, where a reused
+            # connection meets the server closing it.
+            for round_, idle_s in enumerate((0.97, 0.99, 1.0, 1.01, 1.03, 0.98)):
+                calls = [engine.generate(PROMPT, SAMPLING, f"idle-{round_}-{i}") for i in range(64)]
+                results = await asyncio.gather(*calls)
+                assert all(len(r.output_ids) == 2 for r in results)
+                await asyncio.sleep(idle_s)
+        finally:
+            await engine.close()

@@ -28,6 +28,10 @@ from rollway.retry import ENGINE_CONNECT
 log = logging.getLogger(__name__)
 
 Abort = Callable[[], Awaitable[None]]
+#: How long an idle pooled connection is kept. Below the servers' own idle limit (uvicorn's
+#: ``timeout_keep_alive``, 5 s, which SGLang and vLLM keep): a connection the server is closing
+#: as it is reused fails mid-request, and such a request may have run, so it is not retried.
+IDLE_CLOSE_S = 3.0
 _ABORT_TIMEOUT_S = 5.0
 #: Failures that prove nothing was sent: the TCP connection was never made.
 _NOT_SENT = ENGINE_CONNECT.retry_on
@@ -60,6 +64,7 @@ class RemoteClient:
         connect_attempts: int | None = None,
         max_connections: int = 4096,
         bearer: str | None = None,
+        idle_close_s: float = IDLE_CLOSE_S,
     ) -> None:
         # sock_connect, not connect: waiting for a free pooled connection is not a dead server.
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=connect_timeout_s)
@@ -73,13 +78,16 @@ class RemoteClient:
         if bearer:
             self._headers["Authorization"] = f"Bearer {bearer}"
         self.max_connections = max_connections
+        self.idle_close_s = idle_close_s
         #: Connection attempts that failed before a byte was sent (for tests and metrics).
         self.connect_failures = 0
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, keepalive_timeout=60)
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections, keepalive_timeout=self.idle_close_s
+            )
             self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._session
 
