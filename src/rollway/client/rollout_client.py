@@ -20,11 +20,13 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
 from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
+from rollway.events import EventSink
 from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
@@ -75,7 +77,11 @@ class RolloutClient:
     In a training loop, ``update_weights`` puts new weights into every engine the rollouts
     sample from (pausing starts meanwhile) and bumps the policy version stamped on each token;
     ``max_staleness=k`` restarts a running rollout that an update leaves more than ``k``
-    versions behind (asynchronous RL)."""
+    versions behind (asynchronous RL).
+
+    ``events()`` streams what happens (attempts start, turns, rewards, outcomes; see
+    ``rollway.client.event_stream``), and ``on_event`` is called with each event on the client's
+    thread (keep it quick)."""
 
     def __init__(
         self,
@@ -99,6 +105,7 @@ class RolloutClient:
         debug: bool = False,
         show_progress: bool = False,
         status_interval: float = DEFAULT_STATUS_INTERVAL_S,
+        on_event: EventSink | None = None,
         **options: Unpack[RolloutOptions],
     ) -> None:
         if not status_interval > 0:  # NaN too
@@ -126,6 +133,9 @@ class RolloutClient:
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
+        self._events = ClientEvents()
+        if on_event is not None:
+            self._events.bus.subscribe(on_event)
         setup = WorkerSetup(
             agent=self.agent,
             engine=engine,
@@ -134,6 +144,7 @@ class RolloutClient:
             settings=self.settings,
             reward=reward,
             serving=serving or ServingConfig(),
+            events=self._events.bus,
         )
         self._loop = LoopThread()
         try:
@@ -156,6 +167,12 @@ class RolloutClient:
         if not isinstance(self.executor, LocalExecutor):
             raise AttributeError("with a Ray executor each worker has its own gateway handle")
         return self.executor.gateway
+
+    def events(self, max_queued: int = DEFAULT_QUEUE_SIZE) -> EventListener:
+        """Subscribe to rollout events from now on (``async for event in client.events()``);
+        close it (or ``async with``) to stop. A listener that falls behind loses events, counted
+        in an ``EventsDropped`` notice: it never slows the rollouts."""
+        return self._events.listen(max_queued)
 
     # -- single rollouts ---------------------------------------------------------------------
 
@@ -347,6 +364,7 @@ class RolloutClient:
             self.executor.close(self._loop)
         finally:
             self._loop.close()
+            self._events.close()
 
     def __enter__(self) -> RolloutClient:
         return self
@@ -373,7 +391,9 @@ class RolloutClient:
         self, spec: RolloutSpec, settings: RolloutSettings, gate: CancelGate
     ) -> RolloutRecord:
         record = await self._run_limited(spec, settings, gate.event)
-        return await gate.settle(record, self.store)  # a cancel granted meanwhile wins
+        record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
+        self._events.finished(record)
+        return record
 
     async def _run_limited(
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
@@ -397,6 +417,8 @@ class RolloutClient:
         while True:
             await _unless_cancelled(self.policy.wait_open(), cancel)
             attempt, relay = self.policy.start(cancel)
+            if not isinstance(self.executor, LocalExecutor):  # else the runner says it
+                self._events.started_elsewhere(spec, settings)
             try:
                 record = await self.executor.run(spec, settings, attempt.cancel)
             finally:

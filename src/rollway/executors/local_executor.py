@@ -59,12 +59,14 @@ class LocalExecutor:
             )
         )
         self.model_name = self._gateway.model_name
+        if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
+            self._gateway.gateway.events.subscribe(setup.events)
         agent = setup.agent
         if isinstance(agent, RemoteAgent):
             self._inbox = CallbackInbox() if setup.serving.callback else None
             agent.bind(setup.store, self._inbox, setup.settings)
         self._runner = RolloutRunner(
-            agent, self._gateway, setup.store, setup.settings, setup.reward
+            agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events
         )
 
     async def serve(self, advertise_host: str | None = None) -> None:
@@ -112,8 +114,9 @@ class LocalExecutor:
         assert runner is not None, "start first"
         if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
-                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn
-            )
+                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn,
+                runner.events,
+            )  # fmt: skip
         return await runner.run(spec, cancel)
 
     async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
@@ -130,6 +133,8 @@ class LocalExecutor:
         if setup is None:
             return
         self._setup = None
+        if isinstance(self._gateway, LocalGateway):  # it may outlive this client
+            self._gateway.gateway.events.unsubscribe(setup.events)
         if self._http is not None:
             await self._http.stop()
         if isinstance(setup.agent, RemoteAgent):

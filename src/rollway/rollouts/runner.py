@@ -21,6 +21,7 @@ from rollway.errors import (
     UnknownRolloutError,
     error_kind,
 )
+from rollway.events import EventBus, RolloutStarted
 from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
@@ -47,9 +48,13 @@ class RolloutRunner:
         store: Store,
         settings: RolloutSettings,
         reward_fn: RewardFn | None = None,
+        events: EventBus | None = None,
     ) -> None:
         self.agent, self.gateway, self.store = agent, gateway, store
         self.settings, self.reward_fn = settings, reward_fn
+        # Each attempt's start goes here; its turns come from the gateway's own bus, and its
+        # outcome from the client, which has the final record.
+        self.events = events if events is not None else EventBus()
 
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
@@ -99,6 +104,11 @@ class RolloutRunner:
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
         rollout_id = attempt_id(self.settings, spec, attempt)
+        if self.events:
+            self.events(RolloutStarted(
+                rollout_id=rollout_id, task_key=spec.rollout_key, group=spec.group_id,
+                attempt=attempt,
+            ))  # fmt: skip
         register = self._registration(spec)
         ctx: RolloutContext | None = None
         result: AgentResult | None = None
