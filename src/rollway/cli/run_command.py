@@ -20,6 +20,7 @@ from rollway.client import RolloutClient
 from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.rollout_client import resolve_agent
+from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
@@ -105,6 +106,13 @@ def run(
         Path | None,
         typer.Option(help="Write every rollout event to this file, one JSON line each."),
     ] = None,
+    stuck_after: Annotated[
+        float,
+        typer.Option(min=0, help="Report a rollout without progress this long, in s (0: never)."),
+    ] = DEFAULT_STUCK_AFTER_S,
+    abort_stuck: Annotated[
+        bool, typer.Option(help="End a stuck rollout, recorded as a timeout saying where.")
+    ] = False,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
@@ -134,6 +142,8 @@ def run(
             show_progress=True,
             status_interval=status_interval,
             on_event=on_event,
+            stuck_after_s=stuck_after or None,
+            abort_stuck=abort_stuck,
         ) as client,
     ):
         try:

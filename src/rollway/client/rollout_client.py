@@ -24,6 +24,7 @@ from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventL
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
+from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
 from rollway.events import EventSink
@@ -81,7 +82,9 @@ class RolloutClient:
 
     ``events()`` streams what happens (attempts start, turns, rewards, outcomes; see
     ``rollway.client.event_stream``), and ``on_event`` is called with each event on the client's
-    thread (keep it quick)."""
+    thread (keep it quick). A rollout without progress for ``stuck_after_s`` seconds (300 by
+    default; None: never) is reported with where it waits, and with ``abort_stuck`` stopped
+    and recorded as a ``timeout`` (see ``rollway.client.watchdog``)."""
 
     def __init__(
         self,
@@ -106,6 +109,8 @@ class RolloutClient:
         show_progress: bool = False,
         status_interval: float = DEFAULT_STATUS_INTERVAL_S,
         on_event: EventSink | None = None,
+        stuck_after_s: float | None = DEFAULT_STUCK_AFTER_S,
+        abort_stuck: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
         if not status_interval > 0:  # NaN too
@@ -136,6 +141,7 @@ class RolloutClient:
         self._events = ClientEvents()
         if on_event is not None:
             self._events.bus.subscribe(on_event)
+        self._watchdog = Watchdog(self.executor, self._events.bus, stuck_after_s, abort_stuck)
         setup = WorkerSetup(
             agent=self.agent,
             engine=engine,
@@ -155,6 +161,7 @@ class RolloutClient:
             self._loop.close()
             raise
         self._updating = asyncio.Lock()
+        self._watching = self._loop.submit(self._watchdog.watch_forever())
         # Updates can come from elsewhere (POST /admin/weights on a shared gateway): with a
         # staleness bound, the client follows the engines' version.
         self._following = (
@@ -349,7 +356,10 @@ class RolloutClient:
         self._finish([item.result for item in done], ran, time.monotonic() - started)
 
     def _progress(self, total: int) -> BatchProgress:
-        return BatchProgress(total, show=self.show_progress, status_interval_s=self.status_interval)
+        return BatchProgress(
+            total, show=self.show_progress, status_interval_s=self.status_interval,
+            stuck=lambda: self._watchdog.stuck,
+        )  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -359,6 +369,7 @@ class RolloutClient:
             return
         if self._following is not None:
             self._following.cancel()
+        self._watching.cancel()
         self._cancel_and_wait(list(self._live))
         try:
             self.executor.close(self._loop)

@@ -19,6 +19,7 @@ from rollway.gateway.http_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
 from rollway.rollouts.loop_thread import LoopThread
+from rollway.rollouts.runner import RunningAttempts
 from rollway.types import RolloutRecord
 from rollway.web.background_server import LoopServer
 
@@ -66,8 +67,9 @@ class LocalExecutor:
             self._inbox = CallbackInbox() if setup.serving.callback else None
             agent.bind(setup.store, self._inbox, setup.settings)
         self._runner = RolloutRunner(
-            agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events
-        )
+            agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events,
+            RunningAttempts(),
+        )  # fmt: skip
 
     async def serve(self, advertise_host: str | None = None) -> None:
         """Serve what out-of-process parties need: the in-process gateway (programs, agent
@@ -115,9 +117,14 @@ class LocalExecutor:
         if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
                 runner.agent, runner.gateway, runner.store, settings, runner.reward_fn,
-                runner.events,
+                runner.events, runner.attempts,
             )  # fmt: skip
         return await runner.run(spec, cancel)
+
+    def abort(self, rollout_id: str, reason: str) -> bool:
+        """Stop a running attempt, recorded as a ``timeout`` with ``reason``."""
+        assert self._runner is not None, "start first"
+        return self._runner.attempts.abort(rollout_id, reason)
 
     async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
         return await self.gateway.update_weights(source, version, mode)

@@ -19,7 +19,7 @@ from rollway.errors import (
     RolloutClosedError,
     UnknownRolloutError,
 )
-from rollway.events import EventBus, TurnFinished, TurnStarted
+from rollway.events import EventBus, RolloutStuck, TurnFinished, TurnStarted
 from rollway.gateway.chat_answer import Registration, length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
@@ -203,6 +203,27 @@ class Gateway:
             self.metrics.rollouts_expired.inc()
             log.info("rollout expired", extra={"rollout_id": rollout_id, "stage": "expire"})
         return expired
+
+    def stuck(self, after_s: float) -> list[RolloutStuck]:
+        """Every open rollout without progress for ``after_s`` seconds, and where it waits:
+        on the engine (its oldest pending request), at the gateway (a chat call not yet sent
+        to the engine), or in its agent (no model call pending). Sets the stuck gauge."""
+        now, found = time.monotonic(), []
+        for rollout_id, state in self._rollouts.items():
+            if state.cancelled:
+                continue
+            if state.in_flight:
+                request_id, sent = min(state.in_flight.items(), key=lambda item: item[1])
+                where, idle = "engine", now - sent
+            else:
+                request_id, idle = None, now - state.last_active
+                where = "gateway" if state.busy else "agent"
+            if idle >= after_s:
+                found.append(RolloutStuck(
+                    rollout_id=rollout_id, waiting_in=where, request_id=request_id, idle_s=idle,
+                ))  # fmt: skip
+        self.metrics.rollouts_stuck.set(len(found))
+        return found
 
     async def expire_idle_forever(self) -> None:
         """Run ``expire_idle`` a few times per TTL until cancelled (a served app's lifespan
