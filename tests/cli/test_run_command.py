@@ -121,3 +121,23 @@ def test_run_cmd_runs_any_program_as_the_agent(tmp_path: Path) -> None:
 def test_run_wants_exactly_one_of_agent_and_cmd(tmp_path: Path) -> None:
     both = rollway("run", AGENT, "--cmd", "true", "--tasks", str(TASKS), cwd=tmp_path)
     assert both.returncode == 1 and "one of them" in both.stderr
+
+
+def test_run_writes_every_event_as_a_json_line(tmp_path: Path) -> None:
+    events = tmp_path / "events.jsonl"
+    ran = rollway("run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--group-size", "2",
+                  "--engine", "sim", "--out", str(tmp_path / "runs"), "--events", str(events),
+                  cwd=tmp_path)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    lines = [orjson.loads(line) for line in events.read_text().splitlines()]
+    trajectories = (tmp_path / "runs" / "calculator-tasks" / "trajectories").glob("*.json")
+    records = {r["rollout_id"]: r for r in map(orjson.loads, map(Path.read_bytes, trajectories))}
+    assert len(records) == 4
+    finished = {e["rollout_id"]: e for e in lines if e["kind"] == "rollout_finished"}
+    assert finished.keys() == records.keys()
+    for rollout_id, record in records.items():
+        assert finished[rollout_id]["status"] == record["status"]
+        assert finished[rollout_id]["reward"] == record["reward"]
+        turns = [e for e in lines if e["rollout_id"] == rollout_id and e["kind"] == "turn_finished"]
+        assert len(turns) == len(record["trajectory"]["turns"])
+    assert lines[0]["kind"] == "rollout_started" and all(e["at"] > 0 for e in lines)

@@ -63,3 +63,18 @@ def test_a_stuck_run_reports_status_lines_on_a_timer(workdir: Path) -> None:
 def test_timeout_0_means_no_limit(workdir: Path) -> None:
     _, config = run(workdir, "Quick", "--timeout", "0")
     assert config["limits"]["timeout"] is None
+
+
+def test_a_stuck_rollout_is_reported_in_status_lines_and_aborted_by_flag(workdir: Path) -> None:
+    stderr, _ = run(
+        workdir, "Hang", "--timeout", "1.5", "--stuck-after", "0.3", "--status-interval", "0.1"
+    )
+    assert "| 1 stuck" in stderr and "in its agent (no model call pending)" in stderr, stderr
+    trajectory = workdir / "runs" / "hang-tasks" / "trajectories" / "t.0.json"
+    assert orjson.loads(trajectory.read_bytes())["status"] == "timeout"
+    trajectory.unlink()  # the rerun below runs it again
+    run(workdir, "Hang", "--stuck-after", "0.3", "--abort-stuck", "--no-resume")
+    record = orjson.loads(trajectory.read_bytes())
+    assert record["status"] == "timeout"
+    assert record["reason"].startswith("stuck: no progress for")
+    assert record["reason"].endswith("in its agent (no model call pending)")

@@ -23,6 +23,7 @@ from rollway.client import BatchItem, RolloutClient
 from rollway.client.rollout_client import resolve_agent
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError
+from rollway.events import RolloutEvent
 from rollway.executors import RayExecutor
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
@@ -220,6 +221,22 @@ def test_timeout_and_cancel_reach_rollouts_on_workers(ray_cluster: None, tmp_pat
         record = timed_out.result(timeout=30)
     assert record.status == "timeout" and "1" in record.reason
     assert cancelled.result().reason
+
+
+def test_rollouts_on_workers_are_heard_starting_and_finishing(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    heard: list[RolloutEvent] = []
+    tasks = [{"task_id": f"e{i}", "chat": False, "reward": 0.5 * i} for i in range(2)]
+    with RolloutClient(
+        ProbeAgent, "sim", store=str(tmp_path), executor=two_workers(), on_event=heard.append
+    ) as client:
+        records = [item.result for item in client.run_batch(tasks)]
+    for record in records:
+        mine = [e for e in heard if e.rollout_id == record.rollout_id]
+        assert [e.kind for e in mine] == ["rollout_started", "reward", "rollout_finished"]
+        assert mine[1].to_dict()["reward"] == record.reward
+        assert mine[2].to_dict()["status"] == record.status == "completed"
 
 
 def test_workers_share_one_gateway(ray_cluster: None, served: Served, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,8 +17,10 @@ from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
+from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.rollout_client import resolve_agent
+from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
@@ -98,6 +102,17 @@ def run(
         int | None,
         typer.Option(min=1, help="For --executor ray: worker actors (default: cluster CPUs)."),
     ] = None,
+    events: Annotated[
+        Path | None,
+        typer.Option(help="Write every rollout event to this file, one JSON line each."),
+    ] = None,
+    stuck_after: Annotated[
+        float,
+        typer.Option(min=0, help="Report a rollout without progress this long, in s (0: never)."),
+    ] = DEFAULT_STUCK_AFTER_S,
+    abort_stuck: Annotated[
+        bool, typer.Option(help="End a stuck rollout, recorded as a timeout saying where.")
+    ] = False,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
@@ -110,21 +125,27 @@ def run(
         sampling["seed"] = seed
     if max_tokens is not None:
         sampling["max_tokens"] = max_tokens
-    with RolloutClient(
-        chosen,
-        RemoteGateway(gateway, admin_key=gateway_key or "") if gateway else engine,
-        model=model,
-        store=out,
-        exp_id=exp,
-        reward=_load_reward(reward) if reward else None,
-        sampling=sampling,
-        limits=RolloutLimits(timeout=timeout or None),
-        serving=ServingConfig(host=http_host, port=http_port, public_url=public_url),
-        max_concurrent=concurrency,
-        executor=_executor(executor, ray_address, workers),
-        show_progress=True,
-        status_interval=status_interval,
-    ) as client:
+    with (
+        _event_log(events) as on_event,
+        RolloutClient(
+            chosen,
+            RemoteGateway(gateway, admin_key=gateway_key or "") if gateway else engine,
+            model=model,
+            store=out,
+            exp_id=exp,
+            reward=_load_reward(reward) if reward else None,
+            sampling=sampling,
+            limits=RolloutLimits(timeout=timeout or None),
+            serving=ServingConfig(host=http_host, port=http_port, public_url=public_url),
+            max_concurrent=concurrency,
+            executor=_executor(executor, ray_address, workers),
+            show_progress=True,
+            status_interval=status_interval,
+            on_event=on_event,
+            stuck_after_s=stuck_after or None,
+            abort_stuck=abort_stuck,
+        ) as client,
+    ):
         try:
             # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which
             # cancels what is running and writes the summary of what finished.
@@ -135,6 +156,10 @@ def run(
     typer.echo(f"results in {out.rstrip('/')}/{exp}")
     require_a_completed_rollout(items)
     warn_about_reruns(items)
+
+
+def _event_log(path: Path | None) -> AbstractContextManager[JsonlEventLog | None]:
+    return contextlib.closing(JsonlEventLog(path)) if path else contextlib.nullcontext()
 
 
 def _executor(name: str, ray_address: str | None, workers: int | None) -> str | Executor:

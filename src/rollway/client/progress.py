@@ -6,6 +6,7 @@ import logging
 import statistics
 import time
 from collections import Counter
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
@@ -23,15 +24,22 @@ DEFAULT_STATUS_INTERVAL_S = 30.0
 class BatchProgress:
     """Counts outcomes as they arrive; draws a bar when ``show`` is set. A status line comes
     every ``status_interval_s`` whether or not anything finished (the batch's loop waits at most
-    ``until_status()`` and then calls ``tick``), so a stuck batch still reports."""
+    ``until_status()`` and then calls ``tick``), so a stuck batch still reports; ``stuck`` says
+    how many rollouts the watchdog finds stuck now."""
 
     def __init__(
-        self, total: int, *, show: bool, status_interval_s: float = DEFAULT_STATUS_INTERVAL_S
+        self,
+        total: int,
+        *,
+        show: bool,
+        status_interval_s: float = DEFAULT_STATUS_INTERVAL_S,
+        stuck: Callable[[], int] = lambda: 0,
     ) -> None:
         self.console = Console(stderr=True)
         self.counts: Counter[str] = Counter()
         self.rewards: list[float] = []
         self._interval = status_interval_s
+        self._stuck = stuck
         self._started = self._last_status = time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]rollouts"),
@@ -78,6 +86,8 @@ class BatchProgress:
         done = sum(self.counts.values())
         elapsed = time.monotonic() - self._started
         line = f"batch status: {done}/{self.total} done after {elapsed:.0f} s; {self.describe()}"
+        if stuck := self._stuck():
+            line += f" | {stuck} stuck"
         if self._progress.disable:
             log.info(line)
         else:

@@ -20,11 +20,14 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
 from rollway.agents.validate import ready_agent
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
+from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
+from rollway.events import EventSink
 from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
@@ -75,7 +78,13 @@ class RolloutClient:
     In a training loop, ``update_weights`` puts new weights into every engine the rollouts
     sample from (pausing starts meanwhile) and bumps the policy version stamped on each token;
     ``max_staleness=k`` restarts a running rollout that an update leaves more than ``k``
-    versions behind (asynchronous RL)."""
+    versions behind (asynchronous RL).
+
+    ``events()`` streams what happens (attempts start, turns, rewards, outcomes; see
+    ``rollway.client.event_stream``), and ``on_event`` is called with each event on the client's
+    thread (keep it quick). A rollout without progress for ``stuck_after_s`` seconds (300 by
+    default; None: never) is reported with where it waits, and with ``abort_stuck`` stopped
+    and recorded as a ``timeout`` (see ``rollway.client.watchdog``)."""
 
     def __init__(
         self,
@@ -99,6 +108,9 @@ class RolloutClient:
         debug: bool = False,
         show_progress: bool = False,
         status_interval: float = DEFAULT_STATUS_INTERVAL_S,
+        on_event: EventSink | None = None,
+        stuck_after_s: float | None = DEFAULT_STUCK_AFTER_S,
+        abort_stuck: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
         if not status_interval > 0:  # NaN too
@@ -126,6 +138,10 @@ class RolloutClient:
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
+        self._events = ClientEvents()
+        if on_event is not None:
+            self._events.bus.subscribe(on_event)
+        self._watchdog = Watchdog(self.executor, self._events.bus, stuck_after_s, abort_stuck)
         setup = WorkerSetup(
             agent=self.agent,
             engine=engine,
@@ -134,6 +150,7 @@ class RolloutClient:
             settings=self.settings,
             reward=reward,
             serving=serving or ServingConfig(),
+            events=self._events.bus,
         )
         self._loop = LoopThread()
         try:
@@ -144,6 +161,7 @@ class RolloutClient:
             self._loop.close()
             raise
         self._updating = asyncio.Lock()
+        self._watching = self._loop.submit(self._watchdog.watch_forever())
         # Updates can come from elsewhere (POST /admin/weights on a shared gateway): with a
         # staleness bound, the client follows the engines' version.
         self._following = (
@@ -156,6 +174,12 @@ class RolloutClient:
         if not isinstance(self.executor, LocalExecutor):
             raise AttributeError("with a Ray executor each worker has its own gateway handle")
         return self.executor.gateway
+
+    def events(self, max_queued: int = DEFAULT_QUEUE_SIZE) -> EventListener:
+        """Subscribe to rollout events from now on (``async for event in client.events()``);
+        close it (or ``async with``) to stop. A listener that falls behind loses events, counted
+        in an ``EventsDropped`` notice: it never slows the rollouts."""
+        return self._events.listen(max_queued)
 
     # -- single rollouts ---------------------------------------------------------------------
 
@@ -332,7 +356,10 @@ class RolloutClient:
         self._finish([item.result for item in done], ran, time.monotonic() - started)
 
     def _progress(self, total: int) -> BatchProgress:
-        return BatchProgress(total, show=self.show_progress, status_interval_s=self.status_interval)
+        return BatchProgress(
+            total, show=self.show_progress, status_interval_s=self.status_interval,
+            stuck=lambda: self._watchdog.stuck,
+        )  # fmt: skip
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -342,11 +369,13 @@ class RolloutClient:
             return
         if self._following is not None:
             self._following.cancel()
+        self._watching.cancel()
         self._cancel_and_wait(list(self._live))
         try:
             self.executor.close(self._loop)
         finally:
             self._loop.close()
+            self._events.close()
 
     def __enter__(self) -> RolloutClient:
         return self
@@ -373,7 +402,9 @@ class RolloutClient:
         self, spec: RolloutSpec, settings: RolloutSettings, gate: CancelGate
     ) -> RolloutRecord:
         record = await self._run_limited(spec, settings, gate.event)
-        return await gate.settle(record, self.store)  # a cancel granted meanwhile wins
+        record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
+        self._events.finished(record)
+        return record
 
     async def _run_limited(
         self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
@@ -397,6 +428,8 @@ class RolloutClient:
         while True:
             await _unless_cancelled(self.policy.wait_open(), cancel)
             attempt, relay = self.policy.start(cancel)
+            if not isinstance(self.executor, LocalExecutor):  # else the runner says it
+                self._events.started_elsewhere(spec, settings)
             try:
                 record = await self.executor.run(spec, settings, attempt.cancel)
             finally:

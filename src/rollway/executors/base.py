@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
 from rollway.engines.base import ChatEngine, Engine
+from rollway.events import EventBus
 from rollway.gateway.core import Gateway
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.rollouts import RolloutSettings, RolloutSpec, ServingConfig
@@ -32,6 +33,8 @@ class WorkerSetup:
     settings: RolloutSettings
     reward: RewardFn | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
+    #: Where rollout and turn events go in this process (a Ray worker gets an empty bus).
+    events: EventBus = field(default_factory=EventBus)
 
 
 class Executor(Protocol):

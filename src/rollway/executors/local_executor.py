@@ -19,6 +19,7 @@ from rollway.gateway.http_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
 from rollway.rollouts.loop_thread import LoopThread
+from rollway.rollouts.runner import RunningAttempts
 from rollway.types import RolloutRecord
 from rollway.web.background_server import LoopServer
 
@@ -59,13 +60,16 @@ class LocalExecutor:
             )
         )
         self.model_name = self._gateway.model_name
+        if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
+            self._gateway.gateway.events.subscribe(setup.events)
         agent = setup.agent
         if isinstance(agent, RemoteAgent):
             self._inbox = CallbackInbox() if setup.serving.callback else None
             agent.bind(setup.store, self._inbox, setup.settings)
         self._runner = RolloutRunner(
-            agent, self._gateway, setup.store, setup.settings, setup.reward
-        )
+            agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events,
+            RunningAttempts(),
+        )  # fmt: skip
 
     async def serve(self, advertise_host: str | None = None) -> None:
         """Serve what out-of-process parties need: the in-process gateway (programs, agent
@@ -112,9 +116,15 @@ class LocalExecutor:
         assert runner is not None, "start first"
         if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
-                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn
-            )
+                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn,
+                runner.events, runner.attempts,
+            )  # fmt: skip
         return await runner.run(spec, cancel)
+
+    def abort(self, rollout_id: str, reason: str) -> bool:
+        """Stop a running attempt, recorded as a ``timeout`` with ``reason``."""
+        assert self._runner is not None, "start first"
+        return self._runner.attempts.abort(rollout_id, reason)
 
     async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
         return await self.gateway.update_weights(source, version, mode)
@@ -130,6 +140,8 @@ class LocalExecutor:
         if setup is None:
             return
         self._setup = None
+        if isinstance(self._gateway, LocalGateway):  # it may outlive this client
+            self._gateway.gateway.events.unsubscribe(setup.events)
         if self._http is not None:
             await self._http.stop()
         if isinstance(setup.agent, RemoteAgent):

@@ -19,6 +19,7 @@ from rollway.errors import (
     RolloutClosedError,
     UnknownRolloutError,
 )
+from rollway.events import EventBus, RolloutStuck, TurnFinished, TurnStarted
 from rollway.gateway.chat_answer import Registration, length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
@@ -43,6 +44,9 @@ class Gateway:
     (a ``RequestError``) and never reaches the engine. A rollout unused for ``rollout_ttl_s``
     seconds (no chat call, fetch, cancel) is dropped by ``expire_idle`` (None: never).
 
+    ``events`` is an ``EventBus``: whoever subscribes hears each chat call start and finish
+    (``TurnStarted``, ``TurnFinished``); nobody listening costs one check per call.
+
     ``weights`` pauses, updates and resumes the engine for a training loop. A turn the engine
     aborted while its rollout was not cancelled (a pause in ``abort`` mode) is sent again,
     under a new request id, up to ``max_reissues`` times: the agent sees a slower turn.
@@ -65,6 +69,7 @@ class Gateway:
         self.rollout_ttl_s = rollout_ttl_s
         self.max_reissues = max_reissues
         self.metrics = GatewayMetrics()
+        self.events = EventBus()
         self.weights = WeightControl(engine)
         calls = EngineCalls(self.metrics, max_reissues)
         self._turns: TokenTurns | ChatTurns = (
@@ -124,11 +129,17 @@ class Gateway:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
         state.busy += 1  # a busy rollout never expires
+        turn, started, result = state.turns_started, time.perf_counter(), None
+        if self.events:
+            self.events(TurnStarted(rollout_id=rollout_id, turn=turn))
         try:
-            return await self._chat(state, request)
+            result = await self._chat(state, request)
+            return result
         finally:
             state.busy -= 1
             state.last_active = time.monotonic()
+            if self.events:
+                self.events(_turn_finished(rollout_id, turn, result, time.perf_counter() - started))
 
     async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> ChatResult:
         messages, tools = request.message_dicts(), request.tool_dicts()
@@ -193,6 +204,27 @@ class Gateway:
             log.info("rollout expired", extra={"rollout_id": rollout_id, "stage": "expire"})
         return expired
 
+    def stuck(self, after_s: float) -> list[RolloutStuck]:
+        """Every open rollout without progress for ``after_s`` seconds, and where it waits:
+        on the engine (its oldest pending request), at the gateway (a chat call not yet sent
+        to the engine), or in its agent (no model call pending). Sets the stuck gauge."""
+        now, found = time.monotonic(), []
+        for rollout_id, state in self._rollouts.items():
+            if state.cancelled:
+                continue
+            if state.in_flight:
+                request_id, sent = min(state.in_flight.items(), key=lambda item: item[1])
+                where, idle = "engine", now - sent
+            else:
+                request_id, idle = None, now - state.last_active
+                where = "gateway" if state.busy else "agent"
+            if idle >= after_s:
+                found.append(RolloutStuck(
+                    rollout_id=rollout_id, waiting_in=where, request_id=request_id, idle_s=idle,
+                ))  # fmt: skip
+        self.metrics.rollouts_stuck.set(len(found))
+        return found
+
     async def expire_idle_forever(self) -> None:
         """Run ``expire_idle`` a few times per TTL until cancelled (a served app's lifespan
         owns this task); returns at once when rollouts never expire."""
@@ -209,6 +241,21 @@ class Gateway:
             raise UnknownRolloutError(f"no rollout {rollout_id!r} is registered")
         state.last_active = time.monotonic()
         return state
+
+
+def _turn_finished(
+    rollout_id: str, turn: int, result: ChatResult | None, latency_s: float
+) -> TurnFinished:
+    if result is None:  # it raised
+        return TurnFinished(
+            rollout_id=rollout_id, turn=turn, prompt_tokens=0, completion_tokens=0,
+            latency_s=latency_s, finish_reason="error",
+        )  # fmt: skip
+    return TurnFinished(
+        rollout_id=rollout_id, turn=turn, prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens, latency_s=latency_s,
+        finish_reason=result.finish_reason,
+    )  # fmt: skip
 
 
 def _new_key() -> str:

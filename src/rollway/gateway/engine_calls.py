@@ -35,7 +35,7 @@ class EngineCalls:
     async def track(self, state: RolloutState, request_id: str) -> AsyncIterator[None]:
         """Mark a request in flight and turn unexpected engine failures into
         ``EngineError``; the caller's bad input stays a ``RequestError``."""
-        state.in_flight.add(request_id)
+        state.in_flight[request_id] = time.monotonic()
         try:
             yield
         except RequestError:
@@ -48,7 +48,7 @@ class EngineCalls:
             self.failed(state, error)
             raise error from exc
         finally:
-            state.in_flight.discard(request_id)
+            state.in_flight.pop(request_id, None)
 
     def failed(self, state: RolloutState, error: EngineError) -> None:
         self.metrics.engine_errors.inc()

@@ -41,6 +41,10 @@ class GatewayMetrics:
             "rollway_policy_version", "Weights version the engine samples with (-1: none).",
             registry=self.registry,
         )  # fmt: skip
+        self.rollouts_stuck = Gauge(
+            "rollway_rollouts_stuck", "Rollouts without progress past the watchdog's limit.",
+            registry=self.registry,
+        )  # fmt: skip
         self.truncations = Counter(
             "rollway_truncations", "Limits hit.", ["reason"], registry=self.registry
         )

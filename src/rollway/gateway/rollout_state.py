@@ -35,7 +35,8 @@ class RolloutState:
     tools: list[dict[str, Any]] | None = None
     turns_started: int = 0
     segment_count: int = 0
-    in_flight: set[str] = field(default_factory=set)
+    #: Engine requests running now, with when each was sent (``time.monotonic``).
+    in_flight: dict[str, float] = field(default_factory=dict)
     cancelled: bool = False
     #: The cancel cut the rollout short: it aborted a generation or refused a later call.
     #: (The client cancels every rollout at cleanup; that alone marks nothing.)

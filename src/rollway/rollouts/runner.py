@@ -5,11 +5,13 @@ only then unregister."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rollway.agents.base import AgentLoop
@@ -21,6 +23,7 @@ from rollway.errors import (
     UnknownRolloutError,
     error_kind,
 )
+from rollway.events import EventBus, RolloutStarted
 from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
@@ -39,6 +42,36 @@ from rollway.types import (
 log = logging.getLogger(__name__)
 
 
+class RunningAttempts:
+    """The attempts running now, by gateway id: one can be stopped from outside (the client's
+    stuck-rollout watchdog) with the reason its record gives. Shared by a client's runners."""
+
+    def __init__(self) -> None:
+        self._cancels: dict[str, asyncio.Event] = {}
+        self._reasons: dict[str, str] = {}
+
+    def abort(self, rollout_id: str, reason: str) -> bool:
+        """Stop the attempt, to be recorded as a ``timeout`` with ``reason``; False when it
+        is not running (or already stopping)."""
+        cancel = self._cancels.get(rollout_id)
+        if cancel is None or cancel.is_set():
+            return False
+        self._reasons[rollout_id] = reason
+        cancel.set()  # the rollout's own signal: no retry follows
+        return True
+
+    @contextlib.contextmanager
+    def running(self, rollout_id: str, cancel: asyncio.Event) -> Iterator[None]:
+        self._cancels[rollout_id] = cancel
+        try:
+            yield
+        finally:
+            self._cancels.pop(rollout_id, None)
+
+    def aborted(self, rollout_id: str) -> str | None:
+        return self._reasons.pop(rollout_id, None)
+
+
 class RolloutRunner:
     def __init__(
         self,
@@ -47,9 +80,15 @@ class RolloutRunner:
         store: Store,
         settings: RolloutSettings,
         reward_fn: RewardFn | None = None,
+        events: EventBus | None = None,
+        attempts: RunningAttempts | None = None,
     ) -> None:
         self.agent, self.gateway, self.store = agent, gateway, store
         self.settings, self.reward_fn = settings, reward_fn
+        # Each attempt's start goes here; its turns come from the gateway's own bus, and its
+        # outcome from the client, which has the final record.
+        self.events = events if events is not None else EventBus()
+        self.attempts = attempts if attempts is not None else RunningAttempts()
 
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
@@ -99,6 +138,11 @@ class RolloutRunner:
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
         rollout_id = attempt_id(self.settings, spec, attempt)
+        if self.events:
+            self.events(RolloutStarted(
+                rollout_id=rollout_id, task_key=spec.rollout_key, group=spec.group_id,
+                attempt=attempt,
+            ))  # fmt: skip
         register = self._registration(spec)
         ctx: RolloutContext | None = None
         result: AgentResult | None = None
@@ -111,15 +155,19 @@ class RolloutRunner:
         else:
             try:
                 ctx = self._context(spec, rollout_id, registration.api_key)
-                outcome = await run_agent(
-                    self.agent, ctx,
-                    cancel=cancel,
-                    timeout_s=self.settings.limits.timeout,
-                    stop_grace_s=self.settings.limits.stop_grace_s,
-                    on_stop=functools.partial(self.gateway.cancel, rollout_id),
-                )  # fmt: skip
+                with self.attempts.running(rollout_id, cancel):
+                    outcome = await run_agent(
+                        self.agent, ctx,
+                        cancel=cancel,
+                        timeout_s=self.settings.limits.timeout,
+                        stop_grace_s=self.settings.limits.stop_grace_s,
+                        on_stop=functools.partial(self.gateway.cancel, rollout_id),
+                    )  # fmt: skip
             except Exception as exc:  # get_tools failed, say
                 outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+            stuck = self.attempts.aborted(rollout_id)
+            if stuck is not None and outcome.status == "cancelled":
+                outcome = AgentOutcome("timeout", reason=stuck, result=outcome.result)
             # What the agent returned is recorded even if the outcome is reclassified below.
             result = outcome.result
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
