@@ -11,6 +11,7 @@ less the end-of-turn token when the model sampled it itself.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 from collections import OrderedDict
@@ -27,6 +28,9 @@ Message = dict[str, Any]
 log = logging.getLogger(__name__)
 #: One continuation in this many is rendered by the template too, to check the pieces.
 AUDIT_EVERY = 64
+#: Longer texts are encoded by the Rust tokenizer's batch call, which releases the GIL: a
+#: worker thread tokenizing a huge prompt then never stalls the event loop.
+GIL_FREE_ABOVE_CHARS = 8192
 #: First prompts kept: a few batches' worth of distinct tasks.
 PROMPT_CACHE_SIZE = 1024
 
@@ -74,8 +78,10 @@ class ChatRenderer:
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
             raise TokenBudgetExceeded(least)
-        if self._backend is not None:
+        if self._backend is not None and len(text) <= GIL_FREE_ABOVE_CHARS:
             ids = self._backend.encode(text, add_special_tokens=False).ids
+        elif self._backend is not None:  # the batch call lets go of the GIL while it works
+            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
         else:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
         if max_tokens is not None and len(ids) > max_tokens:
@@ -104,10 +110,11 @@ class ChatRenderer:
         max_tokens: int | None = None,
     ) -> list[int]:
         """The whole conversation, ready for the model to answer."""
-        key = orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)
+        key = hashlib.blake2b(orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)).digest()
         ids = self._prompts.get(key)
         if ids is None:
-            ids = self.encode(self.render(messages, tools, add_generation_prompt=True))
+            # The budget goes in: an over-long prompt is refused before it is tokenized.
+            ids = self.encode(self.render(messages, tools, add_generation_prompt=True), max_tokens)
             self._prompts[key] = ids
             if len(self._prompts) > PROMPT_CACHE_SIZE:
                 self._prompts.popitem(last=False)
