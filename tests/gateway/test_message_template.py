@@ -99,7 +99,14 @@ def test_continuations_by_pieces_equal_the_templates_own(renderer: ChatRenderer)
 
 
 def test_the_rust_tokenizer_encodes_as_transformers_does(renderer: ChatRenderer) -> None:
-    texts = ["", " a", "<|im_start|>user\nhi<|im_end|>\n", "é✓中文\n\n  x", "1+1=2 " * 50, "ab " * 5000]
+    texts = [
+        "",
+        " a",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "é✓中文\n\n  x",
+        "1+1=2 " * 50,
+        "ab " * 5000,
+    ]
     for text in texts:
         assert renderer.encode(text) == renderer.tokenizer.encode(text, add_special_tokens=False)
 
