@@ -63,6 +63,15 @@ class TurnFinished(RolloutEvent):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCalled(RolloutEvent):
+    """An in-process agent ran a tool (``execute_tool_calls``, ``ctx.record_tool_call``)."""
+
+    kind: ClassVar[str] = "tool_call"
+    name: str
+    latency_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RewardScored(RolloutEvent):
     kind: ClassVar[str] = "reward"
     reward: float

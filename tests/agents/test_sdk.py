@@ -137,8 +137,12 @@ async def test_tool_failures_become_messages_the_model_can_read() -> None:
             call("explode", {}, "raises"),
         ],
     }
-    latencies: list[float] = []
-    replies = await execute_tool_calls(message, [add, loud, explode], latencies.append)
+    calls: list[tuple[float, str]] = []
+    replies = await execute_tool_calls(
+        message, [add, loud, explode], lambda ms, name: calls.append((ms, name))
+    )
+    assert [name for _, name in calls] == [c["function"]["name"] for c in message["tool_calls"]]
+    assert all(ms >= 0 for ms, _ in calls)
     by_id = {r["tool_call_id"]: r["content"] for r in replies}
     assert [r["tool_call_id"] for r in replies] == [c["id"] for c in message["tool_calls"]]
     assert all(r["role"] == "tool" for r in replies)
@@ -149,7 +153,7 @@ async def test_tool_failures_become_messages_the_model_can_read() -> None:
     assert "invalid arguments" in by_id["invalid"] and "a:" in by_id["invalid"]
     assert "c:" in by_id["extra"]
     assert by_id["raises"] == "error: explode raised RuntimeError: boom"
-    assert len(latencies) == len(replies)
+    assert len(calls) == len(replies)
 
 
 def found(agent: Any) -> list[tuple[str, str | None]]:

@@ -6,6 +6,7 @@ import asyncio
 import pickle
 from collections.abc import Callable
 
+from rollway.agents import AgentLoop, RolloutContext, execute_tool_calls, tool
 from rollway.client import RolloutClient
 from rollway.client.event_stream import EventListener
 from rollway.events import (
@@ -15,9 +16,11 @@ from rollway.events import (
     RolloutEvent,
     RolloutFinished,
     RolloutStarted,
+    ToolCalled,
     TurnFinished,
     TurnStarted,
 )
+from rollway.types import AgentResult
 
 MakeClient = Callable[..., RolloutClient]
 
@@ -150,3 +153,32 @@ def test_a_bus_pickles_empty_and_a_failing_listener_is_skipped() -> None:
     assert not bus  # a bus whose only sink is an empty bus: nobody listens
     inner.subscribe(heard.append)
     assert bus
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+class ToolUsingAgent(AgentLoop):
+    name = "tool-using"
+    tools = (add,)
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        reply = await ctx.chat([{"role": "user", "content": "add 2 and 3"}], max_tokens=4)
+        call = {"id": "c1", "type": "function",
+                "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}  # fmt: skip
+        await execute_tool_calls({**reply.message, "tool_calls": [call]}, self.tools,
+                                 ctx.record_tool_call)  # fmt: skip
+        return ctx.complete([reply.message])
+
+
+def test_an_agents_tool_calls_are_told(make_client: MakeClient) -> None:
+    heard: list[RolloutEvent] = []
+    record = make_client(agent=ToolUsingAgent, on_event=heard.append).invoke({}).result(60)
+    assert record.status == "completed", record.reason
+    (called,) = [e for e in heard if isinstance(e, ToolCalled)]
+    assert called.name == "add" and called.rollout_id == record.rollout_id
+    assert record.metrics.tool_calls == 1
+    assert called.latency_s * 1000 == record.metrics.tool_latency_ms

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import orjson
 
 from rollway.deprecated import deprecated_alias
+from rollway.events import EventBus, ToolCalled
 from rollway.logs import log_stage
 from rollway.types import AgentResult, ChatResult, RolloutMetrics
 
@@ -69,6 +70,8 @@ class RolloutContext:
     cleanup_errors: list[str] = field(default_factory=list)
     #: This rollout's settings, per-call overrides applied (None outside a client).
     settings: InitSettings | None = None
+    #: Where the rollout's events go (the client's listeners; empty when nobody listens).
+    events: EventBus | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatResult:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...).
@@ -111,9 +114,13 @@ class RolloutContext:
         self.cleanup_errors.append(f"{stage}: {type(error).__name__}: {error}")
         log_stage(log, stage, self.rollout_id, level=logging.WARNING, error=repr(error))
 
-    def record_tool_call(self, latency_ms: float) -> None:
+    def record_tool_call(self, latency_ms: float, name: str = "") -> None:
         self.metrics.tool_calls += 1
         self.metrics.tool_latency_ms += latency_ms
+        if self.events:
+            self.events(
+                ToolCalled(rollout_id=self.rollout_id, name=name, latency_s=latency_ms / 1e3)
+            )
 
     def log_event(self, kind: str, **data: Any) -> None:
         """Log a stage of the rollout (a DEBUG line with ``stage=kind rollout_id=...``) and

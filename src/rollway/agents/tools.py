@@ -75,11 +75,12 @@ def tool(
 async def execute_tool_calls(
     message: dict[str, Any],
     tools: Sequence[Tool],
-    on_call: Callable[[float], None] | None = None,
+    on_call: Callable[[float, str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run the calls in an assistant ``message``; one tool message per call, in order.
 
-    ``on_call`` receives each call's latency in ms (``ctx.record_tool_call`` fits).
+    ``on_call`` receives each call's latency in ms and the tool's name (``ctx.record_tool_call``
+    fits: it counts the call in the rollout's metrics and tells the client's event listeners).
     """
     by_name = {t.name: t for t in tools}
     replies = []
@@ -88,7 +89,7 @@ async def execute_tool_calls(
         started = time.perf_counter()
         content = await _run_one(by_name, function.get("name"), function.get("arguments"))
         if on_call is not None:
-            on_call((time.perf_counter() - started) * 1000.0)
+            on_call((time.perf_counter() - started) * 1000.0, str(function.get("name")))
         replies.append({"role": "tool", "tool_call_id": call.get("id"), "content": content})
     return replies
 

@@ -240,7 +240,7 @@ class RolloutRunner:
         return RolloutContext(
             spec.task, tools, rollout_id, self.gateway, debug_path,
             base_url=self.gateway.base_url(rollout_id), api_key=api_key,
-            gateway_socket=self.gateway.socket_path, settings=self.settings,
+            gateway_socket=self.gateway.socket_path, settings=self.settings, events=self.events,
         )  # fmt: skip
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
