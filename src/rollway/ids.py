@@ -47,6 +47,13 @@ def check_id(value: str, param: str) -> str:
     return value
 
 
+def id_from(text: str, max_length: int = EXP_ID_MAX_LENGTH) -> str:
+    """An id made from free text (an agent's name, a file's stem): every run of characters the
+    rule does not allow becomes ``-``, cut to ``max_length``; ``run`` when nothing is left."""
+    made = re.sub(r"[^A-Za-z0-9._-]+", "-", text).lstrip(".")[:max_length]
+    return made if is_safe_id(made, max_length) else "run"
+
+
 def check_exp_id(value: str) -> str:
     """A client's experiment id: an id short enough that the rollout ids made from it are ids
     too; a ``ConfigError`` (the caller's setting) otherwise."""

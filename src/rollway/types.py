@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollway.deprecated import deprecated_alias
+from rollway.errors import InvalidFieldsError
 
 FinishReason = Literal["stop", "length", "abort"]
 #: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
@@ -39,6 +40,22 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one
+        # stop string per character.
+        for name, kind in (("stop", str), ("stop_token_ids", int)):
+            value = getattr(self, name)
+            items = (value,) if isinstance(value, kind) else value
+            try:
+                items = tuple(items)
+            except TypeError:
+                raise InvalidFieldsError(
+                    f"{name} must be a {kind.__name__} or a list of them", param=name
+                ) from None
+            if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
+                raise InvalidFieldsError(f"{name} must hold only {kind.__name__}s", param=name)
+            object.__setattr__(self, name, items)
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)

@@ -181,6 +181,13 @@ class NeedsArguments(Good):
         self.model = model
 
 
+class NoContext(Good):
+    name = "no-context"
+
+    async def run(self) -> AgentResult:  # type: ignore[override]
+        raise AssertionError("never runs")
+
+
 class Raises(Good):
     name = "raises"
 
@@ -217,6 +224,7 @@ def test_validate_names_each_problem_and_what_it_is_about() -> None:
     assert found(int) == [("NOT_AN_AGENT", None)]
     assert found(Unnamed) == [("MISSING_NAME", "name"), ("RUN_NOT_IMPLEMENTED", "run")]
     assert found(NotAsync) == [("RUN_NOT_ASYNC", "run")]
+    assert found(NoContext) == [("RUN_SIGNATURE", "run")]
     assert found(NeedsArguments) == [("CANNOT_INSTANTIATE", "__init__")]
     assert found(Raises) == [("GET_TOOLS_RAISED", "get_tools")]
     assert found(NotList) == [("TOOLS_NOT_A_LIST", "get_tools")]
@@ -231,7 +239,8 @@ def test_validate_names_each_problem_and_what_it_is_about() -> None:
 
 
 def test_every_issue_code_is_produced_by_some_agent() -> None:
-    agents = [int, Unnamed, NotAsync, NeedsArguments, Raises, NotList, Malformed, Undescribed]
+    agents = [int, Unnamed, NotAsync, NoContext, NeedsArguments, Raises, NotList, Malformed,
+              Undescribed]  # fmt: skip
     produced = {issue.code for agent in agents for issue in validate(agent).issues}
     assert produced == set(IssueCode)
     assert all(code == code.name for code in IssueCode)  # a code reads as its own name
@@ -313,3 +322,8 @@ def test_the_registry_lists_sorted_names_and_forgets_on_request() -> None:
     assert list_agents() == before
     with pytest.raises(ConfigError, match="no agent is registered as 'good'"):
         unregister_agent("good")
+
+
+def test_only_agent_classes_can_be_registered() -> None:
+    with pytest.raises(ConfigError, match="only AgentLoop subclasses"):
+        register_agent(object)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ both classify outcomes the same way."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -64,9 +65,31 @@ async def run_agent(
     if not isinstance(result, AgentResult):
         reason = f"run returned {type(result).__name__}; return ctx.complete(...) or ctx.error(...)"
         return AgentOutcome("error", "agent", reason)
+    problem = result_problem(result)
+    if problem is not None:
+        return AgentOutcome("error", "agent", f"run returned an invalid result: {problem}")
     if result.error is not None:
         return AgentOutcome("error", "agent", result.error, result)
     return AgentOutcome("completed", result=result)
+
+
+def result_problem(result: AgentResult) -> str | None:
+    """What is wrong with an agent's result, if anything: it becomes the rollout's record, so
+    a wrong type there would lose the rollout instead of recording the agent's mistake."""
+    if not isinstance(result.messages, list) or not all(
+        isinstance(m, dict) for m in result.messages
+    ):
+        return "messages must be a list of message dicts"
+    if not isinstance(result.finish_reason, str):
+        return f"finish_reason must be a string, not {type(result.finish_reason).__name__}"
+    reward = result.reward
+    if reward is not None and (
+        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
+    ):
+        return f"reward must be a finite number or None, not {reward!r}"
+    if result.error is not None and not isinstance(result.error, str):
+        return f"error must be a string, not {type(result.error).__name__}"
+    return None
 
 
 async def _stop(

@@ -19,6 +19,8 @@ _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
 
 def register_agent(cls: type[AgentLoop]) -> type[AgentLoop]:
     """Register ``cls`` under its ``name`` (usable as a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
+        raise ConfigError(f"only AgentLoop subclasses can be registered, not {cls!r}")
     known = _REGISTRY.get(cls.name)
     if known is not None and known is not cls:
         raise ConfigError(f"agent name {cls.name!r} is already taken by {known.__qualname__}")

@@ -24,6 +24,7 @@ class IssueCode(StrEnum):
     MISSING_NAME = "MISSING_NAME"
     RUN_NOT_IMPLEMENTED = "RUN_NOT_IMPLEMENTED"
     RUN_NOT_ASYNC = "RUN_NOT_ASYNC"
+    RUN_SIGNATURE = "RUN_SIGNATURE"
     CANNOT_INSTANTIATE = "CANNOT_INSTANTIATE"
     # Its tools.
     GET_TOOLS_RAISED = "GET_TOOLS_RAISED"
@@ -105,6 +106,11 @@ def _find_issues(agent: type[AgentLoop] | AgentLoop, cls: type) -> list[Validati
     elif not inspect.iscoroutinefunction(cls.run):
         message = "`run` must be `async def run(self, ctx)`"
         issues.append(_error(IssueCode.RUN_NOT_ASYNC, message, "run"))
+    elif not _takes_ctx(cls.run):
+        message = (
+            f"`run` must take the context: `async def run(self, ctx)`, not {_signature(cls.run)}"
+        )
+        issues.append(_error(IssueCode.RUN_SIGNATURE, message, "run"))
     if issues:
         return issues
     try:
@@ -113,6 +119,21 @@ def _find_issues(agent: type[AgentLoop] | AgentLoop, cls: type) -> list[Validati
         message = f"the agent cannot be built without arguments: {exc!r}"
         return [_error(IssueCode.CANNOT_INSTANTIATE, message, "__init__", **_raised(exc))]
     return _check_tools(instance)
+
+
+def _takes_ctx(run: Any) -> bool:
+    try:
+        inspect.signature(run).bind(object(), object())  # self, ctx
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _signature(run: Any) -> str:
+    try:
+        return f"run{inspect.signature(run)}"
+    except (TypeError, ValueError):
+        return "an uninspectable run"
 
 
 def _check_tools(agent: AgentLoop) -> list[ValidationIssue]:

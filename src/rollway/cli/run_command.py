@@ -24,6 +24,7 @@ from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.ids import id_from
 from rollway.rollouts.config import DEFAULT_TIMEOUT_S, RolloutLimits, ServingConfig
 from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import sandbox_factory
@@ -119,7 +120,7 @@ def run(
     if (agent is None) == (cmd is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
     chosen = _agent(agent, cmd, agent_key, sandbox)
-    exp = exp_id or f"{chosen.name}-{tasks.stem}"
+    exp = exp_id or id_from(f"{chosen.name}-{tasks.stem}")
     sampling: dict[str, Any] = {"temperature": temperature}
     if seed is not None:
         sampling["seed"] = seed

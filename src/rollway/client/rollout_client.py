@@ -32,7 +32,7 @@ from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_fro
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.ids import check_exp_id
+from rollway.ids import check_exp_id, id_from
 from rollway.retry import RetryPolicy
 from rollway.rollouts import (
     RolloutLimits,
@@ -119,7 +119,7 @@ class RolloutClient:
             )
         self.agent = resolve_agent(agent, agent_key, poll)
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
-        self.exp_id = check_exp_id(exp_id or self.agent.name)
+        self.exp_id = check_exp_id(exp_id) if exp_id else id_from(self.agent.name)
         # Checked and typed once, here: a typo fails now, not in every rollout.
         self.settings = RolloutSettings.build(
             self.exp_id, sampling=sampling, limits=limits, retry=retry, debug=debug,

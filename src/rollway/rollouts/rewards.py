@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,14 @@ def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
         extras = {k: v for k, v in value.items() if k != "reward"}
         if not isinstance(value.get("reward"), int | float) or isinstance(value["reward"], bool):
             raise RewardError("a reward dict needs a numeric 'reward' key")
-        return float(value["reward"]), extras
+        return _finite(value["reward"]), extras
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value), {}
+        return _finite(value), {}
     raise RewardError(f"reward function returned {type(value).__name__}, not float or dict")
+
+
+def _finite(value: float) -> float:
+    """A NaN or infinite reward would poison every mean and advantage of its group."""
+    if not math.isfinite(value):
+        raise RewardError(f"reward function returned {value}; a reward must be a finite number")
+    return float(value)

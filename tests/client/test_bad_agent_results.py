@@ -1,0 +1,96 @@
+"""An agent's mistake in what it returns, or a reward function's NaN, is recorded as that
+rollout's error; it never loses the record nor breaks the batch around it."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.client import RolloutClient
+from rollway.errors import InvalidFieldsError
+from rollway.types import AgentResult, SamplingParams, Trajectory
+
+MakeClient = Callable[..., RolloutClient]
+
+BAD_ENDINGS: dict[str, Any] = {
+    "finish-not-text": lambda ctx: ctx.complete([], finish_reason=123),
+    "messages-not-list": lambda ctx: ctx.complete("hello"),
+    "messages-not-dicts": lambda ctx: ctx.complete(["hello"]),
+    "nan-reward": lambda ctx: ctx.complete([], reward=math.nan),
+    "bool-reward": lambda ctx: ctx.complete([], reward=True),
+}
+
+
+class BadEnding(AgentLoop):
+    name = "bad-ending"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        await ctx.chat([{"role": "user", "content": "hi"}])
+        ending = BAD_ENDINGS.get(ctx.task.get("ending", ""))
+        return ending(ctx) if ending else ctx.complete([])
+
+
+def test_invalid_results_are_the_agents_error_and_the_batch_goes_on(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(agent=BadEnding, max_retry_attempts=1)
+    tasks = [{"task_id": name, "ending": name} for name in BAD_ENDINGS] + [{"task_id": "fine"}]
+    records = {item.result.task["task_id"]: item.result for item in client.run_batch(tasks)}
+    assert records.pop("fine").status == "completed"
+    assert set(records) == set(BAD_ENDINGS)
+    for name, record in records.items():
+        assert (record.status, record.error_kind) == ("error", "agent"), name
+        assert "run returned an invalid result" in (record.reason or ""), name
+        stored = client.store.get(record.rollout_key)
+        assert stored is not None and stored.status == "error", name
+
+
+def nan_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    return math.nan if task["task_id"] == "nan" else 1.0
+
+
+def test_a_nan_reward_is_a_reward_error_and_the_summary_still_adds_up(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(agent=BadEnding, reward=nan_reward, max_retry_attempts=1)
+    items = list(client.run_batch([{"task_id": "nan"}, {"task_id": "ok"}], group_size=2))
+    by_task = {}
+    for item in items:
+        by_task.setdefault(item.result.task["task_id"], []).append(item.result)
+    assert all(r.error_kind == "reward" and "finite" in (r.reason or "") for r in by_task["nan"])
+    assert all(r.reward == 1.0 for r in by_task["ok"])
+    summary = json.loads((client.store.path / "summary.json").read_text())
+    assert summary["mean_reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("given", "stop"),
+    [("</answer>", ("</answer>",)), (["a", "bc"], ("a", "bc")), ((), ())],
+)
+def test_one_stop_string_is_one_stop_string(given: Any, stop: tuple[str, ...]) -> None:
+    assert SamplingParams(stop=given).stop == stop
+
+
+def test_stop_ids_take_one_id_or_several_and_nothing_else() -> None:
+    assert SamplingParams(stop_token_ids=5).stop_token_ids == (5,)
+    assert SamplingParams(stop_token_ids=[5, 6]).stop_token_ids == (5, 6)
+    with pytest.raises(InvalidFieldsError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=["5"])  # type: ignore[list-item]
+    with pytest.raises(InvalidFieldsError, match="stop"):
+        SamplingParams(stop=5)  # type: ignore[arg-type]
+
+
+def test_a_client_named_by_a_free_text_agent_name_gets_a_valid_experiment_id(
+    make_client: MakeClient,
+) -> None:
+    class Spacey(BadEnding):
+        name = "My Agent: v2"
+
+    client = make_client(agent=Spacey)
+    assert client.exp_id == "My-Agent-v2"
+    assert client.invoke({"task_id": "t"}).result(30).status == "completed"
