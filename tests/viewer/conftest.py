@@ -16,8 +16,9 @@ import pytest
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.gateway import ChatRenderer, Gateway
-from rollway.types import RolloutResult
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.types import AgentResult
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL
@@ -31,7 +32,7 @@ class TwoTurnAgent(AgentLoop):
 
     name = "two-turn"
 
-    async def run(self, ctx: RolloutContext) -> RolloutResult:
+    async def run(self, ctx: RolloutContext) -> AgentResult:
         if ctx.task.get("fail"):
             raise RuntimeError(f"no luck with {ctx.task['task_id']}")
         messages: list[dict[str, Any]] = [{"role": "user", "content": ctx.task["q"]}]
