@@ -87,3 +87,24 @@ def test_every_rollway_class_the_docs_call_is_exported_from_the_root() -> None:
     imported_elsewhere = {"PromptAgent"}  # from rollway.trainers.trl, as the docs say
     assert {"PollPolicy", "RemoteGateway", "RolloutClient"} <= called
     assert sorted((called & defined) - imported_elsewhere - set(rollway.__all__)) == []
+
+
+def test_the_readme_documents_every_metric_with_its_type_and_labels() -> None:
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from rollway.gateway.metrics import GatewayMetrics
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {
+        cells[1].strip("` "): cells
+        for line in readme.splitlines()
+        if line.startswith("| `rollway_") and len(cells := line.split("|")) > 4
+    }
+    for metric in vars(GatewayMetrics()).values():
+        if not isinstance(metric, MetricWrapperBase):
+            continue
+        name = metric._name + ("_total" if metric._type == "counter" else "")
+        assert name in rows, f"README's /metrics table misses {name}"
+        assert rows[name][2].strip() == metric._type, name
+        for label in metric._labelnames:
+            assert f"`{label}`" in rows[name][3], (name, label)
