@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from rollway.errors import (
+    ConfigError,
     EngineError,
     InfrastructureError,
     OverloadedError,
@@ -194,3 +195,33 @@ def test_the_named_policies_keep_their_numbers() -> None:
     assert REPORT_DELIVERY.attempts == 5 and REPORT_DELIVERY.backoff == Backoff(0.5, 2.0, 30.0)
     assert ROLLOUT_ATTEMPTS.attempts == 3 and ROLLOUT_ATTEMPTS.backoff == Backoff(0.5, 2.0, 30.0)
     assert WORKER_RESTART.backoff == Backoff(0.5, 1.0) and WORKER_RESTART.within_s == 120.0
+
+
+@pytest.mark.parametrize(
+    ("make", "field"),
+    [
+        (lambda: RetryPolicy(attempts=0), "attempts"),
+        (lambda: RetryPolicy(attempts=-1), "attempts"),
+        (lambda: RetryPolicy(attempts="3"), "attempts"),
+        (lambda: RetryPolicy(attempts=True), "attempts"),
+        (lambda: RetryPolicy(within_s=0), "within_s"),
+        (lambda: RetryPolicy(within_s=float("nan")), "within_s"),
+        (lambda: RetryPolicy(backoff=0.5), "backoff"),
+        (lambda: Backoff(first_s=-5), "first_s"),
+        (lambda: Backoff(first_s=float("nan")), "first_s"),
+        (lambda: Backoff(first_s=float("inf")), "first_s"),
+        (lambda: Backoff(first_s="1"), "first_s"),
+        (lambda: Backoff(first_s=1, max_s=-1), "max_s"),
+        (lambda: Backoff(first_s=1, factor=0.5), "factor"),
+        (lambda: Backoff(first_s=1, factor=float("nan")), "factor"),
+    ],
+)
+def test_a_bad_policy_field_is_refused_naming_it(make: Any, field: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{field} must be") as raised:
+        make()
+    assert raised.value.param == field
+
+
+def test_the_edges_of_a_policy_are_allowed() -> None:
+    assert RetryPolicy(attempts=1, within_s=0.1).attempts == 1
+    assert Backoff(first_s=0, factor=1, max_s=0).delay_s(3) == 0

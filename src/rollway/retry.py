@@ -14,6 +14,7 @@ a stale rollout again after a weight update, polls for a state change with a dea
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,7 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, stop_any, stop_before_delay
 
-from rollway.errors import TRANSIENT_KINDS, InfrastructureError, OverloadedError
+from rollway.errors import TRANSIENT_KINDS, ConfigError, InfrastructureError, OverloadedError
 
 Hook = Callable[[RetryCallState], None]
 
@@ -34,6 +35,12 @@ class Backoff:
     first_s: float
     factor: float = 2.0
     max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _check_wait("first_s", self.first_s)
+        _check_wait("max_s", self.max_s)
+        if not (_is_number(self.factor) and 1 <= self.factor < math.inf):
+            raise ConfigError("factor must be a finite number of at least 1", "factor")
 
     def delay_s(self, retry: int) -> float:
         """The wait before retry number ``retry`` (1: the first retry)."""
@@ -66,6 +73,15 @@ class RetryPolicy:
     retry_result: Callable[[Any], bool] | None = None
     within_s: float | None = None
     wait_out_overload: bool = False
+
+    def __post_init__(self) -> None:
+        attempts = self.attempts
+        if attempts is not None and (not _is_whole(attempts) or attempts < 1):
+            raise ConfigError("attempts must be None or a whole number of at least 1", "attempts")
+        if self.backoff is not None and not isinstance(self.backoff, Backoff):
+            raise ConfigError("backoff must be a Backoff or None", "backoff")
+        if self.within_s is not None and not (_is_number(self.within_s) and self.within_s > 0):
+            raise ConfigError("within_s must be None or a positive number of seconds", "within_s")
 
     def is_retryable(self, error: BaseException) -> bool:
         return isinstance(error, self.retry_on)
@@ -132,6 +148,20 @@ class _Tries:
     def stop(self, state: RetryCallState) -> bool:
         attempts = self.policy.attempts
         return attempts is not None and self.failed >= max(1, attempts)
+
+
+def _check_wait(name: str, seconds: Any) -> None:
+    """A wait of ``seconds``: a finite number, 0 or more (an error names ``name``)."""
+    if not (_is_number(seconds) and 0 <= seconds < math.inf):  # NaN fails too
+        raise ConfigError(f"{name} must be a finite number of seconds, 0 or more", name)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _last_outcome(state: RetryCallState) -> Any:

@@ -101,10 +101,38 @@ def test_a_slow_listener_loses_events_counted_and_never_blocks(make_client: Make
         return [e async for e in slow]
 
     events = asyncio.run(read())
-    # 4 rollouts x (start + 3 x 2 turn events + finish) = 32 events, the first 3 kept.
+    # 4 rollouts x (start + 3 x 2 turn events + finish) = 32 events, the first 3 kept, then
+    # the notice where the rest would have been.
     assert len(heard) == 32
-    assert isinstance(events[0], EventsDropped) and events[0].dropped == 32 - 3
-    assert events[1:] == heard[:3]
+    assert events[:3] == heard[:3]
+    assert events[3:] == [EventsDropped(at=events[3].at, dropped=32 - 3)]
+
+
+def test_a_drop_notice_comes_where_the_gap_is() -> None:
+    bus = EventBus()
+    listener = EventListener(bus, max_queued=2)
+    sent = [TurnStarted(rollout_id="r", turn=turn) for turn in range(6)]
+    bus(sent[0]), bus(sent[1]), bus(sent[2])  # the third finds the queue full
+
+    async def read(count: int) -> list[RolloutEvent]:
+        return [await anext(listener) for _ in range(count)]
+
+    async def read_rest() -> list[RolloutEvent]:
+        return [e async for e in listener]
+
+    first = asyncio.run(read(1))  # room for one more
+    bus(sent[3]), bus(sent[4]), bus(sent[5])  # 3 is queued, 4 and 5 dropped
+    listener.close()
+    rest = asyncio.run(read_rest())
+    assert first == [sent[0]]
+    kinds = [(e.kind, getattr(e, "turn", None), getattr(e, "dropped", None)) for e in rest]
+    assert kinds == [
+        ("turn_started", 1, None),
+        ("dropped", None, 1),  # sent[2], lost between 1 and 3
+        ("turn_started", 3, None),
+        ("dropped", None, 2),  # sent[4] and sent[5]
+    ]
+    assert listener.queued == 0
 
 
 def test_nobody_listening_queues_nothing_and_builds_no_events(make_client: MakeClient) -> None:

@@ -57,15 +57,17 @@ def test_a_slow_agent_is_reported_once_shown_in_metrics_and_left_to_finish(
     wait_until(lambda: b"rollway_rollouts_stuck 0.0" in gateway.metrics.render())
 
 
-def test_no_watchdog_when_turned_off(make_client: MakeClient) -> None:
+@pytest.mark.parametrize("off", [None, 0])  # 0 as with ``rollway run --stuck-after 0``
+def test_no_watchdog_when_turned_off(make_client: MakeClient, off: float | None) -> None:
     heard: list[RolloutEvent] = []
-    client = make_client(stuck_after_s=None, on_event=heard.append)
+    client = make_client(stuck_after_s=off, on_event=heard.append)
     assert client.invoke({"task_id": "slow", "wait": 0.3}).result(timeout=20).status == (
         "completed"
     )
     assert not stuck_events(heard)
+    assert client._watchdog.after_s is None
     with pytest.raises(ConfigError, match="stuck_after_s"):
-        make_client(stuck_after_s=0)
+        make_client(stuck_after_s=-1)
 
 
 def test_status_lines_count_stuck_rollouts(caplog: pytest.LogCaptureFixture) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.errors import TRANSIENT_KINDS
+from rollway.errors import TRANSIENT_KINDS, ConfigError
 from rollway.rollouts import RolloutSpec, task_key
 from rollway.types import RolloutRecord, TrajectoryStats
 
@@ -36,7 +36,7 @@ def plan(
 ) -> list[RolloutSpec]:
     """``group_size`` specs per task, sharing a group id; keys stable across reruns."""
     if group_size < 1:
-        raise ValueError("group_size must be at least 1")
+        raise ConfigError("group_size must be a whole number of at least 1", "group_size")
     specs = []
     seen: set[str] = set()
     for index, task in enumerate(tasks):

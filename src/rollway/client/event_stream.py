@@ -26,17 +26,28 @@ from rollway.types import RolloutRecord
 DEFAULT_QUEUE_SIZE = 10_000
 
 
+class _Gap:
+    """Where a listener's queue lost events: their count, read as one ``EventsDropped``."""
+
+    __slots__ = ("dropped",)
+
+    def __init__(self) -> None:
+        self.dropped = 0
+
+
 class EventListener:
     """An async iterator over the events since it subscribed. Events arrive on the client's
     thread and never wait for the listener: past ``max_queued`` unread ones, new events are
-    dropped and counted, and the next read yields an ``EventsDropped`` notice first. Iteration
-    ends once the client closes (or ``close()``), after what was queued."""
+    dropped and counted, and an ``EventsDropped`` notice takes their place in the stream: after
+    the events queued before them, before any queued after (so a reader knows where the gap
+    is). Iteration ends once the client closes (or ``close()``), after what was queued."""
 
     def __init__(self, bus: EventBus, max_queued: int = DEFAULT_QUEUE_SIZE) -> None:
         self._bus, self._max = bus, max_queued
-        self._queue: collections.deque[RolloutEvent] = collections.deque()
+        # Events and gaps, in order; only events count against ``max_queued``.
+        self._queue: collections.deque[RolloutEvent | _Gap] = collections.deque()
+        self._events = 0
         self._lock = threading.Lock()
-        self._dropped = 0
         self._closed = False
         # Bound to the reader's loop at its first read; until then a push only queues.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -47,10 +58,15 @@ class EventListener:
         with self._lock:
             if self._closed:
                 return
-            if len(self._queue) >= self._max:
-                self._dropped += 1
-                return
-            self._queue.append(event)
+            if self._events >= self._max:
+                gap = self._queue[-1] if self._queue else None
+                if not isinstance(gap, _Gap):  # events came since the last gap: a new one
+                    gap = _Gap()
+                    self._queue.append(gap)
+                gap.dropped += 1
+            else:
+                self._queue.append(event)
+                self._events += 1
             first = len(self._queue) == 1
         if first:
             self._poke()
@@ -64,7 +80,8 @@ class EventListener:
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Unread events (not counting what was dropped)."""
+        return self._events
 
     def __aiter__(self) -> EventListener:
         return self
@@ -74,11 +91,12 @@ class EventListener:
             self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
         while True:
             with self._lock:
-                if self._dropped:
-                    dropped, self._dropped = self._dropped, 0
-                    return EventsDropped(dropped=dropped)
                 if self._queue:
-                    return self._queue.popleft()
+                    item = self._queue.popleft()
+                    if isinstance(item, _Gap):
+                        return EventsDropped(dropped=item.dropped)
+                    self._events -= 1
+                    return item
                 if self._closed:
                     raise StopAsyncIteration
                 # Cleared under the lock: a push after this wakes the wait below.

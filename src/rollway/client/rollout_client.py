@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import math
 import os
 import time
 import uuid
@@ -42,6 +43,7 @@ from rollway.rollouts import (
     ServingConfig,
     task_key,
 )
+from rollway.rollouts.config import check_count, check_seconds, config_object
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
@@ -96,9 +98,9 @@ class RolloutClient:
         exp_id: str | None = None,
         reward: RewardFn | None = None,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
-        limits: RolloutLimits | None = None,
-        retry: RetryPolicy | None = None,
-        serving: ServingConfig | None = None,
+        limits: RolloutLimits | Mapping[str, Any] | None = None,
+        retry: RetryPolicy | Mapping[str, Any] | None = None,
+        serving: ServingConfig | Mapping[str, Any] | None = None,
         max_concurrent: int = 16,
         tps_limit: float | None = None,
         executor: str | Executor = "local",
@@ -113,10 +115,14 @@ class RolloutClient:
         abort_stuck: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
-        if not status_interval > 0:  # NaN too
-            raise ConfigError(
-                "status_interval must be a positive number of seconds", "status_interval"
-            )
+        # Checked before anything starts: a bad value is named here, not met as a hang later.
+        check_count("max_concurrent", max_concurrent, least=1)
+        if tps_limit is not None and not (_is_number(tps_limit) and 0 < tps_limit < math.inf):
+            raise ConfigError("tps_limit must be None or a positive number", "tps_limit")
+        check_seconds("status_interval", status_interval)
+        if stuck_after_s is not None:
+            check_seconds("stuck_after_s", stuck_after_s, zero=True)
+        serving = config_object(ServingConfig, serving, "serving")
         self.agent = resolve_agent(agent, agent_key, poll)
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
         self.exp_id = check_exp_id(exp_id) if exp_id else id_from(self.agent.name)
@@ -134,14 +140,16 @@ class RolloutClient:
         # across the whole cluster, not per worker.
         self._slots = asyncio.Semaphore(max_concurrent)
         # Capacity 1 spaces starts evenly (no burst): at most tps_limit in any second.
-        self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit else None
+        self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit is not None else None
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         self._events = ClientEvents()
         if on_event is not None:
             self._events.bus.subscribe(on_event)
-        self._watchdog = Watchdog(self.executor, self._events.bus, stuck_after_s, abort_stuck)
+        # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
+        watch_after_s = stuck_after_s or None
+        self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
         setup = WorkerSetup(
             agent=self.agent,
             engine=engine,
@@ -178,7 +186,9 @@ class RolloutClient:
     def events(self, max_queued: int = DEFAULT_QUEUE_SIZE) -> EventListener:
         """Subscribe to rollout events from now on (``async for event in client.events()``);
         close it (or ``async with``) to stop. A listener that falls behind loses events, counted
-        in an ``EventsDropped`` notice: it never slows the rollouts."""
+        in an ``EventsDropped`` notice where they would have been: it never slows the
+        rollouts."""
+        check_count("max_queued", max_queued, least=1)
         return self._events.listen(max_queued)
 
     # -- single rollouts ---------------------------------------------------------------------
@@ -186,6 +196,9 @@ class RolloutClient:
     def invoke(self, task: dict[str, Any], **overrides: Unpack[RolloutOptions]) -> RolloutFuture:
         """Start one rollout of ``task``; ``overrides`` (sampling fields, limits,
         ``max_retry_attempts``) change it alone. Anything else is refused, naming it."""
+        self._check_open()
+        if not isinstance(task, dict):
+            raise ConfigError(f"task must be a dict, not {type(task).__name__}", "task")
         settings = self.settings.with_options(overrides)
         run = uuid.uuid4().hex
         key = f"{task_key(task)}-{run[:8]}"
@@ -217,13 +230,13 @@ class RolloutClient:
         sees a slower turn), ``drain`` (they finish on the old weights first) or ``keep``
         (they freeze and go on under the new ones). Rollout starts wait meanwhile. Safe to
         call from another thread while a batch runs. Returns what the update did."""
-        if self._loop.loop.is_closed():
-            raise ConfigError("this client is closed: make a new one to update weights")
+        self._check_open("to update weights")
         return self._loop.call(self._update_weights(source, version, mode))
 
     async def update_weights_async(
         self, source: Any, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
+        self._check_open("to update weights")
         return await asyncio.wrap_future(
             self._loop.submit(self._update_weights(source, version, mode))
         )
@@ -266,8 +279,9 @@ class RolloutClient:
         cancels what is still running. A ``KeyboardInterrupt`` inside the batch (Ctrl-C while
         it waits) cancels what is running, writes the summary of what finished
         (``last_summary["interrupted"]``), and is raised again."""
-        settings = self.settings.with_options(overrides)  # refused now, not at the first item
-        return self._run_batch(list(tasks), group_size, resume, settings)
+        # Refused now, not at the first item.
+        settings, tasks = self._batch_args(tasks, group_size, overrides)
+        return self._run_batch(tasks, group_size, resume, settings)
 
     def run_batch_async(
         self,
@@ -278,8 +292,23 @@ class RolloutClient:
         **overrides: Unpack[RolloutOptions],
     ) -> AsyncIterator[BatchItem]:
         """``run_batch`` as an async iterator."""
+        settings, tasks = self._batch_args(tasks, group_size, overrides)
+        return self._run_batch_async(tasks, group_size, resume, settings)
+
+    def _batch_args(
+        self, tasks: Iterable[dict[str, Any]], group_size: int, overrides: Mapping[str, Any]
+    ) -> tuple[RolloutSettings, list[dict[str, Any]]]:
+        """A batch's settings and tasks, checked before it starts."""
+        self._check_open()
+        check_count("group_size", group_size, least=1)
         settings = self.settings.with_options(overrides)
-        return self._run_batch_async(list(tasks), group_size, resume, settings)
+        listed = list(tasks)
+        for index, task in enumerate(listed):
+            if not isinstance(task, dict):
+                raise ConfigError(
+                    f"tasks[{index}] must be a dict, not {type(task).__name__}", "tasks"
+                )
+        return settings, listed
 
     def _run_batch(
         self,
@@ -389,6 +418,11 @@ class RolloutClient:
         self.close()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _check_open(self, purpose: str = "to run rollouts") -> None:
+        # Before any coroutine is made: a closed loop would leave it never awaited.
+        if self._loop.loop.is_closed():
+            raise ConfigError(f"this client is closed: make a new one {purpose}")
 
     def _submit(self, spec: RolloutSpec, settings: RolloutSettings) -> RolloutFuture:
         gate = CancelGate(self._loop.loop)
@@ -506,6 +540,10 @@ async def _unless_cancelled(acquire: Coroutine[Any, Any, Any], cancel: asyncio.E
         taken.cancel()  # nothing, once it has acquired
     await asyncio.gather(taken, return_exceptions=True)
     return not taken.cancelled()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def resolve_agent(

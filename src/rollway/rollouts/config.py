@@ -8,11 +8,12 @@ import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
+from urllib.parse import urlsplit
 
-from rollway.errors import ConfigError
+from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
-from rollway.retry import ROLLOUT_ATTEMPTS, RetryPolicy, is_transient
+from rollway.retry import ROLLOUT_ATTEMPTS, Backoff, RetryPolicy, is_transient
 from rollway.types import SamplingParams
 from rollway.web.handlers import parse_model
 
@@ -34,12 +35,12 @@ class RolloutLimits:
     stop_grace_s: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_count("max_turns", self.max_turns, least=1, optional=True)
-        _check_count("max_seq_len", self.max_seq_len, least=2, optional=True)
+        check_count("max_turns", self.max_turns, least=1, optional=True)
+        check_count("max_seq_len", self.max_seq_len, least=2, optional=True)
         if self.timeout is not None:
-            _check_seconds("timeout", self.timeout)
-        _check_seconds("reward_timeout", self.reward_timeout)
-        _check_seconds("stop_grace_s", self.stop_grace_s, zero=True)
+            check_seconds("timeout", self.timeout)
+        check_seconds("reward_timeout", self.reward_timeout)
+        check_seconds("stop_grace_s", self.stop_grace_s, zero=True)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,19 @@ class ServingConfig:
     port: int = 0
     public_url: str | None = None
     callback: bool = True
+
+    def __post_init__(self) -> None:
+        if self.http is not None and not isinstance(self.http, bool):
+            raise ConfigError("http must be True, False or None", "http")
+        if not isinstance(self.host, str) or not self.host:
+            raise ConfigError("host must be a non-empty string", "host")
+        port = self.port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ConfigError("port must be a whole number from 0 to 65535 (0: any)", "port")
+        if self.public_url is not None and not _is_http_url(self.public_url):
+            raise ConfigError("public_url must be None or an http(s)://host URL", "public_url")
+        if not isinstance(self.callback, bool):
+            raise ConfigError("callback must be True or False", "callback")
 
 
 class RolloutOptions(TypedDict, total=False):
@@ -104,13 +118,13 @@ class RolloutSettings:
         exp_id: str,
         *,
         sampling: SamplingParams | Mapping[str, Any] | None = None,
-        limits: RolloutLimits | None = None,
-        retry: RetryPolicy | None = None,
+        limits: RolloutLimits | Mapping[str, Any] | None = None,
+        retry: RetryPolicy | Mapping[str, Any] | None = None,
         debug: bool = False,
         options: Mapping[str, Any] | None = None,
     ) -> RolloutSettings:
-        """Settings from config objects plus keyword sugar; a setting given both ways (in a
-        config object and as a keyword) is an error naming it."""
+        """Settings from config objects (or mappings of their fields) plus keyword sugar; a
+        setting given both ways (in a config object and as a keyword) is an error naming it."""
         options = options or {}
         for group, given, names in (
             ("sampling", sampling, SAMPLING_NAMES),
@@ -128,8 +142,8 @@ class RolloutSettings:
             exp_id,
             sampling=SamplingParams(**fixed),
             sampling_fixed=frozenset(fixed),
-            limits=limits or RolloutLimits(),
-            retry=_rollout_policy(retry or ROLLOUT_ATTEMPTS),
+            limits=config_object(RolloutLimits, limits, "limits") or RolloutLimits(),
+            retry=_rollout_policy(retry_policy(retry) or ROLLOUT_ATTEMPTS),
             debug=debug,
         )
         return settings.with_options(options)
@@ -148,7 +162,7 @@ class RolloutSettings:
             elif name in LIMIT_NAMES:
                 limits[name] = value
             elif name in RETRY_NAMES:
-                _check_count(name, value, least=1)
+                check_count(name, value, least=1)
                 retry[RETRY_NAMES[name]] = value
             else:
                 raise _unknown_option(name)
@@ -194,7 +208,64 @@ def sampling_fields(sampling: SamplingParams | Mapping[str, Any]) -> dict[str, A
             f"sampling must be a SamplingParams or a mapping, not {type(sampling).__name__}",
             "sampling",
         )
+    _refuse_loose_numbers(given)
     return parse_model(SamplingFields, given).sampling_overrides()
+
+
+#: Sampling fields that hold numbers: pydantic's lax mode would turn "0.5" into 0.5 and True
+#: into 1, which hides a caller's mistake.
+_NUMERIC_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+
+
+def _refuse_loose_numbers(given: Mapping[str, Any]) -> None:
+    for name in _NUMERIC_SAMPLING:
+        value = given.get(name)
+        if isinstance(value, str | bool | bytes):
+            raise InvalidFieldsError(
+                f"{name}: must be a number, not {type(value).__name__} {value!r}", param=name
+            )
+
+
+ConfigT = TypeVar("ConfigT")
+
+
+def config_object(cls: type[ConfigT], given: Any, name: str) -> ConfigT | None:
+    """``given`` as a ``cls`` config object: the object itself, None, or a mapping of its
+    fields (an unknown field is an error naming it, a bad value one naming its field)."""
+    if given is None or isinstance(given, cls):
+        return given
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"{name} must be a {cls.__name__} or a mapping of its fields, not "
+            f"{type(given).__name__}",
+            name,
+        )
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    for key in given:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"unknown {name} field {key!r}: {hint}expected one of {', '.join(known)}", str(key)
+            )
+    return cls(**given)
+
+
+def retry_policy(given: RetryPolicy | Mapping[str, Any] | None) -> RetryPolicy | None:
+    """``config_object`` for ``retry=``, whose ``backoff`` may be a mapping too."""
+    if isinstance(given, Mapping) and isinstance(given.get("backoff"), Mapping):
+        given = {**given, "backoff": config_object(Backoff, given["backoff"], "backoff")}
+    return config_object(RetryPolicy, given, "retry")
+
+
+def _is_http_url(url: Any) -> bool:
+    if not isinstance(url, str):
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # a bad port or bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _unknown_option(name: str) -> ConfigError:
@@ -210,14 +281,14 @@ def _unknown_option(name: str) -> ConfigError:
     return ConfigError(f"unknown option {name!r}: {hint}expected one of {', '.join(known)}", name)
 
 
-def _check_seconds(name: str, seconds: Any, *, zero: bool = False) -> None:
+def check_seconds(name: str, seconds: Any, *, zero: bool = False) -> None:
     number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
     if not (number and (seconds > 0 or (zero and seconds == 0))):  # NaN fails both
         least = "0 or a positive" if zero else "a positive"
         raise ConfigError(f"{name} must be {least} number of seconds", name)
 
 
-def _check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
+def check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
