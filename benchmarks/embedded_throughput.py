@@ -1,0 +1,137 @@
+"""The embedded engine under multi-turn rollouts: aggregate sampled tokens/s and prefix reuse.
+
+Each rollout is a conversation of ``--turns`` turns on the engine directly (token ids in and
+out, no gateway): turn k+1's prompt is turn k's prompt, its completion and a new user message,
+as an agent's next turn is. All rollouts share a system prompt; at concurrency N they run as
+N/``--group-size`` tasks of ``--group-size`` samples each (a GRPO group), all at once. Sampling
+is seeded, at temperature 1, so completions vary in length as they do in RL.
+
+Reported per concurrency: sampled tokens/s over the wall time, the share of prompt tokens whose
+KV was reused (shared prefixes and the prefix cache) and the prefix cache's hit rate (lookups
+that reused at least one token), where the engine has one.
+Usage: python benchmarks/embedded_throughput.py [--concurrency 1 16] [--turns 3] [--max-tokens 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass
+
+from rollway.engines.embedded import EmbeddedEngine
+from rollway.types import SamplingParams
+
+SYSTEM = (
+    "You are a patient tutor. You answer in two or three short sentences, you explain your "
+    "reasoning plainly, and you never invent facts you are not sure of."
+)
+TASKS = [
+    "Why is the sky blue?",
+    "How do plants make food?",
+    "What causes the tides?",
+    "Why do we have seasons?",
+    "How does a rainbow form?",
+    "What is a prime number?",
+    "How do bees make honey?",
+    "Why does ice float on water?",
+]
+FOLLOW_UPS = ["Can you say that more simply?", "Give me one example.", "Why does that matter?"]
+
+
+@dataclass
+class Run:
+    sampled_tokens: int
+    wall_s: float
+    prompt_tokens: int
+    reused_tokens: int
+    cache_hit_rate: float | None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.sampled_tokens / self.wall_s
+
+
+def render(engine: EmbeddedEngine, messages: list[dict[str, str]]) -> list[int]:
+    text = engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def next_user_turn(engine: EmbeddedEngine, output_ids: list[int], question: str) -> list[int]:
+    """The tokens after a completion that close it and open the next user turn."""
+    end = "" if output_ids and output_ids[-1] in engine.eos_token_ids else "<|im_end|>"
+    text = f"{end}\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+async def rollout(engine: EmbeddedEngine, index: int, group_size: int, args) -> tuple[int, int]:
+    """One conversation; returns its sampled and prompt token counts."""
+    task = TASKS[(index // group_size) % len(TASKS)]
+    ids = render(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}])
+    sampled = prompted = 0
+    for turn in range(args.turns):
+        sampling = SamplingParams(
+            temperature=1.0, max_tokens=args.max_tokens, seed=index * 7 + turn
+        )
+        result = await engine.generate(ids, sampling, f"r{index}-t{turn}")
+        sampled += len(result.output_ids)
+        prompted += len(ids)
+        question = FOLLOW_UPS[turn % len(FOLLOW_UPS)]
+        ids = ids + result.output_ids + next_user_turn(engine, result.output_ids, question)
+    return sampled, prompted
+
+
+async def measure(engine: EmbeddedEngine, concurrency: int, args) -> Run:
+    cache = getattr(engine, "prefix_cache", None)  # the engine before the prefix cache has none
+    lookups, hits = (cache.lookups, cache.hits) if cache else (0, 0)
+    saved = engine.prefix_tokens_saved
+    group_size = min(args.group_size, concurrency)
+    started = time.perf_counter()
+    counts = await asyncio.gather(
+        *[rollout(engine, i, group_size, args) for i in range(concurrency)]
+    )
+    wall = time.perf_counter() - started
+    hit_rate = None
+    if cache is not None:
+        hit_rate = (cache.hits - hits) / max(cache.lookups - lookups, 1)
+        cache.clear()  # the next concurrency starts cold, as this one did
+    return Run(
+        sampled_tokens=sum(s for s, _ in counts),
+        wall_s=wall,
+        prompt_tokens=sum(p for _, p in counts),
+        reused_tokens=engine.prefix_tokens_saved - saved,
+        cache_hit_rate=hit_rate,
+    )
+
+
+async def main(args) -> None:
+    engine = EmbeddedEngine.from_pretrained()
+    try:
+        await engine.generate(
+            render(engine, [{"role": "user", "content": "Hi"}]),
+            SamplingParams(max_tokens=4),
+            "warm-up",
+        )
+        print(f"{args.turns} turns per rollout, up to {args.max_tokens} tokens per turn")
+        for concurrency in args.concurrency:
+            run = await measure(engine, concurrency, args)
+            hit = "n/a" if run.cache_hit_rate is None else f"{run.cache_hit_rate:.0%}"
+            print(
+                f"concurrency {concurrency:>3}: {run.tokens_per_s:7.1f} sampled tokens/s "
+                f"({run.sampled_tokens} tokens in {run.wall_s:.1f} s), "
+                f"prompt tokens reused {run.reused_tokens / run.prompt_tokens:.0%}, "
+                f"prefix cache hit rate {hit}"
+            )
+    finally:
+        await engine.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--group-size", type=int, default=4)
+    asyncio.run(main(parser.parse_args()))
