@@ -62,6 +62,20 @@ async def test_a_finished_row_frees_its_slot_at_once(small_engine: EmbeddedEngin
         assert_exact(small_engine, ids, result)
 
 
+async def test_a_running_requests_prompt_serves_a_request_admitted_later(
+    engine: EmbeddedEngine,
+) -> None:
+    # A GRPO group whose members arrive apart: the first one's prompt KV serves the others.
+    ids = prompt(engine, "Write a very long essay about the sea and its storms.")
+    running = asyncio.create_task(engine.generate(ids, LONG, "group-first"))
+    await wait_for_tokens(engine, "group-first", 1)
+    saved = engine.prefix_tokens_saved
+    later = await engine.generate(ids, SHORT, "group-later")
+    assert engine.prefix_tokens_saved - saved == len(ids) - 1  # all but the last token
+    assert_exact(engine, ids, later)
+    assert_exact(engine, ids, await running)
+
+
 async def test_the_next_turn_reuses_the_previous_turns_kv(engine: EmbeddedEngine) -> None:
     first_ids = prompt(engine, "Name a fruit that grows on trees in Brazil.")
     sampling = SamplingParams(temperature=1.0, max_tokens=8, seed=31)

@@ -2,7 +2,8 @@
 
 Requests join the running batch (``admit``: prefill past the prefix whose KV they reuse, then
 merge), decode a step at a time (``step``), sample under their own params and generator, and
-leave it as soon as they are done (``retire``), their KV kept in the prefix cache. The engine
+leave it as soon as they are done (``retire``). The prefix cache keeps each prompt's KV once
+it is computed and each finished row's KV when it leaves. The engine
 decides when each of these runs; this module owns the tensors.
 """
 
@@ -119,12 +120,20 @@ class BatchRunner:
             reuse = self._plan_reuse(requests)
             prompts = [r.prompt for r in requests]
             batch, logits = DecodeBatch.prefill(self.model, requests, prompts, reuse, self.pad_id)
-            for request in requests:
+            for row, request in enumerate(requests):
                 request.kv_version = version
+                self._keep_prompt(batch, row, request)
             batch.next_ids = self._sample(requests, logits, version)
             self.batch = batch if self.batch is None else self.batch.merge(batch)
         except Exception as exc:
             _fail(requests, exc)
+
+    def _keep_prompt(self, batch: DecodeBatch[Request], row: int, request: Request) -> None:
+        """Cache a prompt's KV as soon as it is computed: a request admitted while this one
+        still runs (its GRPO group's later members, a re-issued turn) reuses it."""
+        cache = self.prefix_cache
+        if cache.accepts(len(request.prompt)) and not cache.covers(request.prompt):
+            cache.insert(batch.row_prefix(row, request.input_ids))
 
     @torch.inference_mode()
     def step(self, version: int) -> None:

@@ -17,22 +17,80 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
-from torch.nn import functional
 from transformers import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from rollway.engines.kv_cache import CachedPrefix
 
 Row = TypeVar("Row")
-#: Per layer, the keys and values of a batch: ``[rows, kv_heads, columns, head_dim]`` each.
-LayerKV = list[tuple[torch.Tensor, torch.Tensor]]
+#: Keys and values, ``[rows, kv_heads, columns, head_dim]`` each.
+KV = tuple[torch.Tensor, torch.Tensor]
 #: A prompt's reusable head: the entry holding its KV (None: nothing reused) and its length.
 Reuse = tuple[CachedPrefix | None, int]
+#: Spare columns allocated ahead, so that decode steps write in place.
+_ROOM = 32
+
+
+class GrowingLayer(DynamicLayer):
+    """A ``DynamicLayer`` that appends into spare columns (growing by half when full) where
+    HF's copies the whole layer to append each one; ``keys`` and ``values`` are views of the
+    columns in use. Built from ``parts`` stacked by rows, each right-aligned on ``width``
+    columns (zeros where a part is narrower), or empty (its first ``update`` allocates)."""
+
+    def __init__(self, parts: Sequence[KV] = (), width: int = 0, room: int = _ROOM) -> None:
+        super().__init__()
+        self.room = room
+        if not parts:
+            return
+        keys = parts[0][0]
+        rows = sum(k.shape[0] for k, _ in parts)
+        self._allocate(keys, (rows, keys.shape[1], width + room, keys.shape[3]))
+        row = 0
+        for part_keys, part_values in parts:
+            rows_here, start = part_keys.shape[0], width - part_keys.shape[2]
+            self._key_buffer[row : row + rows_here, :, start:width] = part_keys
+            self._value_buffer[row : row + rows_here, :, start:width] = part_values
+            row += rows_here
+        self._use(width)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> KV:
+        if not self.is_initialized:
+            batch, heads, length, dim = key_states.shape
+            self._allocate(key_states, (batch, heads, length + self.room, dim))
+            self._use(0)
+        start = self.keys.shape[2]
+        end = start + key_states.shape[2]
+        if end > self._key_buffer.shape[2]:
+            self._grow(end + max(self.room, end // 2))
+        self._key_buffer[:, :, start:end] = key_states
+        self._value_buffer[:, :, start:end] = value_states
+        self._use(end)
+        return self.keys, self.values
+
+    def _allocate(self, like: torch.Tensor, shape: tuple[int, ...]) -> None:
+        self.lazy_initialization(like, like)
+        # Zeros, not garbage: a masked column weighs 0, and 0 * NaN would still be NaN.
+        self._key_buffer = like.new_zeros(shape)
+        self._value_buffer = like.new_zeros(shape)
+
+    def _grow(self, columns: int) -> None:
+        keys, values, length = self.keys, self.values, self.keys.shape[2]
+        self._allocate(keys, (*keys.shape[:2], columns, keys.shape[3]))
+        self._key_buffer[:, :, :length] = keys
+        self._value_buffer[:, :, :length] = values
+        self._use(length)
+
+    def _use(self, columns: int) -> None:
+        self.keys = self._key_buffer[:, :, :columns]
+        self.values = self._value_buffer[:, :, :columns]
 
 
 @dataclass
 class DecodeBatch(Generic[Row]):
     rows: list[Row]
-    cache: DynamicCache
+    cache: Cache
     #: ``[rows, columns]``: 1 where a row has a token.
     attention_mask: torch.Tensor
     #: ``[rows]``: the token each row feeds to the next step (its last sampled one).
@@ -52,10 +110,14 @@ class DecodeBatch(Generic[Row]):
         The next ids are left at ``pad_id``: set them to the tokens sampled from the logits.
         """
         device = model.device
-        head = max(length for _, length in reuse)
-        past, head_mask = _stack_heads(reuse, head, device)
         suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, reuse, strict=True)]
         ids, suffix_mask = _left_pad(suffixes, pad_id, device)
+        head = max(length for _, length in reuse)
+        room = ids.shape[1] + _ROOM  # the suffixes, then some decode steps, in place
+        past = _stack_heads(reuse, head, room, model.config.num_hidden_layers)
+        head_mask = torch.zeros((len(rows), head), dtype=torch.long, device=device)
+        for index, (_, length) in enumerate(reuse):
+            head_mask[index, head - length :] = 1
         lengths = torch.tensor([length for _, length in reuse], device=device)
         positions = lengths[:, None] + (suffix_mask.cumsum(-1) - 1).clamp(min=0)
         attention_mask = torch.cat([head_mask, suffix_mask], dim=1)
@@ -68,13 +130,13 @@ class DecodeBatch(Generic[Row]):
             logits_to_keep=1,
         )
         next_ids = torch.full((len(rows),), pad_id, dtype=torch.long, device=device)
-        batch = cls(list(rows), out.past_key_values, attention_mask, next_ids)
+        batch = cls(list(rows), past, attention_mask, next_ids)
         return batch, out.logits[:, -1, :].float()
 
     def step(self, model: Any) -> torch.Tensor:
         """Feed every row its next id; return the fp32 logits of the next tokens."""
         positions = self.attention_mask.sum(-1, keepdim=True)  # each row's tokens so far
-        self.attention_mask = functional.pad(self.attention_mask, (0, 1), value=1)
+        self.attention_mask = torch.nn.functional.pad(self.attention_mask, (0, 1), value=1)
         out = model(
             input_ids=self.next_ids[:, None],
             attention_mask=self.attention_mask,
@@ -83,22 +145,19 @@ class DecodeBatch(Generic[Row]):
             use_cache=True,
             logits_to_keep=1,
         )
-        self.cache = out.past_key_values
         return out.logits[:, -1, :].float()
 
     def merge(self, other: DecodeBatch[Row]) -> DecodeBatch[Row]:
         """Both batches' rows in one, right-aligned on the wider one's columns."""
         width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
         layers = [
-            (torch.cat([_pad_columns(k, width), _pad_columns(ok, width)]),
-             torch.cat([_pad_columns(v, width), _pad_columns(ov, width)]))
-            for (k, v, _), (ok, ov, _) in zip(self.cache, other.cache, strict=True)
-        ]  # fmt: skip
-        mask = torch.cat(
-            [_pad_columns(self.attention_mask, width), _pad_columns(other.attention_mask, width)]
-        )
+            GrowingLayer([(mine.keys, mine.values), (theirs.keys, theirs.values)], width)
+            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
+        ]
+        masks = [self.attention_mask, other.attention_mask]
+        mask = torch.cat([_pad_mask(m, width) for m in masks])
         next_ids = torch.cat([self.next_ids, other.next_ids])
-        return DecodeBatch(self.rows + other.rows, DynamicCache(layers), mask, next_ids)
+        return DecodeBatch(self.rows + other.rows, Cache(layers=layers), mask, next_ids)
 
     def select(self, keep: list[int]) -> DecodeBatch[Row] | None:
         """The rows at ``keep`` (None if none), without the columns none of them uses."""
@@ -107,9 +166,13 @@ class DecodeBatch(Generic[Row]):
         index = torch.tensor(keep, device=self.attention_mask.device)
         mask = self.attention_mask[index]
         start = int(mask.any(0).nonzero()[0])
-        layers = [(k[index, :, start:], v[index, :, start:]) for k, v, _ in self.cache]
+        width = mask.shape[1] - start
+        layers = [
+            GrowingLayer([(layer.keys[index, :, start:], layer.values[index, :, start:])], width)
+            for layer in self.cache.layers
+        ]
         rows = [self.rows[i] for i in keep]
-        return DecodeBatch(rows, DynamicCache(layers), mask[:, start:], self.next_ids[index])
+        return DecodeBatch(rows, Cache(layers=layers), mask[:, start:], self.next_ids[index])
 
     def row_prefix(self, row: int, sequence: list[int]) -> CachedPrefix:
         """Row ``row``'s KV as a cache entry: the head of ``sequence`` (its prompt and output)
@@ -118,10 +181,11 @@ class DecodeBatch(Generic[Row]):
         if len(columns) > len(sequence):
             raise RuntimeError(f"row holds {len(columns)} tokens of KV, not {len(sequence)}")
         token_ids = torch.tensor(sequence[: len(columns)], dtype=torch.long)
-        layers = [
-            (k[row : row + 1, :, columns], v[row : row + 1, :, columns]) for k, v, _ in self.cache
+        kv = [
+            (layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns])
+            for layer in self.cache.layers
         ]
-        return CachedPrefix(token_ids, DynamicCache(layers))
+        return CachedPrefix(token_ids, DynamicCache(kv))
 
 
 def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPrefix:
@@ -140,27 +204,24 @@ def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPre
     return CachedPrefix(token_ids, out.past_key_values)
 
 
-def _stack_heads(
-    reuse: Sequence[Reuse], width: int, device: torch.device
-) -> tuple[DynamicCache | None, torch.Tensor]:
-    """The reused heads as one right-aligned cache of ``width`` columns, and its mask."""
-    mask = torch.zeros((len(reuse), width), dtype=torch.long, device=device)
-    for index, (_, length) in enumerate(reuse):
-        mask[index, width - length :] = 1
+def _stack_heads(reuse: Sequence[Reuse], width: int, room: int, layers: int) -> Cache:
+    """The reused heads as one cache of ``width`` columns, each row's right-aligned."""
     if width == 0:
-        return None, mask
+        return Cache(layers=[GrowingLayer(room=room) for _ in range(layers)])
     template = next(entry for entry, length in reuse if entry is not None and length)
-    empty = [(k[..., :0, :], v[..., :0, :]) for k, v in template.kv_head(0)]
-    heads = [entry.kv_head(length) if entry is not None else empty for entry, length in reuse]
-    layers = [
-        (torch.cat([_pad_columns(head[layer][0], width) for head in heads]),
-         torch.cat([_pad_columns(head[layer][1], width) for head in heads]))
-        for layer in range(len(empty))
-    ]  # fmt: skip
-    return DynamicCache(layers), mask
+    nothing = template.kv_head(0)
+    heads = [entry.kv_head(length) if entry is not None else nothing for entry, length in reuse]
+    return Cache(
+        layers=[
+            GrowingLayer([head[layer] for head in heads], width, room)
+            for layer in range(len(nothing))
+        ]
+    )
 
 
-def _left_pad(rows: Sequence[torch.Tensor], pad_id: int, device: torch.device):
+def _left_pad(
+    rows: Sequence[torch.Tensor], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -170,8 +231,5 @@ def _left_pad(rows: Sequence[torch.Tensor], pad_id: int, device: torch.device):
     return ids.to(device), mask.to(device)
 
 
-def _pad_columns(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """``tensor`` with zero columns on the left up to ``width`` (dim -2 for KV, -1 for masks)."""
-    if tensor.dim() == 2:
-        return functional.pad(tensor, (width - tensor.shape[-1], 0))
-    return functional.pad(tensor, (0, 0, width - tensor.shape[-2], 0))
+def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(mask, (width - mask.shape[1], 0))

@@ -63,14 +63,22 @@ class PrefixCache:
     def match(self, token_ids: torch.Tensor) -> tuple[CachedPrefix | None, int]:
         """The entry sharing the longest prefix with ``token_ids``, and that prefix's length."""
         self.lookups += 1
+        best, length = self._longest(token_ids)
+        if best is not None:
+            self.hits += 1
+            self._entries.move_to_end(id(best))
+        return best, length
+
+    def covers(self, token_ids: torch.Tensor) -> bool:
+        """Whether an entry holds all of ``token_ids`` already (not counted as a lookup)."""
+        return self._longest(token_ids)[1] == len(token_ids)
+
+    def _longest(self, token_ids: torch.Tensor) -> tuple[CachedPrefix | None, int]:
         best, best_length = None, 0
         for entry in self._entries.values():
             length = common_prefix_length(token_ids, entry.token_ids)
             if length > best_length:
                 best, best_length = entry, length
-        if best is not None:
-            self.hits += 1
-            self._entries.move_to_end(id(best))
         return best, best_length
 
     def insert(self, entry: CachedPrefix) -> None:
