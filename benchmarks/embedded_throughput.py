@@ -2,20 +2,24 @@
 
 Each rollout is a conversation of ``--turns`` turns on the engine directly (token ids in and
 out, no gateway): turn k+1's prompt is turn k's prompt, its completion and a new user message,
-as an agent's next turn is. All rollouts share a system prompt; at concurrency N they run as
-N/``--group-size`` tasks of ``--group-size`` samples each (a GRPO group), all at once. Sampling
-is seeded, at temperature 1, so completions vary in length as they do in RL.
+as an agent's next turn is. All rollouts share a system prompt; they come as tasks of
+``--group-size`` samples each (a GRPO group). Completion lengths vary as they do in RL: each
+turn's ``max_tokens`` is drawn (seeded) from ``--min-tokens``..``--max-tokens`` (equal values
+give every turn the same length), and sampling is seeded, at temperature 1.
 
-Reported per concurrency: sampled tokens/s over the wall time, the share of prompt tokens whose
-KV was reused (shared prefixes and the prefix cache) and the prefix cache's hit rate (lookups
-that reused at least one token), where the engine has one.
-Usage: python benchmarks/embedded_throughput.py [--concurrency 1 16] [--turns 3] [--max-tokens 48]
+At each concurrency N, max(N, 4) rollouts run, N at a time. Reported: sampled tokens/s over the
+wall time, CPU seconds per 1000 sampled tokens (steadier than wall time on a shared machine),
+the share of prompt tokens whose KV was reused (shared prefixes and the prefix cache) and the
+prefix cache's hit rate (lookups that reused at least one token), where the engine has one.
+Usage: python benchmarks/embedded_throughput.py [--concurrency 1 16] [--turns 3]
+       [--min-tokens 8] [--max-tokens 64] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import time
 from dataclasses import dataclass
 
@@ -43,6 +47,7 @@ FOLLOW_UPS = ["Can you say that more simply?", "Give me one example.", "Why does
 class Run:
     sampled_tokens: int
     wall_s: float
+    cpu_s: float
     prompt_tokens: int
     reused_tokens: int
     cache_hit_rate: float | None
@@ -66,15 +71,16 @@ def next_user_turn(engine: EmbeddedEngine, output_ids: list[int], question: str)
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
-async def rollout(engine: EmbeddedEngine, index: int, group_size: int, args) -> tuple[int, int]:
+async def rollout(
+    engine: EmbeddedEngine, index: int, group_size: int, args: argparse.Namespace
+) -> tuple[int, int]:
     """One conversation; returns its sampled and prompt token counts."""
     task = TASKS[(index // group_size) % len(TASKS)]
     ids = render(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}])
     sampled = prompted = 0
     for turn in range(args.turns):
-        sampling = SamplingParams(
-            temperature=1.0, max_tokens=args.max_tokens, seed=index * 7 + turn
-        )
+        limit = random.Random(f"{index}-{turn}").randint(args.min_tokens, args.max_tokens)
+        sampling = SamplingParams(temperature=1.0, max_tokens=limit, seed=index * 7 + turn)
         result = await engine.generate(ids, sampling, f"r{index}-t{turn}")
         sampled += len(result.output_ids)
         prompted += len(ids)
@@ -83,47 +89,54 @@ async def rollout(engine: EmbeddedEngine, index: int, group_size: int, args) -> 
     return sampled, prompted
 
 
-async def measure(engine: EmbeddedEngine, concurrency: int, args) -> Run:
+async def measure(engine: EmbeddedEngine, concurrency: int, args: argparse.Namespace) -> Run:
     cache = getattr(engine, "prefix_cache", None)  # the engine before the prefix cache has none
+    if cache is not None:
+        cache.clear()  # every run starts cold
     lookups, hits = (cache.lookups, cache.hits) if cache else (0, 0)
     saved = engine.prefix_tokens_saved
     group_size = min(args.group_size, concurrency)
-    started = time.perf_counter()
-    counts = await asyncio.gather(
-        *[rollout(engine, i, group_size, args) for i in range(concurrency)]
-    )
-    wall = time.perf_counter() - started
-    hit_rate = None
-    if cache is not None:
-        hit_rate = (cache.hits - hits) / max(cache.lookups - lookups, 1)
-        cache.clear()  # the next concurrency starts cold, as this one did
+    gate = asyncio.Semaphore(concurrency)
+
+    async def gated(index: int) -> tuple[int, int]:
+        async with gate:
+            return await rollout(engine, index, group_size, args)
+
+    started, cpu = time.perf_counter(), time.process_time()
+    counts = await asyncio.gather(*[gated(i) for i in range(max(concurrency, 4))])
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    hit_rate = None if cache is None else (cache.hits - hits) / max(cache.lookups - lookups, 1)
     return Run(
         sampled_tokens=sum(s for s, _ in counts),
         wall_s=wall,
+        cpu_s=cpu,
         prompt_tokens=sum(p for _, p in counts),
         reused_tokens=engine.prefix_tokens_saved - saved,
         cache_hit_rate=hit_rate,
     )
 
 
-async def main(args) -> None:
+async def main(args: argparse.Namespace) -> None:
     engine = EmbeddedEngine.from_pretrained()
     try:
-        await engine.generate(
-            render(engine, [{"role": "user", "content": "Hi"}]),
-            SamplingParams(max_tokens=4),
-            "warm-up",
+        hello = render(engine, [{"role": "user", "content": "Hi"}])
+        await engine.generate(hello, SamplingParams(max_tokens=4), "warm-up")
+        print(
+            f"{args.turns} turns per rollout, {args.min_tokens}..{args.max_tokens} tokens per "
+            f"turn, group size {args.group_size}"
         )
-        print(f"{args.turns} turns per rollout, up to {args.max_tokens} tokens per turn")
         for concurrency in args.concurrency:
-            run = await measure(engine, concurrency, args)
-            hit = "n/a" if run.cache_hit_rate is None else f"{run.cache_hit_rate:.0%}"
-            print(
-                f"concurrency {concurrency:>3}: {run.tokens_per_s:7.1f} sampled tokens/s "
-                f"({run.sampled_tokens} tokens in {run.wall_s:.1f} s), "
-                f"prompt tokens reused {run.reused_tokens / run.prompt_tokens:.0%}, "
-                f"prefix cache hit rate {hit}"
-            )
+            for _ in range(args.repeats):
+                run = await measure(engine, concurrency, args)
+                hit = "n/a" if run.cache_hit_rate is None else f"{run.cache_hit_rate:.0%}"
+                print(
+                    f"concurrency {concurrency:>3}: {run.tokens_per_s:6.1f} sampled tokens/s "
+                    f"({run.sampled_tokens} tokens in {run.wall_s:.1f} s, "
+                    f"{1000 * run.cpu_s / run.sampled_tokens:.0f} CPU s per 1000), "
+                    f"prompt tokens reused {run.reused_tokens / run.prompt_tokens:.0%}, "
+                    f"prefix cache hit rate {hit}",
+                    flush=True,
+                )
     finally:
         await engine.close()
 
@@ -132,6 +145,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--min-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=1)
     asyncio.run(main(parser.parse_args()))

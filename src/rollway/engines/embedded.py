@@ -258,17 +258,23 @@ class EmbeddedEngine:
             raise InvalidFieldsError(f"token id {bad} is outside the vocabulary", "input_ids")
 
     def _work(self) -> None:
-        # Weights change only while no forward pass runs: the version read here is theirs.
         while (admitted := self._next_step()) is not None:
+            # No weight update runs until the next ``_next_step``: this version is the model's.
+            version = self.policy_version
+            # Finished rows leave the batch, their KV to the prefix cache, off the lock: those
+            # answered between passes (aborted) first, then those this pass finished, before
+            # they are answered (a conversation's next turn finds its previous one's KV).
+            self._runner.retire(version)
             if admitted:
-                self._runner.admit(admitted, self.policy_version)
+                self._runner.admit(admitted, version)
             else:
-                self._runner.step(self.policy_version)
+                self._runner.step(version)
+            self._runner.retire(version)
 
     def _next_step(self) -> list[Request] | None:
         """Between two forward passes: answer finished rows, freeze while paused with ``keep``
         or loading, admit waiting requests into free slots. Returns the requests to prefill
-        (empty: run a decode step), or None once closed."""
+        (empty: run a decode step, if rows run), or None once closed."""
         with self._cond:
             while True:
                 self._retire_finished()
@@ -289,7 +295,8 @@ class EmbeddedEngine:
                 if not frozen:
                     open_gate = self._paused is None and not self._closing
                     admitted = self._take_pending() if open_gate else []
-                    if admitted or self._running:
+                    # Answered rows still in the batch: the worker drops them, then waits.
+                    if admitted or self._running or self._runner.batch is not None:
                         self._decoding = True
                         return admitted
                 self._decoding = False
@@ -310,18 +317,15 @@ class EmbeddedEngine:
         return admitted
 
     def _retire_finished(self) -> None:
-        """Answer finished and aborted rows; their slots and KV columns free at once (call
-        with the condition held: a weight update waits, so their KV version is current)."""
+        """Answer finished and aborted rows: their slots free at once (call with the
+        condition held; the worker drops their KV columns before its next forward pass)."""
         for request in self._running:
             if request.abort_requested and not request.done:
                 request.finish("abort")
-        finished = [r for r in self._running if r.done]
-        if not finished:
-            return
+        for request in self._running:
+            if request.done:
+                self._settle(request)
         self._running = [r for r in self._running if not r.done]
-        self._runner.retire(self.policy_version)
-        for request in finished:
-            self._settle(request)
 
     def _settle(self, request: Request) -> None:
         """Answer ``request`` once (call with the condition held)."""
