@@ -7,12 +7,14 @@ as an agent's next turn is. All rollouts share a system prompt; they come as tas
 turn's ``max_tokens`` is drawn (seeded) from ``--min-tokens``..``--max-tokens`` (equal values
 give every turn the same length), and sampling is seeded, at temperature 1.
 
-At each concurrency N, max(N, 4) rollouts run, N at a time. Reported: sampled tokens/s over the
-wall time, CPU seconds per 1000 sampled tokens (steadier than wall time on a shared machine),
+At each concurrency N, ``--rollouts-per-slot`` x N rollouts run, N at a time (an RL batch larger
+than the engine's concurrency: a rollout starts as soon as another ends), each on an engine
+that starts cold over the same loaded model. Reported: sampled tokens/s over the wall time,
+CPU seconds per 1000 sampled tokens (steadier than wall time on a shared machine),
 the share of prompt tokens whose KV was reused (shared prefixes and the prefix cache) and the
 prefix cache's hit rate (lookups that reused at least one token), where the engine has one.
 Usage: python benchmarks/embedded_throughput.py [--concurrency 1 16] [--turns 3]
-       [--min-tokens 8] [--max-tokens 64] [--repeats 1]
+       [--min-tokens 8] [--max-tokens 64] [--rollouts-per-slot 4] [--repeats 1]
 """
 
 from __future__ import annotations
@@ -39,6 +41,14 @@ TASKS = [
     "What is a prime number?",
     "How do bees make honey?",
     "Why does ice float on water?",
+    "How do volcanoes erupt?",
+    "Why do cats purr?",
+    "What makes thunder loud?",
+    "How does a compass work?",
+    "Why do leaves change colour?",
+    "How do fish breathe?",
+    "What is an echo?",
+    "Why is the sea salty?",
 ]
 FOLLOW_UPS = ["Can you say that more simply?", "Give me one example.", "Why does that matter?"]
 
@@ -91,10 +101,6 @@ async def rollout(
 
 async def measure(engine: EmbeddedEngine, concurrency: int, args: argparse.Namespace) -> Run:
     cache = getattr(engine, "prefix_cache", None)  # the engine before the prefix cache has none
-    if cache is not None:
-        cache.clear()  # every run starts cold
-    lookups, hits = (cache.lookups, cache.hits) if cache else (0, 0)
-    saved = engine.prefix_tokens_saved
     group_size = min(args.group_size, concurrency)
     gate = asyncio.Semaphore(concurrency)
 
@@ -103,31 +109,35 @@ async def measure(engine: EmbeddedEngine, concurrency: int, args: argparse.Names
             return await rollout(engine, index, group_size, args)
 
     started, cpu = time.perf_counter(), time.process_time()
-    counts = await asyncio.gather(*[gated(i) for i in range(max(concurrency, 4))])
+    rollouts = args.rollouts_per_slot * concurrency
+    counts = await asyncio.gather(*[gated(i) for i in range(rollouts)])
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-    hit_rate = None if cache is None else (cache.hits - hits) / max(cache.lookups - lookups, 1)
     return Run(
         sampled_tokens=sum(s for s, _ in counts),
         wall_s=wall,
         cpu_s=cpu,
         prompt_tokens=sum(p for _, p in counts),
-        reused_tokens=engine.prefix_tokens_saved - saved,
-        cache_hit_rate=hit_rate,
+        reused_tokens=engine.prefix_tokens_saved,
+        cache_hit_rate=None if cache is None else cache.hits / max(cache.lookups, 1),
     )
 
 
 async def main(args: argparse.Namespace) -> None:
-    engine = EmbeddedEngine.from_pretrained()
+    loaded = EmbeddedEngine.from_pretrained()
     try:
-        hello = render(engine, [{"role": "user", "content": "Hi"}])
-        await engine.generate(hello, SamplingParams(max_tokens=4), "warm-up")
+        hello = render(loaded, [{"role": "user", "content": "Hi"}])
+        await loaded.generate(hello, SamplingParams(max_tokens=4), "warm-up")
         print(
             f"{args.turns} turns per rollout, {args.min_tokens}..{args.max_tokens} tokens per "
-            f"turn, group size {args.group_size}"
+            f"turn, group size {args.group_size}, {args.rollouts_per_slot} rollouts per slot"
         )
         for concurrency in args.concurrency:
             for _ in range(args.repeats):
-                run = await measure(engine, concurrency, args)
+                engine = EmbeddedEngine(loaded.model, loaded.tokenizer, device=loaded.device)
+                try:
+                    run = await measure(engine, concurrency, args)
+                finally:
+                    await engine.close()
                 hit = "n/a" if run.cache_hit_rate is None else f"{run.cache_hit_rate:.0%}"
                 print(
                     f"concurrency {concurrency:>3}: {run.tokens_per_s:6.1f} sampled tokens/s "
@@ -138,7 +148,7 @@ async def main(args: argparse.Namespace) -> None:
                     flush=True,
                 )
     finally:
-        await engine.close()
+        await loaded.close()
 
 
 if __name__ == "__main__":
@@ -148,5 +158,6 @@ if __name__ == "__main__":
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--rollouts-per-slot", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)
     asyncio.run(main(parser.parse_args()))

@@ -151,7 +151,7 @@ class BatchRunner:
     def retire(self, version: int) -> None:
         """Drop the rows that are done, keeping in the prefix cache the KV of those whose
         every column was computed by the weights of ``version``."""
-        if self.batch is None:
+        if self.batch is None or not any(r.done for r in self.batch.rows):
             return
         keep = []
         for row, request in enumerate(self.batch.rows):

@@ -113,8 +113,7 @@ class DecodeBatch(Generic[Row]):
         suffixes = [prompt[length:] for prompt, (_, length) in zip(prompts, reuse, strict=True)]
         ids, suffix_mask = _left_pad(suffixes, pad_id, device)
         head = max(length for _, length in reuse)
-        room = ids.shape[1] + _ROOM  # the suffixes, then some decode steps, in place
-        past = _stack_heads(reuse, head, room, model.config.num_hidden_layers)
+        past = _stack_heads(reuse, head, ids.shape[1], model.config.num_hidden_layers)
         head_mask = torch.zeros((len(rows), head), dtype=torch.long, device=device)
         for index, (_, length) in enumerate(reuse):
             head_mask[index, head - length :] = 1
@@ -204,10 +203,12 @@ def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPre
     return CachedPrefix(token_ids, out.past_key_values)
 
 
-def _stack_heads(reuse: Sequence[Reuse], width: int, room: int, layers: int) -> Cache:
-    """The reused heads as one cache of ``width`` columns, each row's right-aligned."""
-    if width == 0:
-        return Cache(layers=[GrowingLayer(room=room) for _ in range(layers)])
+def _stack_heads(reuse: Sequence[Reuse], width: int, suffix: int, layers: int) -> Cache:
+    """The reused heads as one cache of ``width`` columns, each row's right-aligned, with room
+    for ``suffix`` more columns and some decode steps."""
+    room = suffix + _ROOM
+    if width == 0:  # the prefill's first update allocates
+        return Cache(layers=[GrowingLayer() for _ in range(layers)])
     template = next(entry for entry, length in reuse if entry is not None and length)
     nothing = template.kv_head(0)
     heads = [entry.kv_head(length) if entry is not None else nothing for entry, length in reuse]
