@@ -7,9 +7,10 @@ Every row samples under its own params and generator; a row whose sampling fails
 fails its own request only. Logprobs are the log-softmax of the fp32 logits at temperature 1
 for each sampled token, whatever the sampling temperature.
 
-A prompt's KV is reused where it was computed before: a finished row's KV goes to a prefix
-cache keyed by token ids (``PrefixCache``), so turn k's prompt and completion serve turn k+1,
-and a prefix that requests admitted together share (a GRPO group's task) is computed once.
+A prompt's KV is reused where it was computed before: each prompt's KV, once prefilled, and
+each finished row's KV go to a prefix cache keyed by token ids (``PrefixCache``), so turn k's
+prompt and completion serve turn k+1 and a GRPO group's later members reuse the first one's
+prompt; a prefix that requests admitted together share is computed once.
 
 Weights are replaced in place (``WeightSync``): ``pause`` stops the worker from admitting
 requests (``abort`` ends the running rows at the next step, ``drain`` lets them finish,
