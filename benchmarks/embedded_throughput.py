@@ -2,10 +2,12 @@
 
 Each rollout is a conversation of ``--turns`` turns on the engine directly (token ids in and
 out, no gateway): turn k+1's prompt is turn k's prompt, its completion and a new user message,
-as an agent's next turn is. All rollouts share a system prompt; they come as tasks of
-``--group-size`` samples each (a GRPO group). Completion lengths vary as they do in RL: each
-turn's ``max_tokens`` is drawn (seeded) from ``--min-tokens``..``--max-tokens`` (equal values
-give every turn the same length), and sampling is seeded, at temperature 1.
+as an agent's next turn is: a follow-up question after an observation of
+``--observation-words`` words (what a tool returned; 0: the question alone). All rollouts
+share a system prompt; they come as tasks of ``--group-size`` samples each (a GRPO group).
+Completion lengths vary as they do in RL: each turn's ``max_tokens`` is drawn (seeded) from
+``--min-tokens``..``--max-tokens`` (equal values give every turn the same length), and
+sampling is seeded, at temperature 1.
 
 At each concurrency N, ``--rollouts-per-slot`` x N rollouts run, N at a time (an RL batch larger
 than the engine's concurrency: a rollout starts as soon as another ends), each on an engine
@@ -14,7 +16,8 @@ CPU seconds per 1000 sampled tokens (steadier than wall time on a shared machine
 the share of prompt tokens whose KV was reused (shared prefixes and the prefix cache) and the
 prefix cache's hit rate (lookups that reused at least one token), where the engine has one.
 Usage: python benchmarks/embedded_throughput.py [--concurrency 1 16] [--turns 3]
-       [--min-tokens 8] [--max-tokens 64] [--rollouts-per-slot 4] [--repeats 1]
+       [--min-tokens 8] [--max-tokens 64] [--observation-words 40] [--rollouts-per-slot 4]
+       [--repeats 1]
 """
 
 from __future__ import annotations
@@ -51,6 +54,18 @@ TASKS = [
     "Why is the sea salty?",
 ]
 FOLLOW_UPS = ["Can you say that more simply?", "Give me one example.", "Why does that matter?"]
+#: Observations are windows of this text's words.
+PASSAGE = (
+    "Light from the sun is made of many colours. When it passes through the air, small "
+    "molecules scatter the shorter blue waves far more than the longer red ones, so blue light "
+    "reaches our eyes from every part of the sky. Plants capture light in their leaves and use "
+    "it to turn water and carbon dioxide into sugar, releasing oxygen. The moon pulls on the "
+    "oceans, raising two bulges of water that travel around the planet as it turns, and these "
+    "bulges are the tides. The tilt of the earth's axis changes how directly sunlight strikes "
+    "each half of the planet during the year, which gives us the seasons. Bees collect nectar, "
+    "store it in wax cells and fan it with their wings until most of the water evaporates. Ice "
+    "is less dense than liquid water because its molecules lock into an open crystal lattice."
+)
 
 
 @dataclass
@@ -74,11 +89,20 @@ def render(engine: EmbeddedEngine, messages: list[dict[str, str]]) -> list[int]:
     return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
-def next_user_turn(engine: EmbeddedEngine, output_ids: list[int], question: str) -> list[int]:
+def next_user_turn(engine: EmbeddedEngine, output_ids: list[int], message: str) -> list[int]:
     """The tokens after a completion that close it and open the next user turn."""
     end = "" if output_ids and output_ids[-1] in engine.eos_token_ids else "<|im_end|>"
-    text = f"{end}\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+    text = f"{end}\n<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n"
     return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
+def user_message(rng: random.Random, turn: int, words: int) -> str:
+    question = FOLLOW_UPS[turn % len(FOLLOW_UPS)]
+    if not words:
+        return question
+    passage = PASSAGE.split()
+    start = rng.randrange(len(passage) - words)
+    return f"The search returned: {' '.join(passage[start : start + words])}\n{question}"
 
 
 async def rollout(
@@ -89,13 +113,14 @@ async def rollout(
     ids = render(engine, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}])
     sampled = prompted = 0
     for turn in range(args.turns):
-        limit = random.Random(f"{index}-{turn}").randint(args.min_tokens, args.max_tokens)
+        rng = random.Random(f"{index}-{turn}")
+        limit = rng.randint(args.min_tokens, args.max_tokens)
         sampling = SamplingParams(temperature=1.0, max_tokens=limit, seed=index * 7 + turn)
         result = await engine.generate(ids, sampling, f"r{index}-t{turn}")
         sampled += len(result.output_ids)
         prompted += len(ids)
-        question = FOLLOW_UPS[turn % len(FOLLOW_UPS)]
-        ids = ids + result.output_ids + next_user_turn(engine, result.output_ids, question)
+        message = user_message(rng, turn, args.observation_words)
+        ids = ids + result.output_ids + next_user_turn(engine, result.output_ids, message)
     return sampled, prompted
 
 
@@ -129,7 +154,8 @@ async def main(args: argparse.Namespace) -> None:
         await loaded.generate(hello, SamplingParams(max_tokens=4), "warm-up")
         print(
             f"{args.turns} turns per rollout, {args.min_tokens}..{args.max_tokens} tokens per "
-            f"turn, group size {args.group_size}, {args.rollouts_per_slot} rollouts per slot"
+            f"turn, observations of {args.observation_words} words, group size "
+            f"{args.group_size}, {args.rollouts_per_slot} rollouts per slot"
         )
         for concurrency in args.concurrency:
             for _ in range(args.repeats):
@@ -157,6 +183,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--observation-words", type=int, default=40)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--rollouts-per-slot", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=1)

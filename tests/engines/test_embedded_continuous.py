@@ -39,7 +39,14 @@ async def test_a_request_joins_the_running_batch_without_waiting_for_it(
     engine: EmbeddedEngine,
 ) -> None:
     long_ids = prompt(engine, "Write a very long essay about the sea.")
-    short_ids = prompt(engine, "Hi")  # a shorter prompt: the rows' columns differ
+    # A prompt longer than the running row (its prompt and a few tokens) when it joins: the
+    # running row is padded on the left to merge.
+    question = (
+        "Name three colours of the rainbow, then explain in a few plain sentences why the sky "
+        "looks blue on clear summer days and red at sunset."
+    )
+    short_ids = prompt(engine, question)
+    assert len(short_ids) > len(long_ids) + 20
     running = asyncio.create_task(engine.generate(long_ids, LONG, "join-long"))
     await wait_for_tokens(engine, "join-long", 3)
     short = await engine.generate(short_ids, SHORT, "join-short")
