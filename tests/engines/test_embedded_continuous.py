@@ -8,8 +8,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from transformers import MistralConfig, MistralForCausalLM
 
 from rollway.engines.embedded import EmbeddedEngine
+from rollway.errors import ConfigError
 from rollway.types import GenerationResult, SamplingParams
 from tests.engines.test_embedded import next_turn, prompt, reference_logprobs
 from tests.engines.test_embedded_weights import wait_for_tokens
@@ -46,7 +48,7 @@ async def test_a_request_joins_the_running_batch_without_waiting_for_it(
         "looks blue on clear summer days and red at sunset."
     )
     short_ids = prompt(engine, question)
-    assert len(short_ids) > len(long_ids) + 20
+    assert len(short_ids) > len(long_ids) + 15
     running = asyncio.create_task(engine.generate(long_ids, LONG, "join-long"))
     await wait_for_tokens(engine, "join-long", 3)
     short = await engine.generate(short_ids, SHORT, "join-short")
@@ -145,3 +147,13 @@ async def test_groups_admitted_together_compute_each_shared_prefix_once(
     assert engine.prefix_tokens_saved - saved >= len(task_a) - 1 + len(task_b) - 1 + shared
     for input_ids, result in zip(prompts, results, strict=True):
         assert_exact(engine, input_ids, result)
+
+
+def test_a_model_with_sliding_window_attention_is_refused(engine: EmbeddedEngine) -> None:
+    # Masked columns (padding, gaps before a reused prefix) would count in its window.
+    config = MistralConfig(
+        vocab_size=engine.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, sliding_window=8,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="full-attention"):
+        EmbeddedEngine(MistralForCausalLM(config), engine.tokenizer, device=engine.device)

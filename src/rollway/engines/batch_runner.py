@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from rollway.engines.decode_batch import DecodeBatch, Reuse, extend_prefix
 from rollway.engines.kv_cache import CachedPrefix, PrefixCache, common_prefix_length
 from rollway.engines.sampling import choose_token
-from rollway.errors import EngineError
+from rollway.errors import ConfigError, EngineError
 from rollway.types import FinishReason, GenerationResult, SamplingParams
 
 #: Shorter shared prefixes are not worth a separate forward pass.
@@ -100,6 +101,7 @@ class BatchRunner:
         pad_id: int,
         prefix_cache_tokens: int,
     ) -> None:
+        _check_full_attention(model)
         self.model = model
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -233,6 +235,18 @@ class BatchRunner:
         window = max(len(s) for s in request.sampling.stop) + 2
         tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
         return any(s in tail for s in request.sampling.stop)
+
+
+def _check_full_attention(model: Any) -> None:
+    """Refuse a model with other than full attention: its masked columns (padding, the gaps of
+    reused prefixes) would count in a sliding window, say."""
+    config = model.config.get_text_config(decoder=True)
+    kinds = set(get_layer_types_and_kwargs(config)[0])
+    if kinds != {"full_attention"}:
+        raise ConfigError(
+            f"the embedded engine runs full-attention models only, not {sorted(kinds)} layers",
+            "model",
+        )
 
 
 def _fail(requests: list[Request], exc: Exception) -> None:
