@@ -5,9 +5,10 @@ import asyncio
 import pytest
 import torch
 
-from rollway.engines.embedded import EmbeddedEngine, _Request
+from rollway.engines.batch_runner import Request
+from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import InvalidFieldsError
-from rollway.types import SamplingParams
+from rollway.types import GenerationResult, SamplingParams
 
 
 def prompt(engine: EmbeddedEngine, text: str) -> list[int]:
@@ -24,6 +25,13 @@ def reference_logprobs(engine: EmbeddedEngine, input_ids: list[int], output_ids:
     table = torch.log_softmax(logits, dim=-1)
     start = len(input_ids) - 1
     return [table[start + i, t].item() for i, t in enumerate(output_ids)]
+
+
+def next_turn(engine: EmbeddedEngine, input_ids: list[int], result: GenerationResult) -> list[int]:
+    """The prompt of a conversation's next turn: this one's, its completion, a user message."""
+    end = "" if result.output_ids[-1] in engine.eos_token_ids else "<|im_end|>"
+    text = f"{end}\n<|im_start|>user\nAnd why is that?<|im_end|>\n<|im_start|>assistant\n"
+    return input_ids + result.output_ids + engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 async def test_batched_logprobs_equal_a_fresh_forward_pass(engine: EmbeddedEngine) -> None:
@@ -152,11 +160,12 @@ async def test_a_shared_prompt_prefix_is_computed_once_and_stays_exact(
 
 def test_resolving_for_a_caller_whose_loop_closed_does_not_raise(engine: EmbeddedEngine) -> None:
     loop = asyncio.new_event_loop()
-    request = _Request(
+    request = Request(
         request_id="gone", input_ids=[1], sampling=SamplingParams(), max_new_tokens=1,
         loop=loop, future=loop.create_future(), generator=torch.Generator(),
     )  # fmt: skip
     loop.close()
     request.finish("abort")
     request.resolve()  # the worker thread calls this; raising here would kill it
-    request.resolve(RuntimeError("also fine"))
+    request.error = RuntimeError("also fine")
+    request.resolve()

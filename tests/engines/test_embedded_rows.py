@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-import rollway.engines.embedded as embedded
+import rollway.engines.batch_runner as batch_runner
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sampling import choose_token
 from rollway.errors import EngineError, InvalidFieldsError
@@ -77,7 +77,7 @@ async def test_a_row_whose_sampling_fails_fails_only_its_own_request(
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return choose_token(logits, sampling, generator)
 
-    monkeypatch.setattr(embedded, "choose_token", failing_for_the_doomed_row)
+    monkeypatch.setattr(batch_runner, "choose_token", failing_for_the_doomed_row)
     results, prompts = await run_interleaved(engine, [doomed], "doomed")
     assert isinstance(results[1], EngineError) and "probability tensor" in str(results[1])
     for index in (0, 2):

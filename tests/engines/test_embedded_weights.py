@@ -16,10 +16,12 @@ from rollway.engines.base import WeightSync
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError, EngineError
 from rollway.types import SamplingParams
-from tests.engines.test_embedded import prompt, reference_logprobs
+from tests.engines.test_embedded import next_turn, prompt, reference_logprobs
 
 #: The weight the tests perturb; noise of a tenth of its spread moves logprobs by far over 0.01.
 KEY = "model.layers.29.mlp.down_proj.weight"
+#: An early weight: unlike ``KEY`` (the last layer's MLP), it changes every layer's KV.
+EARLY = "model.layers.0.self_attn.v_proj.weight"
 LONG = SamplingParams(temperature=1.0, max_tokens=200, seed=5)
 SHORT = SamplingParams(temperature=1.0, max_tokens=4, seed=6)
 
@@ -110,6 +112,7 @@ async def test_keep_freezes_a_generation_and_continues_it_on_the_new_weights(
     assert len(frozen.output_ids) == before and not task.done()  # nothing decoded while paused
     await engine.resume()
     result = await task
+    assert len(engine.prefix_cache) == 0  # its KV mixes two versions: never reused
     assert result.finish_reason == "length" and len(result.output_ids) == 16
     assert result.policy_versions == [old] * before + [new] * (16 - before)
     # Reference: the old weights' KV cache up to the last old token, then the new weights.
@@ -125,6 +128,28 @@ async def test_keep_freezes_a_generation_and_continues_it_on_the_new_weights(
     logits = torch.cat([head.logits[0, len(ids) - 1 :], tail.logits[0]]).float().cpu()
     expected = torch.log_softmax(logits, -1)[torch.arange(len(out)), torch.tensor(out)]
     assert result.logprobs == pytest.approx(expected.tolist(), abs=1e-3)
+
+
+async def test_a_weight_update_clears_the_prefix_cache(engine: EmbeddedEngine) -> None:
+    early = engine.model.state_dict()[EARLY].clone()
+    first_ids = prompt(engine, "Name a fruit that grows on trees in Brazil.")
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=12)
+    first = await engine.generate(first_ids, sampling, "before-update")
+    assert len(engine.prefix_cache) > 0
+    second_ids = next_turn(engine, first_ids, first)
+    changed = {**engine.model.state_dict(), EARLY: perturbed(early)}
+    try:
+        await engine.update_weights(changed, engine.policy_version + 1)
+        assert len(engine.prefix_cache) == 0
+        saved = engine.prefix_tokens_saved
+        second = await engine.generate(second_ids, sampling, "after-update")
+        assert engine.prefix_tokens_saved == saved  # turn one's KV is the old weights'
+        assert second.logprobs == pytest.approx(
+            reference_logprobs(engine, second_ids, second.output_ids), abs=1e-3
+        )
+    finally:
+        restored = {**engine.model.state_dict(), EARLY: early}
+        await engine.update_weights(restored, engine.policy_version + 1)
 
 
 async def test_abort_ends_running_generations_and_queued_ones_wait_for_resume(

@@ -1,97 +1,53 @@
 """The embedded engine: a real small model run in-process with PyTorch + transformers.
 
-Requests queue for one worker thread. Requests that arrive while a batch decodes join the next
-batch. A batch computes its prompts' shared prefix once, left-pads the rest with explicit
-position ids and decodes step by step with a KV cache, every row sampling under its own params
-and generator. A row whose sampling fails (NaN logits) fails its own request only; the batch
-decodes on. Logprobs are the log-softmax of
-the fp32 logits at temperature 1 for each sampled token, whatever the sampling temperature.
+One worker thread batches continuously: between two forward passes it answers the rows that
+finished (their slots free at once) and prefills waiting requests into free slots, then merges
+them into the running batch (``DecodeBatch``), so a request never waits for others to finish.
+Every row samples under its own params and generator; a row whose sampling fails (NaN logits)
+fails its own request only. Logprobs are the log-softmax of the fp32 logits at temperature 1
+for each sampled token, whatever the sampling temperature.
 
-Weights are replaced in place (``WeightSync``): ``pause`` stops the worker from starting a
-batch (``abort`` ends the running rows at the next step, ``drain`` lets them finish, ``keep``
-freezes them between two decode steps with their KV cache, as SGLang's in-place pause does);
-the new tensors are copied into the existing parameters only while no forward pass runs, and
-each sampled token carries the version of the weights whose forward pass produced it.
+A prompt's KV is reused where it was computed before: each prompt's KV, once prefilled, and
+each finished row's KV go to a prefix cache keyed by token ids (``PrefixCache``), so turn k's
+prompt and completion serve turn k+1 and a GRPO group's later members reuse the first one's
+prompt; a prefix that requests admitted together share is computed once.
+
+Weights are replaced in place (``WeightSync``): ``pause`` stops the worker from admitting
+requests (``abort`` ends the running rows at the next step, ``drain`` lets them finish,
+``keep`` freezes them between two decode steps with their KV cache, as SGLang's in-place pause
+does); the new tensors are copied into the existing parameters only while no forward pass
+runs, the prefix cache is cleared with them, and each sampled token carries the version of the
+weights whose forward pass produced it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rollway.engines.base import PauseMode, WeightSource
+from rollway.engines.batch_runner import BatchRunner, Request
+from rollway.engines.kv_cache import PrefixCache
 from rollway.engines.models import resolve_model_path
-from rollway.engines.sampling import check_sampling, choose_token, make_generator
+from rollway.engines.sampling import check_sampling, make_generator
 from rollway.engines.state_dicts import check_state_dict, copy_weights, read_state_dict
 from rollway.errors import ConfigError, EngineError, InvalidFieldsError
-from rollway.types import FinishReason, GenerationResult, SamplingParams
+from rollway.types import GenerationResult, SamplingParams
 
-#: Shorter shared prefixes are not worth a separate forward pass.
-_MIN_SHARED_PREFIX = 16
-
-
-@dataclass(eq=False)
-class _Request:
-    request_id: str
-    input_ids: list[int]
-    sampling: SamplingParams
-    max_new_tokens: int
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[GenerationResult]
-    generator: torch.Generator
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    #: The weights version that sampled each output id.
-    versions: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    #: Set by ``abort`` (or ``pause("abort")``); the worker ends the row at its next step.
-    abort_requested: bool = False
-    #: Answered (its future is settled or about to be); the worker answers each row once.
-    settled: bool = False
-    #: Set when this row alone failed; its batch goes on without it.
-    error: BaseException | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
-
-    def finish(self, reason: FinishReason) -> None:
-        self.finish_reason = reason
-
-    def resolve(self, batch_error: BaseException | None = None) -> None:
-        error = batch_error or self.error
-
-        def settle() -> None:
-            if self.future.done():
-                return
-            if error is not None:
-                self.future.set_exception(error)
-            else:
-                result = GenerationResult(
-                    self.output_ids,
-                    self.logprobs,
-                    self.finish_reason,
-                    policy_versions=self.versions,
-                    logprob_kind="raw_logprobs",
-                )
-                self.future.set_result(result)
-
-        # A closed loop means the caller is gone; the worker thread must live on regardless.
-        with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(settle)
+#: The prefix cache's default budget: about 380 MB of KV for SmolLM2-135M in fp32.
+DEFAULT_PREFIX_CACHE_TOKENS = 8192
 
 
 class EmbeddedEngine:
     """A causal LM from a local HF folder (default: SmolLM2-135M-Instruct), batched, whose
-    weights a training loop may replace (``WeightSync``)."""
+    weights a training loop may replace (``WeightSync``). ``max_batch_size`` rows decode at
+    once; the prefix cache holds up to ``prefix_cache_tokens`` tokens of KV (0: none)."""
 
     # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
     model_name: str | None = None
@@ -101,7 +57,13 @@ class EmbeddedEngine:
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, device: torch.device, max_batch_size: int = 32
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        device: torch.device,
+        max_batch_size: int = 32,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -110,31 +72,54 @@ class EmbeddedEngine:
         self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
-        self._pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         #: The version of the weights sampling now; changed only while no forward pass runs.
         self.policy_version = 0
         # One condition guards the state below; the worker never holds it during a forward pass.
         self._cond = threading.Condition()
-        self._active: dict[str, _Request] = {}
-        self._pending: deque[_Request] = deque()
-        self._batch: list[_Request] = []
-        #: True while the worker may run a forward pass (in a batch and not frozen).
+        self._active: dict[str, Request] = {}
+        self._pending: deque[Request] = deque()
+        #: Admitted and not yet answered; the worker alone runs ``_runner``, their tensors.
+        self._running: list[Request] = []
+        self._runner = BatchRunner(
+            model,
+            tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
+        #: True while the worker may run a forward pass (rows run or join, none frozen).
         self._decoding = False
         self._paused: PauseMode | None = None
-        #: True while new weights are copied in: no batch starts, no frozen batch goes on.
+        #: True while new weights are copied in: no row joins, no frozen row goes on.
         self._loading = False
         self._closing = False
-        #: Batches decoded and requests aborted so far (concurrent requests share batches).
-        self.batches_run = 0
+        #: Requests aborted so far.
         self.aborted_total = 0
-        #: Prompt tokens not recomputed thanks to shared prefixes.
-        self.prefix_tokens_saved = 0
         self._worker = threading.Thread(target=self._work, name="rollway-embedded", daemon=True)
         self._worker.start()
 
+    @property
+    def prefix_cache(self) -> PrefixCache:
+        return self._runner.prefix_cache
+
+    @property
+    def batches_run(self) -> int:
+        """Prefill passes run so far (requests arriving together share one)."""
+        return self._runner.batches_run
+
+    @property
+    def prefix_tokens_saved(self) -> int:
+        """Prompt tokens not recomputed thanks to shared prefixes and the prefix cache."""
+        return self._runner.prefix_tokens_saved
+
     @classmethod
     def from_pretrained(
-        cls, model: str | Path | None = None, *, device: str | None = None, max_batch_size: int = 32
+        cls,
+        model: str | Path | None = None,
+        *,
+        device: str | None = None,
+        max_batch_size: int = 32,
+        prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> EmbeddedEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -146,7 +131,13 @@ class EmbeddedEngine:
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         lm.to(torch_device).eval()
-        return cls(lm, tokenizer, device=torch_device, max_batch_size=max_batch_size)
+        return cls(
+            lm,
+            tokenizer,
+            device=torch_device,
+            max_batch_size=max_batch_size,
+            prefix_cache_tokens=prefix_cache_tokens,
+        )
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
@@ -156,7 +147,7 @@ class EmbeddedEngine:
         room = self.context_length - len(input_ids)
         max_new = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
         loop = asyncio.get_running_loop()
-        request = _Request(
+        request = Request(
             request_id=request_id,
             input_ids=list(input_ids),
             sampling=sampling,
@@ -198,7 +189,7 @@ class EmbeddedEngine:
         with self._cond:
             self._paused = mode
             if mode == "abort":
-                for request in self._batch:
+                for request in self._running:
                     request.abort_requested = True
             self._cond.notify_all()
         await asyncio.to_thread(self._wait_until, lambda: not self._decoding)
@@ -251,6 +242,8 @@ class EmbeddedEngine:
                 self._loading = False
                 if copied:
                     self.policy_version = version
+                # Even a failed copy may have changed weights: no old KV serves what follows.
+                self.prefix_cache.clear()
                 self._cond.notify_all()
 
     def _wait_until(self, predicate: Callable[[], bool]) -> None:
@@ -271,42 +264,76 @@ class EmbeddedEngine:
             raise InvalidFieldsError(f"token id {bad} is outside the vocabulary", "input_ids")
 
     def _work(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            self._run(batch)
+        while (admitted := self._next_step()) is not None:
+            # No weight update runs until the next ``_next_step``: this version is the model's.
+            version = self.policy_version
+            # Finished rows leave the batch, their KV to the prefix cache, off the lock: those
+            # answered between passes (aborted) first, then those this pass finished, before
+            # they are answered (a conversation's next turn finds its previous one's KV).
+            self._runner.retire(version)
+            if admitted:
+                self._runner.admit(admitted, version)
+            else:
+                self._runner.step(version)
+            self._runner.retire(version)
 
-    def _next_batch(self) -> list[_Request] | None:
-        """Wait for requests and an open gate (not paused, not loading); None once closed."""
+    def _next_step(self) -> list[Request] | None:
+        """Between two forward passes: answer finished rows, freeze while paused with ``keep``
+        or loading, admit waiting requests into free slots. Returns the requests to prefill
+        (empty: run a decode step, if rows run), or None once closed."""
         with self._cond:
-            self._cond.wait_for(lambda: self._closing or (self._pending and self._gate_open()))
-            if not (self._pending and self._gate_open()):  # closing: answer what waits
-                while self._pending:
-                    request = self._pending.popleft()
-                    request.finish("abort")
-                    self._settle(request)
-                return None
-            count = min(len(self._pending), self.max_batch_size)
-            self._batch = [self._pending.popleft() for _ in range(count)]
-            self._decoding = True
-            return self._batch
+            while True:
+                self._retire_finished()
+                frozen = self._paused == "keep" or self._loading
+                if self._closing:
+                    if not self._running:  # answer what waits, then stop
+                        while self._pending:
+                            request = self._pending.popleft()
+                            request.finish("abort")
+                            self._settle(request)
+                        self._decoding = False
+                        self._cond.notify_all()
+                        return None
+                    if frozen:  # frozen rows would never go on
+                        for request in self._running:
+                            request.abort_requested = True
+                        continue
+                if not frozen:
+                    open_gate = self._paused is None and not self._closing
+                    admitted = self._take_pending() if open_gate else []
+                    # Answered rows still in the batch: the worker drops them, then waits.
+                    if admitted or self._running or self._runner.batch is not None:
+                        self._decoding = True
+                        return admitted
+                self._decoding = False
+                self._cond.notify_all()
+                self._cond.wait()
 
-    def _gate_open(self) -> bool:
-        return self._paused is None and not self._loading
+    def _take_pending(self) -> list[Request]:
+        """Move waiting requests into the free slots (call with the condition held)."""
+        admitted: list[Request] = []
+        while self._pending and len(self._running) + len(admitted) < self.max_batch_size:
+            request = self._pending.popleft()
+            if request.max_new_tokens == 0:
+                request.finish("length")
+                self._settle(request)
+            else:
+                admitted.append(request)
+        self._running.extend(admitted)
+        return admitted
 
-    def _run(self, batch: list[_Request]) -> None:
-        error: BaseException | None = None
-        self.batches_run += 1
-        try:
-            self._decode(batch)
-        except Exception as exc:  # one bad batch fails its requests, never the worker
-            error = EngineError(f"embedded engine failed: {exc!r}")
-        with self._cond:
-            for request in batch:
-                self._settle(request, error)
-            self._batch = []
-            self._decoding = False
-            self._cond.notify_all()
+    def _retire_finished(self) -> None:
+        """Answer finished and aborted rows: their slots free at once (call with the
+        condition held; the worker drops their KV columns before its next forward pass)."""
+        for request in self._running:
+            if request.abort_requested and not request.done:
+                request.finish("abort")
+        for request in self._running:
+            if request.done:
+                self._settle(request)
+        self._running = [r for r in self._running if not r.done]
 
-    def _settle(self, request: _Request, error: BaseException | None = None) -> None:
+    def _settle(self, request: Request) -> None:
         """Answer ``request`` once (call with the condition held)."""
         if request.settled:
             return
@@ -314,152 +341,7 @@ class EmbeddedEngine:
         self.aborted_total += request.finish_reason == "abort"
         if self._active.get(request.request_id) is request:
             del self._active[request.request_id]
-        request.resolve(error)
-
-    def _between_steps(self, live: list[_Request]) -> bool:
-        """Answer finished and aborted rows; freeze while paused with ``keep`` or loading.
-
-        Returns whether any row goes on to the next forward pass.
-        """
-        with self._cond:
-            while True:
-                for request in live:
-                    if request.abort_requested and not request.done:
-                        request.finish("abort")
-                    if request.done:
-                        self._settle(request)
-                if all(r.done for r in live):
-                    return False
-                if not (self._paused == "keep" or self._loading):
-                    self._decoding = True
-                    return True
-                if self._closing:  # frozen rows would never go on
-                    for request in live:
-                        request.abort_requested = True
-                    continue
-                self._decoding = False
-                self._cond.notify_all()
-                self._cond.wait()
-
-    @torch.inference_mode()
-    def _decode(self, batch: list[_Request]) -> None:
-        for request in batch:
-            if request.abort_requested:
-                request.finish("abort")
-            elif request.max_new_tokens == 0:
-                request.finish("length")
-        live = [r for r in batch if r.finish_reason is None]
-        if not live:
-            return
-        out, attention_mask, positions = self._prefill(live)
-        while True:
-            logits = out.logits[:, -1, :].float()
-            next_ids = self._sample_step(live, logits)
-            if not self._between_steps(live):
-                return
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(live), 1)], 1)
-            positions = positions[:, -1:] + 1
-            out = self.model(
-                input_ids=next_ids[:, None],
-                attention_mask=attention_mask,
-                position_ids=positions,
-                past_key_values=out.past_key_values,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-
-    def _prefill(self, live: list[_Request]) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Run the prompts; return the output, attention mask and position ids so far.
-
-        Rows usually share a long prefix (system prompt, tools, few-shot examples, a group's
-        task). That prefix is computed once and its KV cache repeated for every row; each row's
-        own suffix follows, left-padded, so padding sits between prefix and suffix (masked,
-        with explicit positions).
-        """
-        shared = _common_prefix_length([r.input_ids for r in live])
-        shared = min(shared, min(len(r.input_ids) for r in live) - 1)
-        cache = None
-        if len(live) > 1 and shared >= _MIN_SHARED_PREFIX:
-            prefix = torch.tensor([live[0].input_ids[:shared]], device=self.device)
-            cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
-            cache.batch_repeat_interleave(len(live))
-            self.prefix_tokens_saved += shared * (len(live) - 1)
-        else:
-            shared = 0
-        ids, mask = self._left_pad([r.input_ids[shared:] for r in live])
-        positions = shared + (mask.cumsum(-1) - 1).clamp(min=0)
-        prefix_mask = mask.new_ones(len(live), shared)
-        attention_mask = torch.cat([prefix_mask, mask], dim=1)
-        out = self.model(
-            input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        return out, attention_mask, positions
-
-    def _left_pad(self, rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self._pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for index, row in enumerate(rows):
-            ids[index, width - len(row) :] = torch.tensor(row, dtype=torch.long)
-            mask[index, width - len(row) :] = 1
-        return ids.to(self.device), mask.to(self.device)
-
-    def _sample_step(self, live: list[_Request], logits: torch.Tensor) -> torch.Tensor:
-        logprobs = torch.log_softmax(logits, dim=-1)
-        next_ids = torch.full((len(live),), self._pad_id, dtype=torch.long)
-        for row, request in enumerate(live):
-            if request.done:
-                continue
-            if request.abort_requested:
-                request.finish("abort")
-                continue
-            try:
-                token = choose_token(logits[row], request.sampling, request.generator)
-            except Exception as exc:  # this row's failure, not its neighbours'
-                request.error = EngineError(f"sampling failed: {exc}")
-                continue
-            request.output_ids.append(token)
-            request.logprobs.append(float(logprobs[row, token].item()))
-            # Weights change only while no forward pass runs, so these logits are this version's.
-            request.versions.append(self.policy_version)
-            next_ids[row] = token
-            reason = self._stop_reason(request, token)
-            if reason is not None:
-                request.finish(reason)
-        return next_ids.to(self.device)
-
-    def _stop_reason(self, request: _Request, token: int) -> FinishReason | None:
-        if token in self.eos_token_ids or token in request.sampling.stop_token_ids:
-            return "stop"
-        if request.sampling.stop and self._ends_in_stop_string(request):
-            return "stop"
-        if len(request.output_ids) >= request.max_new_tokens:
-            return "length"
-        return None
-
-    def _ends_in_stop_string(self, request: _Request) -> bool:
-        # Each token decodes to at least one character, so this window holds any stop string
-        # that the newest token completed.
-        window = max(len(s) for s in request.sampling.stop) + 2
-        tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
-        return any(s in tail for s in request.sampling.stop)
-
-
-def _common_prefix_length(rows: list[list[int]]) -> int:
-    first = rows[0]
-    length = len(first)
-    for row in rows[1:]:
-        length = min(length, len(row))
-        for i in range(length):
-            if row[i] != first[i]:
-                length = i
-                break
-    return length
+        request.resolve()
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
