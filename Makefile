@@ -44,6 +44,7 @@ bench: setup
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
 	$(BIN)/python benchmarks/peers.py
+	$(BIN)/python benchmarks/embedded_throughput.py
 
 clean:
 	rm -rf $(VENV)
