@@ -19,8 +19,8 @@ import ray
 
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target, load_agent
+from rollway.agents.server.remote_agent import resolve_agent
 from rollway.client import BatchItem, RolloutClient
-from rollway.client.rollout_client import resolve_agent
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError
 from rollway.events import RolloutEvent

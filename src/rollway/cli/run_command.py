@@ -13,13 +13,13 @@ import typer
 from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target
+from rollway.agents.server.remote_agent import resolve_agent
 from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.client import RolloutClient
 from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
-from rollway.client.rollout_client import resolve_agent
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import logging
 import math
-import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
-from aiolimiter import AsyncLimiter
-
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
-from rollway.agents.validate import ready_agent
+from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, resolve_agent
+from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
@@ -136,15 +132,13 @@ class RolloutClient:
         self.show_progress = show_progress
         self.status_interval = status_interval
         self.last_summary: dict[str, Any] | None = None
-        # The cap and the rate limit live here, ahead of every executor: with Ray they hold
-        # across the whole cluster, not per worker.
-        self._slots = asyncio.Semaphore(max_concurrent)
-        # Capacity 1 spaces starts evenly (no burst): at most tps_limit in any second.
-        self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit is not None else None
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         self._events = ClientEvents()
+        self._admission = Admission(
+            self.executor, self.policy, self._events, max_concurrent, tps_limit
+        )
         if on_event is not None:
             self._events.bus.subscribe(on_event)
         # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
@@ -435,42 +429,10 @@ class RolloutClient:
     async def _run_settled(
         self, spec: RolloutSpec, settings: RolloutSettings, gate: CancelGate
     ) -> RolloutRecord:
-        record = await self._run_limited(spec, settings, gate.event)
+        record = await self._admission.run(spec, settings, gate.event)
         record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
         self._events.finished(record)
         return record
-
-    async def _run_limited(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
-    ) -> RolloutRecord:
-        if not await _unless_cancelled(self._slots.acquire(), cancel):
-            # Cancelled while queued: no slot needed, the executor records it and starts
-            # nothing (no registration, no agent, no generation).
-            return await self.executor.run(spec, settings, cancel)
-        try:
-            if self._starts is not None:
-                await _unless_cancelled(self._starts.acquire(), cancel)
-            return await self._run_fresh(spec, settings, cancel)
-        finally:
-            self._slots.release()
-
-    async def _run_fresh(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
-    ) -> RolloutRecord:
-        """Run ``spec``, starting it again (a new attempt) whenever an update leaves it more
-        than ``max_staleness`` versions behind; starts wait while weights load."""
-        while True:
-            await _unless_cancelled(self.policy.wait_open(), cancel)
-            attempt, relay = self.policy.start(cancel)
-            if not isinstance(self.executor, LocalExecutor):  # else the runner says it
-                self._events.started_elsewhere(spec, settings)
-            try:
-                record = await self.executor.run(spec, settings, attempt.cancel)
-            finally:
-                self.policy.finish(attempt, relay)
-            if not attempt.stale or cancel.is_set():
-                return record
-            spec = dataclasses.replace(spec, first_attempt=record.attempts + 1)
 
     def _prepare(
         self, tasks: list[dict[str, Any]], group_size: int, resume: bool, settings: RolloutSettings
@@ -528,33 +490,8 @@ class RolloutClient:
         }
 
 
-async def _unless_cancelled(acquire: Coroutine[Any, Any, Any], cancel: asyncio.Event) -> bool:
-    """Await ``acquire`` (a slot, a start under the rate limit) unless ``cancel`` is set
-    first; True when it was acquired, and the caller then owns what it took."""
-    taken = asyncio.ensure_future(acquire)
-    stop = asyncio.ensure_future(cancel.wait())
-    try:
-        await asyncio.wait({taken, stop}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stop.cancel()
-        taken.cancel()  # nothing, once it has acquired
-    await asyncio.gather(taken, return_exceptions=True)
-    return not taken.cancelled()
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def resolve_agent(
-    agent: AgentLoop | type[AgentLoop] | str,
-    key: str | None = None,
-    poll: PollPolicy | None = None,
-) -> AgentLoop:
-    """An agent ready to run: ``http(s)://...`` is an agent server, else a validated loop."""
-    if isinstance(agent, str) and agent.startswith(("http://", "https://")):
-        return RemoteAgent(agent, api_key=key or os.environ.get("ROLLWAY_AGENT_KEY", ""), poll=poll)
-    return ready_agent(agent)
 
 
 def _agent_spec(agent: AgentLoop) -> str:

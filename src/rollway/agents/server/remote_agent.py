@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -23,6 +24,7 @@ import httpx
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import InitSettings, RolloutContext
 from rollway.agents.server.callback_inbox import CallbackInbox
+from rollway.agents.validate import ready_agent
 from rollway.errors import (
     AgentError,
     ConfigError,
@@ -241,3 +243,14 @@ def _health(url: str, api_key: str) -> dict[str, Any]:
     if not isinstance(info, dict) or not info.get("agent"):
         raise ConfigError(f"{url} does not look like a rollway agent server")
     return info
+
+
+def resolve_agent(
+    agent: AgentLoop | type[AgentLoop] | str,
+    key: str | None = None,
+    poll: PollPolicy | None = None,
+) -> AgentLoop:
+    """An agent ready to run: ``http(s)://...`` is an agent server, else a validated loop."""
+    if isinstance(agent, str) and agent.startswith(("http://", "https://")):
+        return RemoteAgent(agent, api_key=key or os.environ.get("ROLLWAY_AGENT_KEY", ""), poll=poll)
+    return ready_agent(agent)
