@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, stop_any, stop_before_delay
 
+from rollway.checks import check_count, check_seconds, is_number
 from rollway.errors import TRANSIENT_KINDS, ConfigError, InfrastructureError, OverloadedError
 
 Hook = Callable[[RetryCallState], None]
@@ -37,9 +38,9 @@ class Backoff:
     max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        _check_wait("first_s", self.first_s)
-        _check_wait("max_s", self.max_s)
-        if not (_is_number(self.factor) and 1 <= self.factor < math.inf):
+        check_seconds("first_s", self.first_s, zero=True, finite=True)
+        check_seconds("max_s", self.max_s, zero=True, finite=True)
+        if not (is_number(self.factor) and 1 <= self.factor < math.inf):
             raise ConfigError("factor must be a finite number of at least 1", "factor")
 
     def delay_s(self, retry: int) -> float:
@@ -75,12 +76,10 @@ class RetryPolicy:
     wait_out_overload: bool = False
 
     def __post_init__(self) -> None:
-        attempts = self.attempts
-        if attempts is not None and (not _is_whole(attempts) or attempts < 1):
-            raise ConfigError("attempts must be None or a whole number of at least 1", "attempts")
+        check_count("attempts", self.attempts, least=1, optional=True)
         if self.backoff is not None and not isinstance(self.backoff, Backoff):
             raise ConfigError("backoff must be a Backoff or None", "backoff")
-        if self.within_s is not None and not (_is_number(self.within_s) and self.within_s > 0):
+        if self.within_s is not None and not (is_number(self.within_s) and self.within_s > 0):
             raise ConfigError("within_s must be None or a positive number of seconds", "within_s")
 
     def is_retryable(self, error: BaseException) -> bool:
@@ -148,20 +147,6 @@ class _Tries:
     def stop(self, state: RetryCallState) -> bool:
         attempts = self.policy.attempts
         return attempts is not None and self.failed >= max(1, attempts)
-
-
-def _check_wait(name: str, seconds: Any) -> None:
-    """A wait of ``seconds``: a finite number, 0 or more (an error names ``name``)."""
-    if not (_is_number(seconds) and 0 <= seconds < math.inf):  # NaN fails too
-        raise ConfigError(f"{name} must be a finite number of seconds, 0 or more", name)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _last_outcome(state: RetryCallState) -> Any:

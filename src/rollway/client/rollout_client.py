@@ -15,6 +15,7 @@ from typing import Any, Unpack
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, resolve_agent
+from rollway.checks import check_count, check_seconds, is_number
 from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
@@ -39,7 +40,7 @@ from rollway.rollouts import (
     ServingConfig,
     task_key,
 )
-from rollway.rollouts.config import check_count, check_seconds, config_object
+from rollway.rollouts.config import config_object
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
@@ -113,7 +114,7 @@ class RolloutClient:
     ) -> None:
         # Checked before anything starts: a bad value is named here, not met as a hang later.
         check_count("max_concurrent", max_concurrent, least=1)
-        if tps_limit is not None and not (_is_number(tps_limit) and 0 < tps_limit < math.inf):
+        if tps_limit is not None and not (is_number(tps_limit) and 0 < tps_limit < math.inf):
             raise ConfigError("tps_limit must be None or a positive number", "tps_limit")
         check_seconds("status_interval", status_interval)
         if stuck_after_s is not None:
@@ -488,10 +489,6 @@ class RolloutClient:
             "status_interval": self.status_interval,
             "written_at": time.time(),
         }
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _agent_spec(agent: AgentLoop) -> str:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
+from rollway.checks import check_count, check_seconds
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
 from rollway.retry import ROLLOUT_ATTEMPTS, Backoff, RetryPolicy, is_transient
@@ -279,20 +280,6 @@ def _unknown_option(name: str) -> ConfigError:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return ConfigError(f"unknown option {name!r}: {hint}expected one of {', '.join(known)}", name)
-
-
-def check_seconds(name: str, seconds: Any, *, zero: bool = False) -> None:
-    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
-    if not (number and (seconds > 0 or (zero and seconds == 0))):  # NaN fails both
-        least = "0 or a positive" if zero else "a positive"
-        raise ConfigError(f"{name} must be {least} number of seconds", name)
-
-
-def check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name} must be a whole number of at least {least}", name)
 
 
 def _rollout_policy(policy: RetryPolicy) -> RetryPolicy:

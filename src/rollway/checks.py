@@ -1,0 +1,29 @@
+"""Checks of the numbers a user configures (counts, seconds): an error names the setting."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rollway.errors import ConfigError
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (``True`` is an int to Python, never a count here)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ConfigError(f"{name} must be a whole number of at least {least}", name)
+
+
+def check_seconds(name: str, seconds: Any, *, zero: bool = False, finite: bool = False) -> None:
+    """Positive seconds (``zero``: or 0; ``finite``: not infinite); NaN never passes."""
+    if finite and not (is_number(seconds) and seconds < math.inf):
+        raise ConfigError(f"{name} must be a finite number of seconds, 0 or more", name)
+    if not (is_number(seconds) and (seconds > 0 or (zero and seconds == 0))):
+        least = "0 or a positive" if zero else "a positive"
+        raise ConfigError(f"{name} must be {least} number of seconds", name)
