@@ -88,6 +88,22 @@ class GenerationResult:
 
 
 @dataclass(frozen=True, slots=True)
+class GenerationChunk:
+    """Tokens a streaming engine sampled since its last chunk (``engines.base.StreamingEngine``).
+
+    ``output_ids``, ``logprobs`` and ``policy_versions`` are the new tokens only (a chunk may
+    carry none, e.g. the last one of an aborted request). ``finish_reason`` is None until the
+    last chunk, which has it; the chunks of one request, concatenated, are its
+    ``GenerationResult`` (``engines.streaming.collect``)."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason | None = None
+    policy_versions: list[int] | None = None
+    logprob_kind: LogprobKind = "raw_logprobs"
+
+
+@dataclass(frozen=True, slots=True)
 class ChatGeneration:
     """What a chat-level engine (a hosted API) answered: a message, no token ids. The
     engine-level twin of ``GenerationResult``: the gateway records it as a turn and answers

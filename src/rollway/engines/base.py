@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rollway.types import ChatGeneration, GenerationResult, SamplingParams
+from rollway.types import ChatGeneration, GenerationChunk, GenerationResult, SamplingParams
 
 #: How ``pause`` treats generations in flight: ``abort`` ends them at once (finish ``abort``;
 #: the gateway re-issues the turn after ``resume``), ``drain`` lets them finish, ``keep``
@@ -35,6 +35,22 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class StreamingEngine(Protocol):
+    """An engine that hands out tokens as it samples them.
+
+    ``generate_stream`` is ``generate`` in pieces: the same request (same ids, sampling and
+    ``request_id``, abortable the same way) yields ``GenerationChunk``s of the tokens sampled
+    since the last chunk, and its last chunk has the finish reason. Concatenated, the chunks
+    are exactly what ``generate`` would have returned (same ids, logprobs, versions). Closing
+    the iterator early aborts the request. An engine without it is streamed by
+    ``engines.streaming.stream_generation`` as one chunk."""
+
+    def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]: ...
 
 
 @runtime_checkable
