@@ -2,7 +2,8 @@
 
 1. Added latency per turn, simulated engine at zero latency: p50/p99 of a multi-turn tool
    conversation through the gateway (in-process call, and HTTP to a `rollway gateway`
-   subprocess) against calling the engine directly, at concurrency 1 and 256.
+   subprocess) against calling the engine directly, at concurrency 1 and 256; and against the
+   floor, the engine plus the tokenizing any token-exact agent loop does itself.
 2. Throughput at 256 concurrent rollouts as a ratio to calling the engine directly, at zero
    engine latency (pure overhead) and at a realistic engine latency.
 3. Embedded engine aggregate tokens/s at 1, 4 and 16 concurrent requests.
@@ -95,6 +96,27 @@ def direct_turns(engine: SimEngine, renderer: ChatRenderer) -> TurnFn:
     return turn
 
 
+def direct_token_loop_turns(engine: SimEngine, renderer: ChatRenderer) -> TurnFn:
+    """The floor: the engine plus what a token-exact agent loop calling it directly must do
+    anyway each turn (decode the answer, tokenize the tool result into the template); no
+    recording, no tool-call parsing, no checks."""
+    prompts: dict[str, list[int]] = {}
+    sampling = SamplingParams(max_tokens=64)
+
+    async def turn(rollout_id: str, messages: list[dict]) -> dict:
+        if rollout_id not in prompts:
+            prompts[rollout_id] = renderer.prompt_ids(FIRST, [TOOL])
+        ids = prompts[rollout_id]
+        result = await engine.generate(ids, sampling, rollout_id)
+        text = renderer.decode(result.output_ids)
+        tool_result = {"role": "tool", "content": f"fact {len(messages) // 2}"}
+        glue = renderer.continuation_ids(result.output_ids, [tool_result], [TOOL]) or []
+        ids += result.output_ids + glue
+        return {"role": "assistant", "content": text}
+
+    return turn
+
+
 def in_process_turns(gateway: Gateway) -> TurnFn:
     async def turn(rollout_id: str, messages: list[dict]) -> dict:
         if len(messages) == 1:
@@ -162,10 +184,13 @@ async def compare(
     engine = SimEngine(config)
     base = await drive(direct_turns(engine, renderer), rollouts, concurrency)
     report("direct engine call", base, base)
+    floor = await drive(direct_token_loop_turns(engine, renderer), rollouts, concurrency)
+    report("direct + own tokens", base, floor)
     gateway = Gateway(engine, renderer, model_name="sim")
-    report(
-        "gateway in-process", base, await drive(in_process_turns(gateway), rollouts, concurrency)
-    )
+    in_process = await drive(in_process_turns(gateway), rollouts, concurrency)
+    report("gateway in-process", base, in_process)
+    print(f"  {'':<20} in-process to direct + own tokens: "
+          f"{in_process.turns_per_s / floor.turns_per_s:5.2f}")  # fmt: skip
     admin_key = secrets.token_hex(8)
     spec = f"sim://?latency_s={config.latency_s}&output_len={config.output_len}"
     proc, url = start_http_gateway(spec, admin_key)

@@ -43,7 +43,9 @@ def served_collapse(renderer: ChatRenderer, token_id: int) -> Iterator[Served]:
 def test_a_collapsed_rollout_of_16k_repeated_tokens_is_fetched_promptly(
     served_collapse: Served, renderer: ChatRenderer, token_id: int, text: str
 ) -> None:
-    admin = httpx.Client(base_url=served_collapse.url, headers=served_collapse.admin_headers)
+    admin = httpx.Client(
+        base_url=served_collapse.url, headers=served_collapse.admin_headers, timeout=120
+    )
     with admin:
         key = admin.post("/v1/rollouts/rep/register", json={}).json()["api_key"]
         body = {"messages": [{"role": "user", "content": "Say ha."}]}

@@ -18,7 +18,7 @@ from tests.conftest import Served, sim_gateway
 
 @pytest.fixture
 def admin(served: Served) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=served.url, headers=served.admin_headers) as client:
+    with httpx.Client(base_url=served.url, headers=served.admin_headers, timeout=120) as client:
         yield client
     # Whatever the test sent, the server still answers.
     assert httpx.get(f"{served.url}/health").json()["status"] == "ok"

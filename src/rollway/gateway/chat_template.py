@@ -69,6 +69,8 @@ class ChatRenderer:
         # The Rust tokenizer itself where there is one: transformers' wrapper costs more than
         # the encoding of a turn's few new tokens.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # transformers' decode then rewrites " ," and the like; the Rust one alone does not.
+        self._cleans_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", True))
         self._pieces = read_pieces(_BASE, self._render_prepared)
         #: First prompts of recent conversations: a group's rollouts all start from one.
         self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
@@ -89,6 +91,8 @@ class ChatRenderer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
+        if self._backend is not None and not self._cleans_up_spaces:
+            return self._backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def decode_one(self, token_id: int) -> str:

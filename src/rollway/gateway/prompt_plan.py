@@ -4,10 +4,11 @@ render that starts a new segment; within a token budget, and off the event loop 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
+
+import orjson
 
 from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
 from rollway.gateway.rollout_state import MessageKey, RolloutState
@@ -71,7 +72,7 @@ async def _render(
     """``render(...)``, in a worker thread unless the messages (``keys``) and ``tools`` are
     small: templating and tokenizing grow with the input."""
     size = sum(len(key[1]) + sum(len(arguments) for _, arguments in key[2]) for key in keys)
-    size += len(json.dumps(tools)) if tools else 0
+    size += len(orjson.dumps(tools)) if tools else 0
     if size <= INLINE_CHARS:
         return render(*args, **kwargs)
     return await asyncio.to_thread(render, *args, **kwargs)
