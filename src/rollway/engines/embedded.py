@@ -47,7 +47,7 @@ from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.types import GenerationChunk, GenerationResult, SamplingParams
 
 #: What a streamed request's queue carries: chunks, or the error that ended it.
-ChunkQueue = asyncio.Queue[GenerationChunk | BaseException]
+_ChunkQueue = asyncio.Queue[GenerationChunk | BaseException]
 
 #: The prefix cache's default budget: about 380 MB of KV for SmolLM2-135M in fp32.
 DEFAULT_PREFIX_CACHE_TOKENS = 8192
@@ -164,7 +164,7 @@ class EmbeddedEngine:
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> AsyncIterator[GenerationChunk]:
-        chunks: ChunkQueue = asyncio.Queue()
+        chunks: _ChunkQueue = asyncio.Queue()
         request = self._submit(input_ids, sampling, request_id, chunks)
         finished = False
         try:
@@ -182,7 +182,7 @@ class EmbeddedEngine:
         input_ids: list[int],
         sampling: SamplingParams,
         request_id: str,
-        chunks: ChunkQueue | None,
+        chunks: _ChunkQueue | None,
     ) -> Request:
         """Check a request and queue it; answered through ``chunks`` when given, else its
         future."""
@@ -388,7 +388,7 @@ class EmbeddedEngine:
         request.resolve()
 
 
-def _join_waiting(first: GenerationChunk | BaseException, chunks: ChunkQueue) -> GenerationChunk:
+def _join_waiting(first: GenerationChunk | BaseException, chunks: _ChunkQueue) -> GenerationChunk:
     """``first`` and the chunks already waiting behind it, as one chunk (a caller that lags
     gets what piled up at once); an error that ended the request is raised."""
     parts: list[GenerationChunk] = []
@@ -410,7 +410,7 @@ def _join_waiting(first: GenerationChunk | BaseException, chunks: ChunkQueue) ->
     )
 
 
-async def _until_answered(chunks: ChunkQueue) -> None:
+async def _until_answered(chunks: _ChunkQueue) -> None:
     """Until the worker has answered the request (its last chunk, or its error, arrived)."""
     while True:
         item = await chunks.get()
