@@ -5,6 +5,10 @@ merge), decode a step at a time (``step``), sample under their own params and ge
 leave it as soon as they are done (``retire``). The prefix cache keeps each prompt's KV once
 it is computed and each finished row's KV when it leaves. The engine
 decides when each of these runs; this module owns the tensors.
+
+A request is answered once (its ``future``) or, streamed, in chunks (its ``chunks`` queue):
+the worker hands a streamed row the tokens it sampled since its last chunk between two forward
+passes (``publish``), and its last chunk, with the finish reason, when it is answered.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +27,7 @@ from rollway.engines.decode_batch import DecodeBatch, Reuse, extend_prefix
 from rollway.engines.kv_cache import CachedPrefix, PrefixCache, common_prefix_length
 from rollway.engines.sampling import choose_token
 from rollway.errors import ConfigError, EngineError
-from rollway.types import FinishReason, GenerationResult, SamplingParams
+from rollway.types import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 
 #: Shorter shared prefixes are not worth a separate forward pass.
 MIN_SHARED_PREFIX = 16
@@ -37,8 +42,14 @@ class Request:
     sampling: SamplingParams
     max_new_tokens: int
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[GenerationResult]
+    #: Answered once here; None for a streamed request, answered through ``chunks``.
+    future: asyncio.Future[GenerationResult] | None
     generator: torch.Generator
+    #: A streamed request's chunks (an error instead of the last one if it fails), put on
+    #: ``loop`` as the worker samples them.
+    chunks: asyncio.Queue[GenerationChunk | BaseException] | None = None
+    #: Output tokens already handed out in chunks (the worker's count).
+    streamed: int = 0
     #: ``input_ids`` as a tensor, to match and slice prefixes.
     prompt: torch.Tensor = field(init=False)
     output_ids: list[int] = field(default_factory=list)
@@ -48,7 +59,7 @@ class Request:
     finish_reason: FinishReason | None = None
     #: Set by ``abort`` (or ``pause("abort")``); the worker ends the row at its next step.
     abort_requested: bool = False
-    #: Answered (its future is settled or about to be); the worker answers each row once.
+    #: Answered (its result or last chunk is on its way); the worker answers each row once.
     settled: bool = False
     #: Set when this row alone failed; its batch goes on without it.
     error: BaseException | None = None
@@ -65,14 +76,24 @@ class Request:
     def finish(self, reason: FinishReason) -> None:
         self.finish_reason = reason
 
+    def publish(self) -> None:
+        """Hand a streamed request the tokens sampled since its last chunk (worker thread)."""
+        if self.chunks is not None and self.streamed < len(self.output_ids):
+            self._call_soon(self.chunks.put_nowait, self._next_chunk(None))
+
     def resolve(self) -> None:
-        error = self.error
+        if self.chunks is not None:
+            error = self.error
+            last = error if error is not None else self._next_chunk(self.finish_reason)
+            self._call_soon(self.chunks.put_nowait, last)
+            return
+        future, error = self.future, self.error
 
         def settle() -> None:
-            if self.future.done():
+            if future is None or future.done():
                 return
             if error is not None:
-                self.future.set_exception(error)
+                future.set_exception(error)
             else:
                 result = GenerationResult(
                     self.output_ids,
@@ -81,11 +102,25 @@ class Request:
                     policy_versions=self.versions,
                     logprob_kind="raw_logprobs",
                 )
-                self.future.set_result(result)
+                future.set_result(result)
 
+        self._call_soon(settle)
+
+    def _next_chunk(self, finish_reason: FinishReason | None) -> GenerationChunk:
+        start = self.streamed
+        self.streamed = len(self.output_ids)
+        return GenerationChunk(
+            self.output_ids[start:],
+            self.logprobs[start:],
+            finish_reason,
+            policy_versions=self.versions[start:],
+            logprob_kind="raw_logprobs",
+        )
+
+    def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
         # A closed loop means the caller is gone; the worker thread must live on regardless.
         with contextlib.suppress(RuntimeError):
-            self.loop.call_soon_threadsafe(settle)
+            self.loop.call_soon_threadsafe(callback, *args)
 
 
 class BatchRunner:

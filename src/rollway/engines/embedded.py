@@ -12,6 +12,11 @@ each finished row's KV go to a prefix cache keyed by token ids (``PrefixCache``)
 prompt and completion serve turn k+1 and a GRPO group's later members reuse the first one's
 prompt; a prefix that requests admitted together share is computed once.
 
+``generate_stream`` runs the same request and hands out its tokens as the batch samples them:
+between two forward passes the worker puts each streamed row's new tokens on its caller's loop,
+and a caller that lags gets what piled up as one chunk. Closing the stream early aborts the
+request and waits until its slot is free.
+
 Weights are replaced in place (``WeightSync``): ``pause`` stops the worker from admitting
 requests (``abort`` ends the running rows at the next step, ``drain`` lets them finish,
 ``keep`` freezes them between two decode steps with their KV cache, as SGLang's in-place pause
@@ -25,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from rollway.checks import check_count
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.batch_runner import BatchRunner, Request
 from rollway.engines.kv_cache import PrefixCache
@@ -38,7 +44,10 @@ from rollway.engines.models import resolve_model_path
 from rollway.engines.sampling import check_sampling, make_generator
 from rollway.engines.state_dicts import check_state_dict, copy_weights, read_state_dict
 from rollway.errors import ConfigError, EngineError, InvalidFieldsError
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+
+#: What a streamed request's queue carries: chunks, or the error that ended it.
+_ChunkQueue = asyncio.Queue[GenerationChunk | BaseException]
 
 #: The prefix cache's default budget: about 380 MB of KV for SmolLM2-135M in fp32.
 DEFAULT_PREFIX_CACHE_TOKENS = 8192
@@ -65,6 +74,7 @@ class EmbeddedEngine:
         max_batch_size: int = 32,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> None:
+        check_count("prefix_cache_tokens", prefix_cache_tokens, least=0)
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -121,6 +131,7 @@ class EmbeddedEngine:
         max_batch_size: int = 32,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
     ) -> EmbeddedEngine:
+        check_count("prefix_cache_tokens", prefix_cache_tokens, least=0)  # before the slow load
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -142,6 +153,39 @@ class EmbeddedEngine:
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
+        request = self._submit(input_ids, sampling, request_id, None)
+        assert request.future is not None
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            await self.abort(request_id)
+            raise
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        chunks: _ChunkQueue = asyncio.Queue()
+        request = self._submit(input_ids, sampling, request_id, chunks)
+        finished = False
+        try:
+            while not finished:
+                chunk = _join_waiting(await chunks.get(), chunks)
+                finished = chunk.finish_reason is not None
+                yield chunk
+        finally:
+            if not request.settled:  # closed early or cancelled: its slot frees at once
+                await self.abort(request_id)
+                await _until_answered(chunks)
+
+    def _submit(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str,
+        chunks: _ChunkQueue | None,
+    ) -> Request:
+        """Check a request and queue it; answered through ``chunks`` when given, else its
+        future."""
         self._check_input(input_ids)
         check_sampling(sampling)
         room = self.context_length - len(input_ids)
@@ -153,8 +197,9 @@ class EmbeddedEngine:
             sampling=sampling,
             max_new_tokens=max(max_new, 0),
             loop=loop,
-            future=loop.create_future(),
+            future=None if chunks is not None else loop.create_future(),
             generator=make_generator(sampling.seed, self.device),
+            chunks=chunks,
         )
         with self._cond:
             if self._closing:
@@ -164,11 +209,7 @@ class EmbeddedEngine:
             self._active[request_id] = request
             self._pending.append(request)
             self._cond.notify_all()
-        try:
-            return await request.future
-        except asyncio.CancelledError:
-            await self.abort(request_id)
-            raise
+        return request
 
     async def abort(self, request_id: str) -> None:
         with self._cond:
@@ -324,13 +365,16 @@ class EmbeddedEngine:
 
     def _retire_finished(self) -> None:
         """Answer finished and aborted rows: their slots free at once (call with the
-        condition held; the worker drops their KV columns before its next forward pass)."""
+        condition held; the worker drops their KV columns before its next forward pass).
+        Streamed rows that go on get their new tokens."""
         for request in self._running:
             if request.abort_requested and not request.done:
                 request.finish("abort")
         for request in self._running:
             if request.done:
                 self._settle(request)
+            else:
+                request.publish()
         self._running = [r for r in self._running if not r.done]
 
     def _settle(self, request: Request) -> None:
@@ -342,6 +386,36 @@ class EmbeddedEngine:
         if self._active.get(request.request_id) is request:
             del self._active[request.request_id]
         request.resolve()
+
+
+def _join_waiting(first: GenerationChunk | BaseException, chunks: _ChunkQueue) -> GenerationChunk:
+    """``first`` and the chunks already waiting behind it, as one chunk (a caller that lags
+    gets what piled up at once); an error that ended the request is raised."""
+    parts: list[GenerationChunk] = []
+    item = first
+    while True:
+        if isinstance(item, BaseException):
+            raise item
+        parts.append(item)
+        if item.finish_reason is not None or chunks.empty():
+            break
+        item = chunks.get_nowait()
+    if len(parts) == 1:
+        return parts[0]
+    return GenerationChunk(
+        [token for part in parts for token in part.output_ids],
+        [logprob for part in parts for logprob in part.logprobs],
+        parts[-1].finish_reason,
+        [version for part in parts for version in part.policy_versions or ()],
+    )
+
+
+async def _until_answered(chunks: _ChunkQueue) -> None:
+    """Until the worker has answered the request (its last chunk, or its error, arrived)."""
+    while True:
+        item = await chunks.get()
+        if isinstance(item, BaseException) or item.finish_reason is not None:
+            return
 
 
 def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:

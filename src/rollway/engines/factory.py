@@ -1,6 +1,7 @@
 """Build an engine from a URL-like spec.
 
-``embedded`` or ``embedded://PATH`` (a local HF model folder); ``sim`` or
+``embedded`` or ``embedded://PATH`` (a local HF model folder), with
+``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
 ``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
 OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed
@@ -40,6 +41,7 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
+_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {"prefix_cache_tokens": int}
 _SIM_OPTIONS: dict[str, Callable[[str], Any]] = {
     "latency_s": float,
     "per_token_s": float,
@@ -63,7 +65,9 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
     if scheme == "embedded":
         from rollway.engines.embedded import EmbeddedEngine
 
-        return EmbeddedEngine.from_pretrained(rest or model)
+        location, _, query = rest.partition("?")
+        options = _options(query, _EMBEDDED_OPTIONS, "embedded:// option")
+        return EmbeddedEngine.from_pretrained(location or model, **options)
     if scheme in ("sglang", "vllm") and rest:
         shown = redact(spec)
         location, _, query = rest.partition("?")
@@ -167,6 +171,6 @@ def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> d
         try:
             options[key] = known[key](value)
         except ValueError:
-            kind = "a number" if known[key] in (int, float) else "1 or 0"
+            kind = {int: "a whole number", float: "a number"}.get(known[key], "1 or 0")
             raise ConfigError(f"{what} {key}={value!r} is not {kind}", "engine") from None
     return options

@@ -6,7 +6,8 @@ endpoint with the fewest in-flight requests, then tokens.
 
 A request that could not be sent (no connection: ``EngineConnectError``) ejects its endpoint at
 once and goes, with the same request id, to the least-loaded healthy endpoint it has not tried;
-it fails only when none is left. Endpoints should not retry connects themselves
+it fails only when none is left (``generate_stream`` does the same until its first chunk, and
+streams the endpoint's answer). Endpoints should not retry connects themselves
 (``RemoteClient(connect_attempts=1)``, as ``engine_from_spec`` builds them). A request that may
 have reached its server (any other error) is never sent elsewhere. An endpoint is also ejected
 after ``eject_after`` failed health checks in a row; an ejected one is re-admitted after
@@ -30,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import Engine, HealthChecked, PauseMode, WeightSource, WeightSync
+from rollway.engines.streaming import stream_generation
 from rollway.errors import ConfigError, EngineConnectError, EngineError
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import GenerationChunk, GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -110,27 +112,63 @@ class RoutedEngine:
         tried: list[Endpoint] = []
         while True:
             try:
-                return await self._send(endpoint, input_ids, sampling, request_id)
+                with self._serving(endpoint, input_ids, request_id):
+                    return await endpoint.engine.generate(input_ids, sampling, request_id)
             except EngineConnectError as exc:
-                # Nothing reached the server: sending the same id elsewhere cannot run it twice.
-                self._eject(endpoint, exc)
-                tried.append(endpoint)
-                endpoint = self._fail_over(rollout, request_id, tried, exc)
+                endpoint = self._after_refusal(endpoint, rollout, request_id, tried, exc)
 
-    async def _send(
-        self, endpoint: Endpoint, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> GenerationResult:
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """``generate``'s endpoint, accounting and fail-over, its answer streamed
+        (``engines.streaming.stream_generation``: an endpoint that cannot stream gives one
+        chunk). Only a request refused before its first chunk goes to another endpoint."""
+        self._start_health_checks()
+        rollout = self._affinity(request_id)
+        endpoint = self._choose(rollout)
+        tried: list[Endpoint] = []
+        while True:
+            sent = False
+            try:
+                with self._serving(endpoint, input_ids, request_id):
+                    stream = stream_generation(endpoint.engine, input_ids, sampling, request_id)
+                    async with contextlib.aclosing(stream):
+                        async for chunk in stream:
+                            sent = True
+                            yield chunk
+                return
+            except EngineConnectError as exc:
+                if sent:
+                    raise
+                endpoint = self._after_refusal(endpoint, rollout, request_id, tried, exc)
+
+    @contextlib.contextmanager
+    def _serving(self, endpoint: Endpoint, input_ids: list[int], request_id: str) -> Iterator[None]:
+        """Count a request in ``endpoint``'s load while it runs there (``abort`` finds it)."""
         endpoint.in_flight += 1
         endpoint.in_flight_tokens += len(input_ids)
         self._running[request_id] = endpoint
         try:
-            result = await endpoint.engine.generate(input_ids, sampling, request_id)
+            yield
         finally:
             endpoint.in_flight -= 1
             endpoint.in_flight_tokens -= len(input_ids)
             self._running.pop(request_id, None)
         endpoint.served += 1
-        return result
+
+    def _after_refusal(
+        self,
+        endpoint: Endpoint,
+        rollout: str,
+        request_id: str,
+        tried: list[Endpoint],
+        cause: EngineConnectError,
+    ) -> Endpoint:
+        """Nothing reached the server: eject it and pick where to send the same id next (it
+        cannot run twice)."""
+        self._eject(endpoint, cause)
+        tried.append(endpoint)
+        return self._fail_over(rollout, request_id, tried, cause)
 
     async def abort(self, request_id: str) -> None:
         endpoint = self._running.get(request_id)
