@@ -9,7 +9,13 @@ from typing import Annotated
 import typer
 
 EngineOption = Annotated[
-    str, typer.Option("--engine", envvar="ROLLWAY_ENGINE", help="embedded | sim")
+    str,
+    typer.Option(
+        "--engine",
+        envvar="ROLLWAY_ENGINE",
+        help="embedded[://?prefix_cache_tokens=N] | sim:// | sglang://HOST:PORT | "
+        "vllm://HOST:PORT | openai://HOST:PORT?model=M (README: Engines)",
+    ),
 ]
 ModelOption = Annotated[
     str | None,
