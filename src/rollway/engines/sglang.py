@@ -63,7 +63,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,13 +184,14 @@ class SGLangEngine:
         server: SGLangServer | None = None
         reader = SGLangStream()
         kind = self.logprob_kind(sampling)
+        events: AsyncGenerator[Any, None] | None = None
         try:
             server = await self.probe()
             payload = self.generate_payload(input_ids, sampling, request_id, server, stream=True)
             url = f"{self.base_url}/generate"
             last = None
-            stream = EventStream(self.http, url, payload, lambda: self.abort(request_id))
-            async for event in stream.events():
+            events = EventStream(self.http, url, payload, lambda: self.abort(request_id)).events()
+            async for event in events:
                 new = reader.read(event)
                 length = new.start + len(new.ids)
                 versions = token_versions(new.meta, length, self.policy_version)[new.start :]
@@ -217,6 +218,8 @@ class SGLangEngine:
             raise
         finally:
             self._leave()
+            if events is not None:
+                await events.aclose()
 
     def generate_payload(
         self,
