@@ -51,6 +51,11 @@ entrypoints/http_server.py``, ``managers/tokenizer_manager.py``, ``managers/io_s
   ``/abort_request`` with an id nothing runs under; a 404 is a ``ConfigError`` naming the
   workers to list in the spec. An error rather than a warning: behind a router a cancelled or
   timed-out turn keeps generating and no weight update reaches the workers.
+- Streaming (``generate_stream``, ``StreamingEngine``): the same ``/generate`` with ``"stream":
+  true``, server-sent events read by ``event_stream.EventStream`` and ``sglang_stream.
+  SGLangStream`` (SGLang's default whole-output events and ``--incremental-streaming-output``
+  alike; the latter costs the server and the client far less on long outputs). Closing a stream
+  early aborts its request by rid at once: SGLang itself aborts a closed stream only 2 s later.
 - A server started with ``--api-key`` wants ``Authorization: Bearer`` on every route but
   ``/health``: pass ``api_key`` (or a ``RemoteClient(bearer=...)``); a 401 at probe time is a
   ``ConfigError``.

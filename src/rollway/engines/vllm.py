@@ -6,6 +6,10 @@ Generation is ``POST /v1/completions`` with the prompt as token ids, ``request_i
 16 tokens when it is missing or null. vLLM aborts a request when its client disconnects, so
 ``abort`` drops the HTTP call.
 
+``generate_stream`` streams the same request (``"stream": true``): ``vllm_stream`` reads its
+delta chunks; errors met mid-stream (a finish ``error``, a refusal while paused) come as error
+events in the 200 answer; ``abort`` drops the stream's connection too.
+
 Weight sync uses development routes (the server must run with ``VLLM_SERVER_DEV_MODE=1``, else
 they answer 404) of vLLM >= 0.16.0: ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, new
 weights by ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path":
