@@ -168,13 +168,7 @@ class VLLMEngine:
             try:
                 body = await self._calls.send(self.http, url, payload, request_id)
             except EngineError as exc:
-                if PAUSED_REFUSAL not in str(exc):
-                    raise
-                if pauses == self._pauses and not self._gate.closed:
-                    raise EngineError(
-                        f"vLLM at {self.base_url} is paused by another client: resume it, or "
-                        "pause it through this engine"
-                    ) from exc
+                self._raise_unless_our_refusal(exc, pauses)
                 continue  # our pause refused it before it ran: send it again after resume
             if body is None:
                 break
@@ -217,14 +211,21 @@ class VLLMEngine:
                     yield chunk
                 return
             except EngineError as exc:
-                if PAUSED_REFUSAL not in str(exc) or reader.seen:
+                if reader.seen:
                     raise
-                if pauses == self._pauses and not self._gate.closed:
-                    raise EngineError(
-                        f"vLLM at {self.base_url} is paused by another client: resume it, or "
-                        "pause it through this engine"
-                    ) from exc
+                self._raise_unless_our_refusal(exc, pauses)
         yield GenerationChunk([], [], "abort", [], self.logprob_kind)
+
+    def _raise_unless_our_refusal(self, error: EngineError, pauses: int) -> None:
+        """Return when ``error`` is a refusal by a pause this engine began since ``pauses``
+        (the request did not run: send it again after ``resume``); raise it otherwise."""
+        if PAUSED_REFUSAL not in str(error):
+            raise error
+        if pauses == self._pauses and not self._gate.closed:
+            raise EngineError(
+                f"vLLM at {self.base_url} is paused by another client: resume it, or "
+                "pause it through this engine"
+            ) from error
 
     async def _stream_chunks(
         self, url: str, payload: dict[str, Any], request_id: str, reader: CompletionStream
