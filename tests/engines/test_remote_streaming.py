@@ -290,3 +290,26 @@ async def test_a_seed_on_an_sglang_too_old_for_it_names_the_field_in_a_stream() 
         finally:
             await engine.close()
         assert served.stats()["generations"] == {}
+
+
+@pytest.mark.parametrize(("kind", "options"), [SERVERS[0], SERVERS[3]], ids=["sglang", "vllm"])
+async def test_a_stream_kept_across_a_weight_update_names_both_versions(
+    kind: str, options: dict[str, Any], tmp_path: Path
+) -> None:
+    with serve(kind, options, SimConfig(output_len=30, per_token_s=0.02)) as served:
+        engine = served.engine
+        assert isinstance(engine, SGLangEngine | VLLMEngine)
+        try:
+            stream = engine.generate_stream(PROMPT, SamplingParams(max_tokens=30), "kept")
+            chunks = [await anext(stream), await anext(stream)]
+            await engine.pause("keep")
+            await engine.update_weights(tmp_path, 1)
+            await engine.resume()
+            async with asyncio.timeout(10):
+                chunks += await chunks_of(stream)
+        finally:
+            await engine.close()
+    kept = collect(chunks)
+    versions = kept.policy_versions or []
+    assert kept.finish_reason == "stop" and len(versions) == 30
+    assert versions[:2] == [0, 0] and versions[-1] == 1 and versions == sorted(versions)
