@@ -52,7 +52,7 @@ entrypoints/http_server.py``, ``managers/tokenizer_manager.py``, ``managers/io_s
   workers to list in the spec. An error rather than a warning: behind a router a cancelled or
   timed-out turn keeps generating and no weight update reaches the workers.
 - Streaming (``generate_stream``, ``StreamingEngine``): the same ``/generate`` with ``"stream":
-  true``, server-sent events read by ``event_stream.EventStream`` and ``sglang_stream.
+  true``, server-sent events read by ``sse.EventStream`` and ``sglang_stream.
   SGLangStream`` (SGLang's default whole-output events and ``--incremental-streaming-output``
   alike; the latter costs the server and the client far less on long outputs). Closing a stream
   early aborts its request by rid at once: SGLang itself aborts a closed stream only 2 s later.
@@ -73,9 +73,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import PauseMode, WeightSource
-from rollway.engines.event_stream import EventStream
 from rollway.engines.remote_client import Answer, RemoteClient, served_context_length, token_cap
 from rollway.engines.sglang_stream import SGLangStream
+from rollway.engines.sse import EventStream
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import (
     FinishReason,

@@ -41,8 +41,8 @@ from typing import Any, get_args
 from urllib.parse import urlencode
 
 from rollway.engines.base import PauseMode, WeightSource
-from rollway.engines.event_stream import EventStream, StreamCuts
 from rollway.engines.remote_client import DisconnectAbort, RemoteClient
+from rollway.engines.sse import EventStream, StreamCuts
 from rollway.engines.vllm_stream import CompletionDelta, CompletionStream
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import (
