@@ -13,10 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 from rollway.engines.base import StreamingEngine
+from rollway.engines.remote_client import RemoteClient
 from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
+from rollway.engines.sse import EventStream
 from rollway.engines.streaming import collect, stream_generation
 from rollway.engines.vllm import VLLMEngine
 from rollway.errors import EngineError
@@ -313,3 +319,29 @@ async def test_a_stream_kept_across_a_weight_update_names_both_versions(
     versions = kept.policy_versions or []
     assert kept.finish_reason == "stop" and len(versions) == 30
     assert versions[:2] == [0, 0] and versions[-1] == 1 and versions == sorted(versions)
+
+
+async def test_events_split_anywhere_with_crlf_and_comments_read_whole() -> None:
+    """Server-sent events may come in any pieces, end lines with CRLF and carry comments."""
+    wire = b': keep-alive\r\n\r\ndata: {"a": 1}\r\n\r\ndata: {"b":\ndata: 2}\n\ndata: [DONE]\n\n'
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for at in range(0, len(wire), 5):
+            yield wire[at : at + 5]
+
+    async def answer(request: Request) -> StreamingResponse:
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/", answer, methods=["POST"])])
+    with BackgroundServer(app) as url:
+        http = RemoteClient()
+        try:
+            stream = EventStream(http, url, {}, _nothing)
+            events = [event async for event in stream.events()]
+        finally:
+            await http.close()
+    assert events == [{"a": 1}, {"b": 2}]
+
+
+async def _nothing() -> None:
+    return None

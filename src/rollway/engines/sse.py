@@ -104,7 +104,8 @@ class EventStream:
     async def _read(self, response: aiohttp.ClientResponse) -> AsyncIterator[Any]:
         pending = b""
         async for raw in response.content.iter_any():
-            pending += raw.replace(b"\r\n", b"\n")
+            # Only the unfinished event is kept (and scanned again as more of it comes).
+            pending = (pending + raw).replace(b"\r\n", b"\n")
             *events, pending = pending.split(b"\n\n")
             for event in events:
                 data = _data_of(event)
