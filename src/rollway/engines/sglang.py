@@ -199,7 +199,7 @@ class SGLangEngine:
             async for event in events:
                 new = reader.read(event)
                 length = new.start + len(new.ids)
-                versions = token_versions(new.meta, length, self.policy_version)[new.start :]
+                versions = token_versions(new.meta, length, self.policy_version, new.start)
                 chunk = GenerationChunk(new.ids, new.logprobs, new.finish_reason, versions, kind)
                 if last is not None:
                     continue  # nothing but [DONE] follows the finish: read it, reuse the line
@@ -469,23 +469,26 @@ def parse_generate_response(
     return GenerationResult(ids, logprobs, reason, versions, logprob_kind)
 
 
-def token_versions(meta: dict[str, Any], length: int, fallback: int) -> list[int]:
-    """One version per output token: from the ``weight_versions`` spans when they cover the
-    output, else the one ``weight_version``, else ``fallback``."""
+def token_versions(meta: dict[str, Any], length: int, fallback: int, start: int = 0) -> list[int]:
+    """One version per output token from ``start`` (a stream's new tokens) to ``length``: from
+    the ``weight_versions`` spans when they cover the output, else the one ``weight_version``,
+    else ``fallback``."""
     spans = meta.get("weight_versions")
     if isinstance(spans, list) and spans:
         try:
             versions: list[int] = []
+            covered = 0
             for span in spans:
-                if int(span["start"]) != len(versions):
+                if int(span["start"]) != covered:
                     raise ValueError("spans leave a gap")
                 label = _version_number(span["version"], fallback)
-                versions += [label] * (int(span["end"]) - int(span["start"]))
-            if len(versions) == length:
+                versions += [label] * max(min(int(span["end"]), length) - max(covered, start), 0)
+                covered = int(span["end"])
+            if covered == length:
                 return versions
         except (KeyError, TypeError, ValueError):
             pass
-    return [_version_number(meta.get("weight_version"), fallback)] * length
+    return [_version_number(meta.get("weight_version"), fallback)] * (length - start)
 
 
 def _version_number(label: Any, fallback: int) -> int:

@@ -64,9 +64,9 @@ class SGLangStream:
                 f"SGLang ended the request mid-stream with an error (HTTP "
                 f"{finish['status_code']}): {finish.get('message')}"
             )
-        output_ids = event.get("output_ids")
+        output_ids = event.get("output_ids")  # as whole or as new as the logprobs
         same_length = isinstance(output_ids, list) and len(output_ids) == len(pairs or [])
-        if pairs and same_length and [int(p[1]) for p in pairs] != output_ids:
+        if same_length and output_ids[len(output_ids) - len(ids) :] != ids:
             raise EngineError("SGLang stream: output_ids and output_token_logprobs disagree")
         start, self.seen = self.seen, self.seen + len(ids)
         return NewTokens(ids, logprobs, reason, start, meta)

@@ -238,9 +238,8 @@ class _Server:
             "completion_tokens": len(labels),
             "cached_tokens": 0,
         }
-        old_abort = finish is not None and finish["type"] == "abort"
-        old_abort = old_abort and not self.version.at_least(0, 5, 6)
-        if body.get("return_logprob") and not old_abort:
+        aborted = finish is not None and finish["type"] == "abort"
+        if body.get("return_logprob") and not (aborted and not self.version.at_least(0, 5, 6)):
             temperature = float((body.get("sampling_params") or {}).get("temperature", 1.0))
             scale = self._logprob_scale(temperature)
             pairs = zip(output.logprobs, output.output_ids, strict=True)
