@@ -15,7 +15,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from rollway.engines.base import StreamingEngine
@@ -345,3 +345,37 @@ async def test_events_split_anywhere_with_crlf_and_comments_read_whole() -> None
 
 async def _nothing() -> None:
     return None
+
+
+async def test_a_garbled_sglang_event_is_an_engine_error_and_aborts_the_request() -> None:
+    aborted: list[str] = []
+
+    async def garbled() -> AsyncIterator[bytes]:
+        yield b'data: {"meta_info": {"finish_reason": null}}\n\n'  # no logprobs
+        await asyncio.Event().wait()  # and never a finish: only an abort ends it
+
+    async def generate(request: Request) -> StreamingResponse:
+        return StreamingResponse(garbled(), media_type="text/event-stream")
+
+    async def abort(request: Request) -> Response:
+        aborted.append((await request.json())["rid"])
+        return Response()
+
+    async def info(request: Request) -> JSONResponse:
+        return JSONResponse({"version": "0.5.9"})
+
+    routes = [
+        Route("/generate", generate, methods=["POST"]),
+        Route("/abort_request", abort, methods=["POST"]),
+        Route("/get_server_info", info),
+        Route("/v1/models", info),
+    ]
+    with BackgroundServer(Starlette(routes=routes)) as url:
+        engine = SGLangEngine(url)
+        try:
+            async with asyncio.timeout(10):
+                with pytest.raises(EngineError, match="malformed SGLang stream event"):
+                    await chunks_of(engine.generate_stream(PROMPT, SAMPLING, "bad"))
+        finally:
+            await engine.close()
+    assert aborted[-1] == "bad~"

@@ -197,7 +197,11 @@ class SGLangEngine:
             last = None
             events = EventStream(self.http, url, payload, lambda: self.abort(request_id)).events()
             async for event in events:
-                new = reader.read(event)
+                try:
+                    new = reader.read(event)
+                except EngineError:  # it may still run: a garbled event is no finish
+                    await self.abort(request_id)
+                    raise
                 length = new.start + len(new.ids)
                 versions = token_versions(new.meta, length, self.policy_version, new.start)
                 chunk = GenerationChunk(new.ids, new.logprobs, new.finish_reason, versions, kind)
