@@ -51,6 +51,11 @@ entrypoints/http_server.py``, ``managers/tokenizer_manager.py``, ``managers/io_s
   ``/abort_request`` with an id nothing runs under; a 404 is a ``ConfigError`` naming the
   workers to list in the spec. An error rather than a warning: behind a router a cancelled or
   timed-out turn keeps generating and no weight update reaches the workers.
+- Streaming (``generate_stream``, ``StreamingEngine``): the same ``/generate`` with ``"stream":
+  true``, server-sent events read by ``sse.EventStream`` and ``sglang_stream.
+  SGLangStream`` (SGLang's default whole-output events and ``--incremental-streaming-output``
+  alike; the latter costs the server and the client far less on long outputs). Closing a stream
+  early aborts its request by rid at once: SGLang itself aborts a closed stream only 2 s later.
 - A server started with ``--api-key`` wants ``Authorization: Bearer`` on every route but
   ``/health``: pass ``api_key`` (or a ``RemoteClient(bearer=...)``); a 401 at probe time is a
   ``ConfigError``.
@@ -63,14 +68,22 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote_client import Answer, RemoteClient, served_context_length, token_cap
+from rollway.engines.sglang_stream import SGLangStream
+from rollway.engines.sse import EventStream
 from rollway.errors import ConfigError, EngineConnectError, EngineError
-from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
+from rollway.types import (
+    FinishReason,
+    GenerationChunk,
+    GenerationResult,
+    LogprobKind,
+    SamplingParams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -150,20 +163,7 @@ class SGLangEngine:
         self._enter()
         try:
             server = await self.probe()
-            if sampling.seed is not None and server.older_than(SEED_VERSION):
-                raise EngineError(
-                    f"{self.base_url} runs SGLang {server.version_text}, which does not know "
-                    "sampling_params.sampling_seed (SGLang >= 0.5.3): drop the seed or "
-                    "upgrade the server"
-                )
-            payload = {
-                "input_ids": input_ids,
-                "rid": wire_rid(request_id),
-                "sampling_params": self.sampling_params(sampling, len(input_ids)),
-                "return_logprob": True,
-                "logprob_start_len": -1,
-                "stream": False,
-            }
+            payload = self.generate_payload(input_ids, sampling, request_id, server)
             url = f"{self.base_url}/generate"
             try:
                 body = await self.http.send(url, payload, lambda: self.abort(request_id))
@@ -176,6 +176,84 @@ class SGLangEngine:
         return parse_generate_response(
             body, policy_version=self.policy_version, logprob_kind=self.logprob_kind(sampling)
         )
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """``generate`` in pieces (``StreamingEngine``): ``/generate`` with ``"stream": true``,
+        read by ``SGLangStream`` whichever way the server streams. Closing it early aborts the
+        request at once (SGLang itself aborts a closed stream's request 2 s later)."""
+        await self._open.wait()
+        self._enter()
+        finished = False
+        server: SGLangServer | None = None
+        reader = SGLangStream()
+        kind = self.logprob_kind(sampling)
+        events: AsyncGenerator[Any, None] | None = None
+        try:
+            server = await self.probe()
+            payload = self.generate_payload(input_ids, sampling, request_id, server, stream=True)
+            url = f"{self.base_url}/generate"
+            last = None
+            events = EventStream(self.http, url, payload, lambda: self.abort(request_id)).events()
+            async for event in events:
+                try:
+                    new = reader.read(event)
+                except EngineError:  # it may still run: a garbled event is no finish
+                    await self.abort(request_id)
+                    raise
+                length = new.start + len(new.ids)
+                versions = token_versions(new.meta, length, self.policy_version, new.start)
+                chunk = GenerationChunk(new.ids, new.logprobs, new.finish_reason, versions, kind)
+                if last is not None:
+                    continue  # nothing but [DONE] follows the finish: read it, reuse the line
+                if chunk.finish_reason is not None:
+                    last = chunk
+                elif chunk.output_ids:
+                    yield chunk
+            if last is None:
+                raise EngineError(f"SGLang's stream for {request_id} ended without a finish")
+            finished = True
+            yield last
+        except GeneratorExit:
+            if not finished:
+                await self.abort(request_id)
+            raise
+        except EngineConnectError:
+            raise
+        except EngineError as exc:
+            if server is not None and sampling.seed is not None and not reader.seen:
+                raise _explain_stream(exc, server) from exc
+            raise
+        finally:
+            self._leave()
+            if events is not None:
+                await events.aclose()
+
+    def generate_payload(
+        self,
+        input_ids: list[int],
+        sampling: SamplingParams,
+        request_id: str,
+        server: SGLangServer,
+        *,
+        stream: bool = False,
+    ) -> dict[str, Any]:
+        """The ``/generate`` body; ``EngineError`` for a seed the server does not know."""
+        if sampling.seed is not None and server.older_than(SEED_VERSION):
+            raise EngineError(
+                f"{self.base_url} runs SGLang {server.version_text}, which does not know "
+                "sampling_params.sampling_seed (SGLang >= 0.5.3): drop the seed or "
+                "upgrade the server"
+            )
+        return {
+            "input_ids": input_ids,
+            "rid": wire_rid(request_id),
+            "sampling_params": self.sampling_params(sampling, len(input_ids)),
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "stream": stream,
+        }
 
     def sampling_params(self, sampling: SamplingParams, prompt_len: int) -> dict[str, Any]:
         context = self.server.context_length if self.server else self.context_length
@@ -395,23 +473,26 @@ def parse_generate_response(
     return GenerationResult(ids, logprobs, reason, versions, logprob_kind)
 
 
-def token_versions(meta: dict[str, Any], length: int, fallback: int) -> list[int]:
-    """One version per output token: from the ``weight_versions`` spans when they cover the
-    output, else the one ``weight_version``, else ``fallback``."""
+def token_versions(meta: dict[str, Any], length: int, fallback: int, start: int = 0) -> list[int]:
+    """One version per output token from ``start`` (a stream's new tokens) to ``length``: from
+    the ``weight_versions`` spans when they cover the output, else the one ``weight_version``,
+    else ``fallback``."""
     spans = meta.get("weight_versions")
     if isinstance(spans, list) and spans:
         try:
             versions: list[int] = []
+            covered = 0
             for span in spans:
-                if int(span["start"]) != len(versions):
+                if int(span["start"]) != covered:
                     raise ValueError("spans leave a gap")
                 label = _version_number(span["version"], fallback)
-                versions += [label] * (int(span["end"]) - int(span["start"]))
-            if len(versions) == length:
+                versions += [label] * max(min(int(span["end"]), length) - max(covered, start), 0)
+                covered = int(span["end"])
+            if covered == length:
                 return versions
         except (KeyError, TypeError, ValueError):
             pass
-    return [_version_number(meta.get("weight_version"), fallback)] * length
+    return [_version_number(meta.get("weight_version"), fallback)] * (length - start)
 
 
 def _version_number(label: Any, fallback: int) -> int:
@@ -425,6 +506,17 @@ def _version_number(label: Any, fallback: int) -> int:
 def _parse_version(text: str | None) -> tuple[int, ...] | None:
     numbers = re.findall(r"\d+", (text or "").split("+")[0].split("post")[0].split("rc")[0])
     return tuple(int(n) for n in numbers[:3]) if numbers else None
+
+
+def _explain_stream(error: EngineError, server: SGLangServer) -> EngineError:
+    """A stream carrying a seed that broke before its first token, on a server of unknown
+    release: SGLang before 0.5.3 drops it (the ``TypeError`` escapes the stream)."""
+    if server.version is not None:
+        return error
+    return EngineError(
+        f"{error} (SGLang older than 0.5.3 drops every stream carrying "
+        "sampling_params.sampling_seed; drop the seed or upgrade the server)"
+    )
 
 
 def _explain(error: EngineError, sampling: SamplingParams, server: SGLangServer) -> EngineError:

@@ -6,6 +6,10 @@ Generation is ``POST /v1/completions`` with the prompt as token ids, ``request_i
 16 tokens when it is missing or null. vLLM aborts a request when its client disconnects, so
 ``abort`` drops the HTTP call.
 
+``generate_stream`` streams the same request (``"stream": true``): ``vllm_stream`` reads its
+delta chunks; errors met mid-stream (a finish ``error``, a refusal while paused) come as error
+events in the 200 answer; ``abort`` drops the stream's connection too.
+
 Weight sync uses development routes (the server must run with ``VLLM_SERVER_DEV_MODE=1``, else
 they answer 404) of vLLM >= 0.16.0: ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, new
 weights by ``POST /collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path":
@@ -31,15 +35,23 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 from urllib.parse import urlencode
 
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote_client import DisconnectAbort, RemoteClient
+from rollway.engines.sse import EventStream, StreamCuts
+from rollway.engines.vllm_stream import CompletionDelta, CompletionStream
 from rollway.errors import ConfigError, EngineConnectError, EngineError
-from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
+from rollway.types import (
+    FinishReason,
+    GenerationChunk,
+    GenerationResult,
+    LogprobKind,
+    SamplingParams,
+)
 
 #: First vLLM releases with what this engine relies on.
 TOKEN_IDS_SINCE = (0, 10, 2)  # return_token_ids
@@ -56,6 +68,10 @@ _FINISH: dict[str, FinishReason] = {
     "repetition": "stop",  # vLLM >= 0.17 stops a repetitive pattern when asked to
 }
 _LOGIT_MODES = ("raw_logits", "processed_logits")
+_ERROR_FINISH = (
+    "vLLM ended the request with finish_reason 'error' (a request-level engine failure, such "
+    "as a lost KV-cache transfer)"
+)
 _DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-sync routes are dev routes)"
 
 
@@ -126,6 +142,7 @@ class VLLMEngine:
         self.policy_version = 0
         self.pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain"})
         self._calls = DisconnectAbort()
+        self._streams = StreamCuts()
         self._gate = _Gate()
         self._pauses = 0  # pauses begun so far: tells a refusal by our own pause
         self._sampling_version = 0  # the weights sampling now: during a pause, the old ones
@@ -151,13 +168,7 @@ class VLLMEngine:
             try:
                 body = await self._calls.send(self.http, url, payload, request_id)
             except EngineError as exc:
-                if PAUSED_REFUSAL not in str(exc):
-                    raise
-                if pauses == self._pauses and not self._gate.closed:
-                    raise EngineError(
-                        f"vLLM at {self.base_url} is paused by another client: resume it, or "
-                        "pause it through this engine"
-                    ) from exc
+                self._raise_unless_our_refusal(exc, pauses)
                 continue  # our pause refused it before it ran: send it again after resume
             if body is None:
                 break
@@ -169,9 +180,92 @@ class VLLMEngine:
             )
         return GenerationResult([], [], "abort", [], self.logprob_kind)
 
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """``generate`` in pieces (``StreamingEngine``): the same request with ``"stream":
+        true``, read by ``vllm_stream.CompletionStream``. Held by a pause and sent again after
+        a refusal by it, as ``generate``. ``abort`` or closing it early drops the connection
+        (vLLM's abort); an aborted stream ends with an empty ``abort`` chunk. Tokens are
+        stamped with the weights sampling when they arrive; the last chunk's with the server's
+        spans where it labels them (vLLM sends spans with the last chunk only)."""
+        try:
+            server = await self.server()
+        except EngineConnectError:
+            server = VLLMServer()
+        max_tokens = self._max_tokens(len(input_ids), sampling.max_tokens, server)
+        if max_tokens <= 0:  # the prompt fills the context: nothing can be sampled
+            yield GenerationChunk([], [], "length", [], self.logprob_kind)
+            return
+        payload = vllm_payload(input_ids, sampling, request_id, self.model, max_tokens)
+        payload["stream"] = True
+        if server.since(WEIGHT_LABELS_SINCE):
+            payload["return_weight_versions"] = True
+        url = f"{self.base_url}/v1/completions"
+        missing_ids = _no_token_ids(server.version)
+        while await self._gate.passed(request_id):
+            pauses = self._pauses
+            reader = CompletionStream(missing_ids)
+            try:
+                async for chunk in self._stream_chunks(url, payload, request_id, reader):
+                    yield chunk
+                return
+            except EngineError as exc:
+                if reader.seen:
+                    raise
+                self._raise_unless_our_refusal(exc, pauses)
+        yield GenerationChunk([], [], "abort", [], self.logprob_kind)
+
+    def _raise_unless_our_refusal(self, error: EngineError, pauses: int) -> None:
+        """Return when ``error`` is a refusal by a pause this engine began since ``pauses``
+        (the request did not run: send it again after ``resume``); raise it otherwise."""
+        if PAUSED_REFUSAL not in str(error):
+            raise error
+        if pauses == self._pauses and not self._gate.closed:
+            raise EngineError(
+                f"vLLM at {self.base_url} is paused by another client: resume it, or "
+                "pause it through this engine"
+            ) from error
+
+    async def _stream_chunks(
+        self, url: str, payload: dict[str, Any], request_id: str, reader: CompletionStream
+    ) -> AsyncIterator[GenerationChunk]:
+        stream = EventStream(self.http, url, payload, _already_disconnected)
+        events = stream.events()
+        self._streams.add(request_id, stream)
+        last: GenerationChunk | None = None
+        try:
+            async for event in events:
+                delta = reader.read(event)
+                if delta is None or last is not None:
+                    continue  # a usage chunk, or [DONE] to come: read it, reuse the line
+                chunk = self._chunk_of(delta)
+                if chunk.finish_reason is not None:
+                    last = chunk
+                elif chunk.output_ids:
+                    yield chunk
+            if last is None and request_id not in self._streams.cut_ids and reader.seen:
+                raise EngineError(f"vLLM's stream for {request_id} ended without a finish")
+        finally:
+            self._streams.remove(request_id)
+            await events.aclose()
+        # Cut by ``abort``, or an old vLLM's abort before any token (no last chunk is sent).
+        yield last or GenerationChunk([], [], "abort", [], self.logprob_kind)
+
+    def _chunk_of(self, delta: CompletionDelta) -> GenerationChunk:
+        finish = None
+        if delta.finish_reason is not None:
+            finish = _finish_of(delta.finish_reason)
+        versions = [self._sampling_version] * len(delta.ids)
+        if finish is not None and delta.spans is not None:
+            whole = _versions_of(delta.spans, delta.start + len(delta.ids))
+            versions = whole[delta.start :]
+        return GenerationChunk(delta.ids, delta.logprobs, finish, versions, self.logprob_kind)
+
     async def abort(self, request_id: str) -> None:
         self._gate.release(request_id)
         self._calls.abort(request_id)
+        self._streams.cut(request_id)
 
     async def health(self) -> bool:
         """vLLM's ``GET /health``: 200 while its engine process lives (it checks nothing else,
@@ -438,6 +532,21 @@ def parse_completion(
     return GenerationResult(ids, logprobs, _FINISH[finish], versions, logprob_kind)
 
 
+def _no_token_ids(server_version: str | None) -> str:
+    return (
+        f"vLLM answered without token_ids: return_token_ids needs vLLM >= "
+        f"{named(TOKEN_IDS_SINCE)} (this server: {server_version or 'unknown version'})"
+    )
+
+
+def _finish_of(finish: str) -> FinishReason:
+    if finish == "error":
+        raise EngineError(_ERROR_FINISH)
+    if finish not in _FINISH:
+        raise EngineError(f"vLLM completion: unknown finish_reason {finish!r}")
+    return _FINISH[finish]
+
+
 def _versions_of(spans: Any, length: int) -> list[int]:
     """Per-token versions from vLLM's ``[{"version", "start", "end"}]`` label spans; the label
     is the version rollway set (``"default"``, before any update, is version 0)."""
@@ -474,3 +583,7 @@ def _pause_modes(server: VLLMServer) -> frozenset[PauseMode]:
     if server.since(WEIGHT_LABELS_SINCE):
         return frozenset({"abort", "drain", "keep"})
     return frozenset({"abort", "drain"})
+
+
+async def _already_disconnected() -> None:
+    """A failed stream's connection is already gone, which is vLLM's abort."""

@@ -1,6 +1,8 @@
 """What every simulated server shares: fault injection, per-request counting, generation on
 the simulated engine, the test routes (``/rollway/stats``, long polls) and the response helpers;
-and what a server with weight sync shares: a pause gate (``Simulator.pause``/``resume``: calls
+streamed generation (``StreamedGeneration``: tokens paced out as the simulated engine's per-token
+latency makes them due, as server-sent events in an ``EventStreamResponse``); and what a server
+with weight sync shares: a pause gate (``Simulator.pause``/``resume``: calls
 made while paused wait, as in SGLang's tokenizer manager and vLLM's engine), weight loads that
 move a version label (``Simulator.load_weights``), per-token version labels, server versions
 (``ServerVersion``, for version-dependent behaviour) and a bearer-key check
@@ -14,18 +16,22 @@ import contextlib
 import os
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.types import GenerationResult, SamplingParams
+
+#: The last event of every SGLang and vLLM stream.
+DONE_EVENT = b"data: [DONE]\n\n"
 
 Fault = Literal["none", "drop", "5xx", "hang"]
 
@@ -270,3 +276,141 @@ class Dropped(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": self._payload[:10], "more_body": True})
         # Returning with the body unfinished makes the server close the connection.
+
+
+def sse_event(payload: Any) -> bytes:
+    """One server-sent event as both servers write it: ``data: <json>`` and a blank line."""
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def closing_events(*events: bytes) -> AsyncIterator[bytes]:
+    """``events``, then ``[DONE]``: a stream that has no generation to follow."""
+    for event in events:
+        yield event
+    yield DONE_EVENT
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """One step of a streamed generation: the tokens sampled since the last step, the weights
+    version of each, and on the last step the generation's result (its finish reason)."""
+
+    ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    result: GenerationResult | None = None
+
+
+class StreamedGeneration:
+    """A generation as a server streams it. It runs on the simulated engine (abortable and
+    pausable as ever); meanwhile its tokens (known ahead: the simulated engine is
+    deterministic) come out every ``interval`` tokens as its per-token latency makes them due,
+    none while generation is paused; the rest come when it ends. ``ids``, ``logprobs`` and
+    ``versions`` hold everything streamed so far; ``task`` is the generation, which the server
+    owns when the stream ends early."""
+
+    def __init__(
+        self, sim: Simulator, rid: str, prompt: list[int], sampling: SamplingParams, fault: Fault
+    ) -> None:
+        self.sim = sim
+        self.rid, self.prompt, self.sampling, self.fault = rid, prompt, sampling, fault
+        self.task = asyncio.ensure_future(sim.generate(rid, prompt, sampling, fault))
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+    async def steps(self, interval: int = 1) -> AsyncIterator[StreamStep]:
+        config = self.sim.engine.config
+        if config.per_token_s > 0 and self.fault != "hang":
+            async for step in self._paced(interval, config.latency_s, config.per_token_s):
+                yield step
+        await asyncio.wait({self.task})  # not ``await``: a closed stream must not cancel it
+        result = self.task.result()
+        rest = result.output_ids[len(self.ids) :] if result.finish_reason != "abort" else []
+        versions = result.policy_versions or [self.sim.engine.policy_version] * len(
+            result.output_ids
+        )
+        start = len(self.ids)
+        for at in range(start, start + len(rest), interval):
+            end = min(at + interval, start + len(rest))
+            last = end == start + len(rest)
+            yield self._step(
+                result.output_ids, result.logprobs, versions, end, result if last else None
+            )
+        if not rest:
+            yield self._step([], [], [], len(self.ids), result)
+
+    async def _paced(
+        self, interval: int, latency_s: float, per_token_s: float
+    ) -> AsyncIterator[StreamStep]:
+        loop = asyncio.get_running_loop()
+        instant = SimEngine(replace(self.sim.engine.config, latency_s=0.0, per_token_s=0.0))
+        ahead = await instant.generate(self.prompt, self.sampling, self.rid)
+        start = loop.time() + latency_s
+        # The last piece comes with the result, which carries the finish reason.
+        while len(self.ids) + interval < len(ahead.output_ids):
+            due = start + per_token_s * (len(self.ids) + interval)
+            await asyncio.wait({self.task}, timeout=max(due - loop.time(), 0.0))
+            if self.task.done():
+                return
+            if not self.sim.resumed.is_set():  # paused: frozen requests sample nothing
+                resumed = asyncio.ensure_future(self.sim.resumed.wait())
+                try:
+                    await asyncio.wait({self.task, resumed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    resumed.cancel()
+                continue
+            versions = [self.sim.engine.policy_version] * len(ahead.output_ids)
+            yield self._step(ahead.output_ids, ahead.logprobs, versions, len(self.ids) + interval)
+
+    def _step(
+        self,
+        ids: list[int],
+        logprobs: list[float],
+        versions: list[int],
+        end: int,
+        result: GenerationResult | None = None,
+    ) -> StreamStep:
+        start = len(self.ids)
+        step = StreamStep(ids[start:end], logprobs[start:end], versions[start:end], result)
+        self.ids += step.ids
+        self.logprobs += step.logprobs
+        self.versions += step.versions
+        return step
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events (``text/event-stream``). The client's disconnect cancels ``events``
+    (whose cleanup does what the server does then); ``cut`` ends the connection after the
+    events without finishing the body, as a server that died mid-stream does."""
+
+    def __init__(self, events: AsyncIterator[bytes], *, cut: bool = False) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.cut = cut
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+        await send(start)
+        sending = asyncio.ensure_future(self._send_events(send))
+        watching = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait({sending, watching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (sending, watching):
+                task.cancel()
+            await asyncio.gather(sending, watching, return_exceptions=True)
+        if sending.cancelled():
+            return
+        sending.result()
+        if not self.cut:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_events(self, send: Send) -> None:
+        async for event in self.body_iterator:
+            chunk = event if isinstance(event, bytes) else str(event).encode()
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass

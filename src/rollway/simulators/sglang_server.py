@@ -31,6 +31,19 @@ Reproduced, so that a client bug fails a test:
   ``/pause_generation`` has no body (the mode is ignored: it always aborts); aborts of that age
   carry no logprobs; numbered versions report one ``weight_version`` per answer, ``latest``
   also per-token ``weight_versions`` spans.
+- ``"stream": true`` (``http_server.py`` ``generate_request``): ``data: <json>`` events, one per
+  ``stream_interval`` tokens (``server_args.py``: 1), then ``data: [DONE]``. By default each event
+  repeats the whole output so far, ``output_ids`` and ``meta_info.output_token_logprobs`` alike;
+  with ``--incremental-streaming-output`` they hold only the new tokens
+  (``tokenizer_manager_components/output_processor.py`` ``handle_batch_output``,
+  ``logprob_ops.py`` ``slice_streaming_output_meta_info``), while ``completion_tokens`` and the
+  ``weight_versions`` spans always cover the whole output. The last event has the finish reason
+  and the last tokens; an abort's has the output so far. Inside a stream a ``ValueError`` (a
+  prompt too long) is an ``{"error": {"message"}}`` event in a 200 answer, a scheduler error is a
+  finish ``abort`` with its ``status_code`` (``_handle_abort_finish_reason`` yields it instead of
+  raising), and any other exception (``sampling_seed`` before 0.5.3) escapes after the headers:
+  the connection drops. A client that disconnects has its request aborted
+  ``disconnect_abort_s`` (2 s, ``create_abort_task``) later.
 - The router flavour has ``/generate``, ``/workers``, ``/list_workers``, ``/get_loads``,
   ``/flush_cache``, the info and health routes, and no ``/abort_request``, ``/pause_generation``
   or weight routes (404).
@@ -41,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +67,20 @@ from starlette.routing import Route
 
 from rollway.engines.sim import SimConfig
 from rollway.simulators.common import (
+    DONE_EVENT,
+    EventStreamResponse,
     Fault,
     RequireBearer,
     ServerVersion,
     Simulator,
+    StreamedGeneration,
+    StreamStep,
+    closing_events,
     sampling_from,
+    sse_event,
     test_routes,
 )
-from rollway.types import GenerationResult
+from rollway.types import GenerationResult, SamplingParams
 
 #: SGLang's ``_SAMPLING_EPS``: a lower temperature is greedy (sampled at T=1, top_k=1).
 SAMPLING_EPS = 1e-6
@@ -73,7 +93,10 @@ class SGLangSimOptions:
     """How the simulated server is launched. ``version``: the release to imitate (``latest``
     or ``0.5.4`` ...); ``router``: answer as sgl-router listing ``workers``; ``api_key``: as
     ``--api-key``; ``original_logprobs``: as ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``;
-    ``health_timeout_s``/``health_poll_s``: ``health_generate``'s 20 s and 1 s."""
+    ``health_timeout_s``/``health_poll_s``: ``health_generate``'s 20 s and 1 s;
+    ``incremental_streaming_output``, ``stream_interval``: as the server flags;
+    ``disconnect_abort_s``: how long after a streaming client disconnects its request is
+    aborted."""
 
     version: str = "latest"
     router: bool = False
@@ -83,6 +106,9 @@ class SGLangSimOptions:
     context_length: int = 32768
     health_timeout_s: float = 20.0
     health_poll_s: float = 1.0
+    incremental_streaming_output: bool = False
+    stream_interval: int = 1
+    disconnect_abort_s: float = 2.0
 
 
 def create_app(
@@ -147,9 +173,13 @@ class _Server:
         self.options = options
         self.version = ServerVersion.parse(options.version)
         self.in_place_frozen = False
+        #: Streams' generations left running after their client went (owned until they end).
+        self.orphans: set[asyncio.Task[None]] = set()
 
     async def generate(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
+        if body.get("stream"):
+            return self._stream(body)
         input_ids = body.get("input_ids")
         if not isinstance(input_ids, list) or not input_ids:
             return _error("input_ids must be a non-empty list")
@@ -157,30 +187,33 @@ class _Server:
         if "sampling_seed" in params and not self.version.at_least(0, 5, 3):
             # SamplingParams(**params) raises TypeError, which no handler catches.
             return PlainTextResponse("Internal Server Error", status_code=500)
-        refused = self._check_length(len(input_ids), params)
-        if refused is not None:
-            return refused
-        max_new = params.get("max_new_tokens", 128)  # SamplingParams.max_new_tokens = 128
-        if max_new is None:
-            max_new = self.options.context_length - len(input_ids) - 1
+        problem = self._length_problem(len(input_ids), params)
+        if problem is not None:
+            return _error(problem)
         rid = body.get("rid") or uuid.uuid4().hex
-        sampling = sampling_from(params, max_new, params.get("sampling_seed"))
+        sampling = self._sampling(params, len(input_ids))
         fault = self.sim.next_fault()
         result = await self.sim.generate(rid, input_ids, sampling, fault)
-        meta = self._meta_info(rid, len(input_ids), result, sampling.temperature, body)
+        labels = self.sim.token_labels(result)
+        meta = self._meta_info(rid, len(input_ids), result, labels, _finish(result), body)
         answer = {"text": "", "output_ids": result.output_ids, "meta_info": meta}
         return self.sim.respond(answer, fault)
 
-    def _check_length(self, prompt_len: int, params: dict[str, Any]) -> Response | None:
+    def _sampling(self, params: dict[str, Any], prompt_len: int) -> SamplingParams:
+        max_new = params.get("max_new_tokens", 128)  # SamplingParams.max_new_tokens = 128
+        if max_new is None:
+            max_new = self.options.context_length - prompt_len - 1
+        return sampling_from(params, max_new, params.get("sampling_seed"))
+
+    def _length_problem(self, prompt_len: int, params: dict[str, Any]) -> str | None:
         limit = self.options.context_length
         if prompt_len >= limit:
-            message = f"The input ({prompt_len} tokens) is longer than the model's context length ({limit} tokens)."  # noqa: E501
-            return _error(message)
+            return f"The input ({prompt_len} tokens) is longer than the model's context length ({limit} tokens)."  # noqa: E501
         max_new = params.get("max_new_tokens", 128)
         if not isinstance(max_new, int | None) or (max_new is not None and max_new < 0):
-            return _error(f"max_new_tokens must be at least 0, got {max_new}.")
+            return f"max_new_tokens must be at least 0, got {max_new}."
         if max_new is not None and max_new + prompt_len >= limit:
-            return _error(
+            return (
                 f"Requested token count exceeds the model's maximum context length of {limit} "
                 f"tokens. You requested a total of {max_new + prompt_len} tokens: {prompt_len} "
                 f"tokens from the input messages and {max_new} tokens for the completion."
@@ -188,26 +221,102 @@ class _Server:
         return None
 
     def _meta_info(
-        self, rid: str, prompt_len: int, result: GenerationResult, temperature: float, body: Any
+        self,
+        rid: str,
+        prompt_len: int,
+        output: GenerationResult,
+        labels: list[str],
+        finish: dict[str, Any] | None,
+        body: Any,
     ) -> dict[str, Any]:
-        ids = result.output_ids
+        """``meta_info`` for ``output`` (all of it, or a stream's new tokens), whose whole
+        output so far was sampled by weights ``labels``."""
         meta: dict[str, Any] = {
             "id": rid,
-            "finish_reason": _finish(result),
+            "finish_reason": finish,
             "prompt_tokens": prompt_len,
-            "completion_tokens": len(ids),
+            "completion_tokens": len(labels),
             "cached_tokens": 0,
         }
-        old_abort = result.finish_reason == "abort" and not self.version.at_least(0, 5, 6)
-        if body.get("return_logprob") and not old_abort:
+        aborted = finish is not None and finish["type"] == "abort"
+        if body.get("return_logprob") and not (aborted and not self.version.at_least(0, 5, 6)):
+            temperature = float((body.get("sampling_params") or {}).get("temperature", 1.0))
             scale = self._logprob_scale(temperature)
-            pairs = [[lp * scale, t, None] for lp, t in zip(result.logprobs, ids, strict=True)]
-            meta["output_token_logprobs"] = pairs
+            pairs = zip(output.logprobs, output.output_ids, strict=True)
+            meta["output_token_logprobs"] = [[lp * scale, t, None] for lp, t in pairs]
         meta["weight_version"] = self.sim.label
         if self.version.latest:  # utils/weight_versions.py: newest only
-            meta["weight_versions"] = _spans(self.sim.token_labels(result), self.sim.label)
+            meta["weight_versions"] = _spans(labels, self.sim.label)
             meta["weight_version"] = meta["weight_versions"][-1]["version"]
         return meta
+
+    def _stream(self, body: dict[str, Any]) -> Response:
+        """A streamed ``/generate``: checks that answer before the stream are inside it."""
+        input_ids = body.get("input_ids")
+        if not isinstance(input_ids, list) or not input_ids:
+            return _error("input_ids must be a non-empty list")
+        params = dict(body.get("sampling_params") or {})
+        if "sampling_seed" in params and not self.version.at_least(0, 5, 3):
+            # The TypeError escapes stream_results (it catches ValueError): headers, then a cut.
+            return EventStreamResponse(_no_events(), cut=True)
+        problem = self._length_problem(len(input_ids), params)
+        if problem is not None:  # stream_results: a ValueError is an error event, then [DONE]
+            return EventStreamResponse(closing_events(sse_event({"error": {"message": problem}})))
+        rid = body.get("rid") or uuid.uuid4().hex
+        sampling = self._sampling(params, len(input_ids))
+        fault = self.sim.next_fault()
+        generation = StreamedGeneration(self.sim, rid, input_ids, sampling, fault)
+        events = self._stream_events(generation, len(input_ids), body, fault)
+        return EventStreamResponse(events, cut=fault == "drop")
+
+    async def _stream_events(
+        self, generation: StreamedGeneration, prompt_len: int, body: Any, fault: Fault
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for step in generation.steps(self.options.stream_interval):
+                yield sse_event(self._stream_out(generation, step, prompt_len, body, fault))
+                if fault == "drop":
+                    return
+            yield DONE_EVENT
+        finally:
+            if not generation.task.done():
+                self._abort_later(generation)
+
+    def _stream_out(
+        self,
+        generation: StreamedGeneration,
+        step: StreamStep,
+        prompt_len: int,
+        body: Any,
+        fault: Fault,
+    ) -> dict[str, Any]:
+        """One event: the new tokens (incremental) or the whole output so far (default)."""
+        if self.options.incremental_streaming_output:
+            output = GenerationResult(step.ids, step.logprobs, "stop")
+        else:
+            output = GenerationResult(generation.ids, generation.logprobs, "stop")
+        finish = None
+        if step.result is not None:
+            whole = GenerationResult(generation.ids, generation.logprobs, step.result.finish_reason)
+            finish = _finish(whole)
+            if fault == "5xx":  # a scheduler error: an abort carrying its status
+                finish = {"type": "abort", "message": "simulated overload", "status_code": 503}
+        labels = [self.sim.labels[v] for v in generation.versions]
+        meta = self._meta_info(generation.rid, prompt_len, output, labels, finish, body)
+        return {"text": "", "output_ids": output.output_ids, "meta_info": meta}
+
+    def _abort_later(self, generation: StreamedGeneration) -> None:
+        """``create_abort_task``: a disconnected stream's request is aborted 2 s later."""
+
+        async def abort() -> None:
+            done, _ = await asyncio.wait({generation.task}, timeout=self.options.disconnect_abort_s)
+            if not done:
+                await self.sim.stop(generation.rid)
+                await asyncio.wait({generation.task})
+
+        orphan = asyncio.ensure_future(abort())
+        self.orphans.add(orphan)
+        orphan.add_done_callback(self.orphans.discard)
 
     def _logprob_scale(self, temperature: float) -> float:
         raw = self.options.original_logprobs or temperature < SAMPLING_EPS or temperature == 1.0
@@ -344,6 +453,11 @@ def _spans(labels: list[str], current: str) -> list[dict[str, Any]]:
 def _error(message: str) -> Response:
     """``_create_error_response``: 400 with ``{"error": {"message": ...}}``."""
     return JSONResponse({"error": {"message": message}}, status_code=400)
+
+
+async def _no_events() -> AsyncIterator[bytes]:
+    return
+    yield
 
 
 async def _ok(request: Request) -> Response:

@@ -18,6 +18,17 @@ unless a version is named), so that a client that gets vLLM wrong fails a test:
   in 0.16.0), ``/collective_rpc`` (``reload_weights``; ``weights_path`` from 0.16.0),
   ``/reset_prefix_cache`` (answers ``{"success": bool}`` from 0.33, false while requests hold
   blocks), ``/update_weight_version`` and ``/weight_info`` (from 0.27).
+- ``"stream": true`` (``completion/serving.py`` ``completion_stream_generator``): one
+  ``data: <json>`` chunk per engine step (one token each here) with only the new ``token_ids``
+  and their ``logprobs``, ``prompt_token_ids`` on the first chunk only, the finish reason with
+  the last token, ``weight_versions`` (over the whole output) on that last chunk only (0.33),
+  then ``data: [DONE]``; no usage chunk unless ``stream_options.include_usage``. An abort's last
+  chunk has no tokens; before 0.33 one that has sampled nothing is skipped ("Chunked prefill
+  case, don't return empty chunks"), so its stream is just ``[DONE]``. Errors met while
+  streaming are ``{"error": {...}}`` chunks in a 200 answer: a finish ``error`` (``_raise_if_error``
+  on the chunk, code 500) and a refusal while paused (the request reaches the engine only as
+  the stream is read). A client that disconnects aborts its request at once (``AsyncLLM.
+  generate`` aborts when its generator is closed).
 - During an abort or wait pause a new request is refused with 503 from 0.33 (``v1/engine/
   core.py`` ``_reject_add_while_paused``); older servers, and keep pauses, queue it until
   ``/resume``. ``/health`` answers 200 while paused (``instrumentator/health.py``).
@@ -29,6 +40,7 @@ import asyncio
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,10 +54,16 @@ from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig
 from rollway.engines.vllm import PAUSED_REFUSAL, release_of
 from rollway.simulators.common import (
+    DONE_EVENT,
+    EventStreamResponse,
     Fault,
     Simulator,
+    StreamedGeneration,
+    StreamStep,
+    closing_events,
     generate_until_disconnect,
     sampling_from,
+    sse_event,
     test_routes,
 )
 from rollway.types import GenerationResult, SamplingParams
@@ -139,15 +157,21 @@ class VLLMSim:
         rid = body.get("request_id") or uuid.uuid4().hex
         if self.options.race_pause:
             await self._pause_begun.wait()
-        if self.paused in ("abort", "wait") and self.since(0, 33):
-            self.refused.append(rid)
-            message = f"{PAUSED_REFUSAL}. Please retry after it resumes."
-            return _error(503, "ServiceUnavailableError", message)
         max_tokens = self._max_tokens(len(prompt), body.get("max_tokens"))
         if isinstance(max_tokens, Response):
             return max_tokens
+        if self.paused in ("abort", "wait") and self.since(0, 33):
+            self.refused.append(rid)
+            message = f"{PAUSED_REFUSAL}. Please retry after it resumes."
+            if body.get("stream"):
+                return EventStreamResponse(closing_events(_error_event(503, message)))
+            return _error(503, "ServiceUnavailableError", message)
         sampling = sampling_from(body, max_tokens, _seed(body))
         fault = self.sim.next_fault()
+        if body.get("stream"):
+            generation = StreamedGeneration(self.sim, rid, prompt, sampling, fault)
+            events = self._stream_events(body, generation, fault)
+            return EventStreamResponse(events, cut=fault == "drop")
         result = await generate_until_disconnect(request, self.sim, rid, prompt, sampling, fault)
         if self._errors_left > 0:
             self._errors_left -= 1
@@ -164,14 +188,14 @@ class VLLMSim:
             mode = "wait"
         self.paused = mode
         self._pause_begun.set()
-        await self.sim.engine.pause(_SIM_MODES[mode])
+        await self.sim.pause(_SIM_MODES[mode])
         if query.get("clear_cache", "true").lower() in _TRUE:
             self.cache_resets += 1
         return JSONResponse({"status": "paused"})
 
     async def resume(self, request: Request) -> Response:
         self.paused = None
-        await self.sim.engine.resume()
+        await self.sim.resume()
         return JSONResponse({"status": "resumed"})
 
     async def is_paused(self, request: Request) -> Response:
@@ -216,6 +240,63 @@ class VLLMSim:
             return _error(400, "BadRequestError", f"maximum context length is {context}")
         return min(max_tokens, context - prompt_len)
 
+    async def _stream_events(
+        self, body: dict[str, Any], generation: StreamedGeneration, fault: Fault
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for step in generation.steps():
+                if step.result is not None and (self._errors_left > 0 or fault == "5xx"):
+                    yield self._stream_error(fault)
+                    break
+                empty_abort = step.result is not None and not generation.ids
+                if not (empty_abort and not self.since(0, 33)):
+                    yield sse_event(self._chunk(body, generation, step))
+                if fault == "drop":
+                    return
+            yield DONE_EVENT
+        finally:
+            if not generation.task.done():  # the client went: vLLM aborts at once
+                await self.sim.abort(generation.rid)
+                await asyncio.wait({generation.task})
+
+    def _stream_error(self, fault: Fault) -> bytes:
+        if fault == "5xx":
+            return _error_event(503, "simulated overload")
+        self._errors_left -= 1
+        return _error_event(500, "Internal server error")
+
+    def _chunk(
+        self, body: dict[str, Any], generation: StreamedGeneration, step: StreamStep
+    ) -> dict[str, Any]:
+        """A ``CompletionStreamResponse`` of the step's new tokens (``exclude_unset``)."""
+        first = len(generation.ids) == len(step.ids)
+        logprobs = step.logprobs
+        if self.options.logprobs_mode == "processed_logprobs":
+            logprobs = _processed(logprobs, generation.sampling)
+        finish = None if step.result is None else step.result.finish_reason
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": finish,
+            "stop_reason": None,
+        }
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = _logprobs(step.ids, logprobs)
+        if self.since(0, 10, 2):
+            wanted = bool(body.get("return_token_ids"))
+            choice["prompt_token_ids"] = generation.prompt if wanted and first else None
+            choice["token_ids"] = step.ids if wanted else None
+        if self.since(0, 33) and body.get("return_weight_versions") and finish is not None:
+            choice["weight_versions"] = self._spans(generation.versions)
+        return {
+            "id": f"cmpl-{generation.rid}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or self.options.model,
+            "choices": [choice],
+        }
+
     def _answer(
         self,
         body: dict[str, Any],
@@ -236,12 +317,7 @@ class VLLMSim:
             "stop_reason": None,
         }
         if body.get("logprobs") is not None:
-            choice["logprobs"] = {
-                "tokens": [f"tok{t}" for t in ids],
-                "token_logprobs": logprobs,
-                "top_logprobs": [{} for _ in ids],
-                "text_offset": [0] * len(ids),
-            }
+            choice["logprobs"] = _logprobs(ids, logprobs)
         if self.since(0, 10, 2):
             wanted = bool(body.get("return_token_ids"))
             choice["token_ids"] = ids if wanted else None
@@ -294,6 +370,22 @@ def _error(status: int, kind: str, message: str) -> Response:
     """vLLM's ``ErrorResponse`` body (``serve/exception_handling/error_response.py``)."""
     error = {"message": message, "type": kind, "param": None, "code": status}
     return JSONResponse({"error": error}, status_code=status)
+
+
+def _logprobs(ids: list[int], logprobs: list[float]) -> dict[str, Any]:
+    """``CompletionLogProbs`` of the sampled tokens (``logprobs: 0``)."""
+    return {
+        "tokens": [f"tok{t}" for t in ids],
+        "token_logprobs": logprobs,
+        "top_logprobs": [{} for _ in ids],
+        "text_offset": [0] * len(ids),
+    }
+
+
+def _error_event(code: int, message: str) -> bytes:
+    """``create_streaming_error_response``: the ``ErrorResponse`` body as one event."""
+    kind = "InternalServerError" if code == 500 else "ServiceUnavailableError"
+    return sse_event({"error": {"message": message, "type": kind, "param": None, "code": code}})
 
 
 def _seed(body: dict[str, Any]) -> int | None:
