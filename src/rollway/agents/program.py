@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.errors import AgentError
@@ -101,6 +102,8 @@ class ProgramAgent(AgentLoop):
             "ROLLWAY_TASK_FILE": str(task_file),
             "ROLLWAY_RESULT_FILE": str(result_file),
             **({"ROLLWAY_GATEWAY_SOCKET": ctx.gateway_socket} if ctx.gateway_socket else {}),
+            # TRACEPARENT and the OTEL_* settings, when tracing is on: the program may join.
+            **tracing.child_env(),
             **self.env,
         }
 
