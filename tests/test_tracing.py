@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import httpx
+import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -28,12 +29,13 @@ from rollway.agents.program import ProgramAgent
 from rollway.client import RolloutClient
 from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
-from rollway.gateway import Gateway
+from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators import create_sim_server_app
 from rollway.types import AgentResult, RolloutRecord
-from rollway.web.background_server import BackgroundServer
+from rollway.web.background_server import BackgroundServer, LoopServer
 from tests.agents.server.fixtures import KEY, AgentServer
+from tests.conftest import sim_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,6 +165,31 @@ def test_an_agent_server_joins_the_trace_both_ways(
     assert {turn.context.trace_id for turn in turns} == {rollout.context.trace_id}
 
 
+async def test_a_request_without_trace_context_never_inherits_the_servers_own_span(
+    spans: InMemorySpanExporter, renderer: ChatRenderer
+) -> None:
+    gateway = sim_gateway(renderer, output_len=2)
+    app = create_app(gateway, admin_key="admin", close_engine=False)
+    with tracing.span("started the server"):
+        server = LoopServer(app)  # its task, and so each request, starts in this span
+        url = await server.start()
+    try:
+        with tracing.span("registered"):
+            key = gateway.register("r", {"max_tokens": 2}).api_key
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                f"{url}/v1/rollouts/r/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        assert answer.status_code == 200
+    finally:
+        await server.stop()
+    (registered,) = named(spans, "registered")
+    (turn,) = named(spans, "rollway.gateway.turn")
+    assert parent_id(turn) == registered.context.span_id
+
+
 class HeaderLog:
     """An ASGI wrapper that keeps each request's ``traceparent`` header."""
 
@@ -217,72 +244,83 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-#: One rollout of an in-process agent on the simulated engine, in a fresh process.
-ONE_ROLLOUT = textwrap.dedent("""
-    import sys
-    from rollway.agents import AgentLoop
-    from rollway.client import RolloutClient
-
-    class OneChat(AgentLoop):
-        name = "one-chat"
-
-        async def run(self, ctx):
-            messages = [{{"role": "user", "content": "hi"}}]
-            reply = await ctx.chat(messages, max_tokens=3)
-            return ctx.complete([*messages, reply.message])
-
-    with RolloutClient(OneChat(), "sim", store="{store}", trace={trace}) as client:
-        record = client.invoke({{"task_id": "t1"}}).result(60)
-    assert record.status == "completed", record.reason
-    print(record.rollout_id)
-""")
+#: A program agent's one chat call, over the gateway's HTTP route.
+ONE_CHAT_PROGRAM = """
+import json, os, urllib.request
+body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+request = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions", json.dumps(body).encode(),
+    {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"})
+urllib.request.urlopen(request).read()
+"""
 
 
 def test_with_tracing_off_the_client_never_imports_opentelemetry(tmp_path: Path) -> None:
-    code = ONE_ROLLOUT.format(store=tmp_path, trace=False) + textwrap.dedent("""
+    program = tmp_path / "prog.py"
+    program.write_text(ONE_CHAT_PROGRAM)
+    # A program agent: the served gateway, its routes and the program's environment run too.
+    code = f"""
+        import sys
+        from rollway.agents.program import ProgramAgent
+        from rollway.client import RolloutClient
+
+        agent = ProgramAgent([sys.executable, "{program}"])
+        with RolloutClient(agent, "sim", store="{tmp_path}") as client:
+            record = client.invoke({{"task_id": "t1"}}).result(60)
+        assert record.status == "completed" and len(record.trajectory.turns) == 1, record
         loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
         assert not loaded, loaded
-    """)
+    """
     done = run_python(code, ROLLWAY_TRACE="")
     assert done.returncode == 0, done.stderr
 
 
 class Collector:
-    """An OTLP/HTTP trace receiver on loopback: keeps the span names and attributes."""
+    """An OTLP/HTTP trace receiver on loopback: keeps the spans' names, attributes and the
+    service that sent them."""
 
     def __init__(self) -> None:
         self.spans: list[tuple[str, dict[str, Any]]] = []
-        self.received = threading.Event()
+        self.services: set[str] = set()
 
     async def traces(self, request: Request) -> Response:
         export = ExportTraceServiceRequest.FromString(await request.body())
         for resource_spans in export.resource_spans:
+            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
+            self.services.add(resource["service.name"])
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
                     values = {a.key: a.value.string_value for a in span.attributes}
                     self.spans.append((span.name, values))
-        self.received.set()
         return Response(b"", media_type="application/x-protobuf")
 
 
-def test_spans_are_exported_to_the_otlp_collector_the_environment_names(tmp_path: Path) -> None:
+def test_rollway_run_trace_exports_to_the_otlp_collector_the_environment_names(
+    tmp_path: Path,
+) -> None:
     collector = Collector()
     app = Starlette(routes=[Route("/v1/traces", collector.traces, methods=["POST"])])
+    agent = f"{ROOT}/examples/calculator/agent.py:CalculatorAgent"
+    tasks = ROOT / "examples" / "calculator" / "tasks.jsonl"
+    args = ["run", agent, "--tasks", str(tasks), "--limit", "1", "--engine", "sim",
+            "--max-tokens", "4", "--out", str(tmp_path), "--trace"]  # fmt: skip
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_SERVICE_NAME": "rollway-test"}
     with BackgroundServer(app) as url:
-        done = run_python(
-            ONE_ROLLOUT.format(store=tmp_path, trace=True),
-            OTEL_EXPORTER_OTLP_ENDPOINT=url,
-            OTEL_TRACES_EXPORTER="otlp",
-            OTEL_SERVICE_NAME="rollway-test",
-        )
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = url
+        done = subprocess.run(
+            [sys.executable, "-m", "rollway", *args], env=env, cwd=tmp_path,
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rollout_id = done.stdout.strip()
-    names = sorted(name for name, _ in collector.spans)
+    index = next(tmp_path.rglob("index.jsonl")).read_text().splitlines()
+    (record,) = [orjson.loads(line) for line in index]
+    names = [name for name, _ in collector.spans]
     assert names.count("rollway.rollout") == 1
-    assert names.count("rollway.gateway.turn") == names.count("rollway.engine.request") == 1
-    assert {
-        a["rollway.rollout_id"] for n, a in collector.spans if n != "rollway.engine.request"
-    } == {rollout_id}
+    turns = names.count("rollway.gateway.turn")
+    assert turns >= 1 and names.count("rollway.engine.request") == turns
+    traced = {a["rollway.rollout_id"] for n, a in collector.spans if n != "rollway.engine.request"}
+    assert traced == {record["rollout_id"]}
+    assert collector.services == {"rollway-test"}
 
 
 def test_a_bad_exporter_name_is_a_config_error() -> None:
@@ -290,3 +328,29 @@ def test_a_bad_exporter_name_is_a_config_error() -> None:
         "from rollway import tracing; tracing.enable()", OTEL_TRACES_EXPORTER="zipkinish"
     )
     assert done.returncode != 0 and "rollway exports otlp, console or none" in done.stderr
+
+
+def test_a_ray_worker_traces_when_its_client_does(tmp_path: Path) -> None:
+    # The worker body as a Ray actor runs it, in a fresh process: the setup says to trace.
+    code = f"""
+        from rollway import tracing
+        from rollway.executors.base import WorkerSetup
+        from rollway.executors.worker import RolloutWorker
+        from rollway.rollouts import RolloutSettings
+        from rollway.store.factory import store_from_uri
+        from tests.agents.server.agents import TaskDrivenAgent
+
+        def worker(trace):
+            setup = WorkerSetup(
+                agent=TaskDrivenAgent(), engine="sim", model=None,
+                store=store_from_uri("{tmp_path}", "exp"), settings=RolloutSettings.build("exp"),
+                trace=trace,
+            )
+            RolloutWorker(setup)
+            return tracing.enabled()
+
+        print(worker(False), worker(True))
+    """
+    done = run_python(code, OTEL_TRACES_EXPORTER="none", ROLLWAY_TRACE="")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

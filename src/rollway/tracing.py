@@ -180,8 +180,8 @@ ASGIApp = Callable[
 
 class TraceContextMiddleware:
     """ASGI middleware: a request's ``traceparent`` becomes the current trace context while
-    its handler runs (and in the tasks it starts). Passes requests straight through when
-    tracing is off."""
+    its handler runs (and in the tasks it starts); a request without one runs outside any
+    trace. Passes requests straight through when tracing is off."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -200,11 +200,10 @@ class TraceContextMiddleware:
             for name, value in scope["headers"]
             if name in (b"traceparent", b"tracestate", b"baggage")
         }
-        if not carrier:
-            await self.app(scope, receive, send)
-            return
         from opentelemetry import context, propagate
 
+        # Always attached, empty when the request names no trace: a request never inherits
+        # whatever span the server's own task happened to start under.
         token = context.attach(propagate.extract(carrier))
         try:
             await self.app(scope, receive, send)
@@ -217,8 +216,11 @@ def _provider_from_env() -> TracerProvider:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
-    # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES over this default.
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: "rollway"}))
+    # From OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; "rollway" where they name none.
+    resource = Resource.create()
+    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({SERVICE_NAME: "rollway"}))
+    provider = TracerProvider(resource=resource)
     for name in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(","):
         name = name.strip().lower()
         if name == "otlp":

@@ -158,6 +158,7 @@ class RolloutClient:
             reward=reward,
             serving=serving or ServingConfig(),
             events=self._events.bus,
+            trace=tracing.enabled(),
         )
         self._loop = LoopThread()
         try:
