@@ -35,6 +35,7 @@ from rollway.simulators import create_sim_server_app
 from rollway.types import AgentResult, RolloutRecord
 from rollway.web.background_server import BackgroundServer, LoopServer
 from tests.agents.server.fixtures import KEY, AgentServer
+from tests.cli.test_gateway_command import free_port
 from tests.conftest import sim_gateway
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -282,6 +283,8 @@ class Collector:
     def __init__(self) -> None:
         self.spans: list[tuple[str, dict[str, Any]]] = []
         self.services: set[str] = set()
+        #: Each span's trace id and parent span id, as hex.
+        self.parents: list[tuple[str, tuple[str, str]]] = []
 
     async def traces(self, request: Request) -> Response:
         export = ExportTraceServiceRequest.FromString(await request.body())
@@ -292,6 +295,8 @@ class Collector:
                 for span in scope_spans.spans:
                     values = {a.key: a.value.string_value for a in span.attributes}
                     self.spans.append((span.name, values))
+                    parent = (span.trace_id.hex(), span.parent_span_id.hex())
+                    self.parents.append((span.name, parent))
         return Response(b"", media_type="application/x-protobuf")
 
 
@@ -321,6 +326,42 @@ def test_rollway_run_trace_exports_to_the_otlp_collector_the_environment_names(
     traced = {a["rollway.rollout_id"] for n, a in collector.spans if n != "rollway.engine.request"}
     assert traced == {record["rollout_id"]}
     assert collector.services == {"rollway-test"}
+
+
+def test_a_served_gateway_traced_by_env_parents_turns_by_header_or_registration() -> None:
+    collector = Collector()
+    app = Starlette(routes=[Route("/v1/traces", collector.traces, methods=["POST"])])
+    registered = f"00-{'1' * 32}-{'2' * 16}-01"
+    own = f"00-{'1' * 32}-{'3' * 16}-01"
+    with BackgroundServer(app) as collector_url:
+        env = {k: v for k, v in os.environ.items() if k != "ROLLWAY_ADMIN_KEY"}
+        env.update(ROLLWAY_TRACE="1", OTEL_EXPORTER_OTLP_ENDPOINT=collector_url)
+        port = free_port()
+        cmd = [sys.executable, "-m", "rollway", "gateway", "--engine", "sim", "--port", str(port)]
+        with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) as gateway:
+            assert gateway.stdout is not None
+            url = f"http://127.0.0.1:{port}"
+            gateway.stdout.readline()  # the address
+            admin = {"Authorization": f"Bearer {gateway.stdout.readline().split()[-1]}"}
+            try:
+                with httpx.Client(base_url=url, transport=httpx.HTTPTransport(retries=50)) as http:
+                    reply = http.post(
+                        "/v1/rollouts/r/register", json={"max_tokens": 2},
+                        headers={**admin, "traceparent": registered},
+                    )  # fmt: skip
+                    key = {"Authorization": f"Bearer {reply.json()['api_key']}"}
+                    chat = {"messages": [{"role": "user", "content": "hi"}]}
+                    for headers in ({}, {"traceparent": own}):
+                        answer = http.post(
+                            "/v1/rollouts/r/chat/completions", json=chat,
+                            headers={**key, **headers},
+                        )  # fmt: skip
+                        assert answer.status_code == 200, answer.text
+            finally:
+                gateway.terminate()  # its shutdown flushes the spans
+            gateway.wait(60)
+    turns = [a for name, a in collector.parents if name == "rollway.gateway.turn"]
+    assert turns == [("1" * 32, "2" * 16), ("1" * 32, "3" * 16)]
 
 
 def test_a_bad_exporter_name_is_a_config_error() -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 #: The tracer once ``enable`` ran; None means off (the one check every hook makes).
 _tracer: Tracer | None = None
+_provider: Any = None
 #: Environment variables that hand trace context to a child process (OpenTelemetry's
 #: environment carrier: the W3C header names, upper-cased).
 _ENV_CARRIER = {"traceparent": "TRACEPARENT", "tracestate": "TRACESTATE"}
@@ -72,7 +73,7 @@ def enable(provider: TracerProvider | None = None) -> None:
     ``OTEL_EXPORTER_OTLP_ENDPOINT``; ``console``; ``none``), ``OTEL_SERVICE_NAME`` (default
     ``rollway``), ``OTEL_RESOURCE_ATTRIBUTES``. ``OTEL_SDK_DISABLED=true`` leaves tracing off.
     """
-    global _tracer
+    global _tracer, _provider
     if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return
     try:
@@ -87,6 +88,7 @@ def enable(provider: TracerProvider | None = None) -> None:
             provider = _provider_from_env()
             trace.set_tracer_provider(provider)
     _tracer = provider.get_tracer("rollway")  # type: ignore[union-attr]
+    _provider = provider
 
 
 def enable_if(asked: bool) -> None:
@@ -99,6 +101,14 @@ def disable() -> None:
     """Stop making spans in this process (the provider stays as it is)."""
     global _tracer
     _tracer = None
+
+
+def flush(timeout_s: float = 5.0) -> None:
+    """Export the spans still buffered: a server shutting down calls it, since a server that
+    ends on a signal may never run ``atexit`` (where the SDK flushes on its own)."""
+    force_flush = getattr(_provider, "force_flush", None)  # the SDK's; the bare API has none
+    if _tracer is not None and force_flush is not None:
+        force_flush(int(timeout_s * 1000))
 
 
 def span(

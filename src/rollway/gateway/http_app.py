@@ -169,6 +169,9 @@ def create_app(
             await expiry
         if close_engine:
             await gateway.engine.close()
+        await asyncio.to_thread(
+            tracing.flush
+        )  # the last turns' spans, before a signal ends the process
 
     prefix = "/v1/rollouts/{rollout_id}"
     # Admin routes document the id rule; rollout routes answer 401 to any id without its key.

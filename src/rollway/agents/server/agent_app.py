@@ -10,6 +10,7 @@ GET  /openapi.json               the OpenAPI document of these routes (no key)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -99,6 +100,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await service.close()
+        await asyncio.to_thread(
+            tracing.flush
+        )  # the last runs' spans, before a signal ends the process
 
     endpoints = [
         Endpoint(
