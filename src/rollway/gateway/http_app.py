@@ -169,9 +169,8 @@ def create_app(
             await expiry
         if close_engine:
             await gateway.engine.close()
-        await asyncio.to_thread(
-            tracing.flush
-        )  # the last turns' spans, before a signal ends the process
+        # Spans still buffered: a signal may end the process next (uvicorn re-raises it).
+        await asyncio.to_thread(tracing.flush)
 
     prefix = "/v1/rollouts/{rollout_id}"
     # Admin routes document the id rule; rollout routes answer 401 to any id without its key.

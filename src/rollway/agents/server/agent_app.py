@@ -100,9 +100,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await service.close()
-        await asyncio.to_thread(
-            tracing.flush
-        )  # the last runs' spans, before a signal ends the process
+        # Spans still buffered: a signal may end the process next (uvicorn re-raises it).
+        await asyncio.to_thread(tracing.flush)
 
     endpoints = [
         Endpoint(
