@@ -16,7 +16,7 @@ import orjson
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -26,6 +26,7 @@ from starlette.routing import Route
 from rollway import tracing
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.agents.program import ProgramAgent
+from rollway.agents.server import create_app as create_agent_app
 from rollway.client import RolloutClient
 from rollway.engines.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
@@ -34,6 +35,7 @@ from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators import create_sim_server_app
 from rollway.types import AgentResult, RolloutRecord
 from rollway.web.background_server import BackgroundServer, LoopServer
+from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer
 from tests.cli.test_gateway_command import free_port
 from tests.conftest import sim_gateway
@@ -191,6 +193,38 @@ async def test_a_request_without_trace_context_never_inherits_the_servers_own_sp
     assert parent_id(turn) == registered.context.span_id
 
 
+def test_servers_export_their_buffered_spans_as_they_shut_down(renderer: ChatRenderer) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    # Batched as an OTLP export is, and never sent on a timer within the test.
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=600_000))
+    tracing.enable(provider)
+    try:
+        gateway_app = create_app(sim_gateway(renderer, output_len=2), admin_key="admin")
+        with BackgroundServer(gateway_app) as url:
+            admin = {"Authorization": "Bearer admin"}
+            key = httpx.post(f"{url}/v1/rollouts/r/register", json={}, headers=admin).json()
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            answer = httpx.post(
+                f"{url}/v1/rollouts/r/chat/completions", json=chat,
+                headers={"Authorization": f"Bearer {key['api_key']}"},
+            )  # fmt: skip
+            assert answer.status_code == 200 and exporter.get_finished_spans() == ()
+        names = {span.name for span in exporter.get_finished_spans()}
+        assert names == {"rollway.gateway.turn", "rollway.engine.request"}
+        exporter.clear()
+        agent_app = create_agent_app(TaskDrivenAgent, api_key=KEY)
+        with BackgroundServer(agent_app) as url, httpx.Client(base_url=url) as http:
+            server = AgentServer(url, agent_app.state.service, http)
+            assert server.init("a1").status_code == 202
+            server.wait_finished("a1")
+            assert exporter.get_finished_spans() == ()
+        assert [span.name for span in exporter.get_finished_spans()] == ["rollway.agent.run"]
+    finally:
+        tracing.disable()
+        provider.shutdown()
+
+
 class HeaderLog:
     """An ASGI wrapper that keeps each request's ``traceparent`` header."""
 
@@ -263,6 +297,7 @@ def test_with_tracing_off_the_client_never_imports_opentelemetry(tmp_path: Path)
     code = f"""
         import sys
         from rollway.agents.program import ProgramAgent
+from rollway.agents.server import create_app as create_agent_app
         from rollway.client import RolloutClient
 
         agent = ProgramAgent([sys.executable, "{program}"])

@@ -8,6 +8,7 @@ record's final messages are the gateway's recorded conversation, and its metrics
 turns the gateway recorded. A non-zero exit is an agent error carrying the tail of stderr. The
 sandbox is torn down on every path (success, failure, timeout, cancellation); a teardown that
 fails is one of the record's ``cleanup_errors`` and leaves the program's outcome as it was.
+With tracing on (``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
 """
 
 from __future__ import annotations
