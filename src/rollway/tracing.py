@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 #: The tracer once ``enable`` ran; None means off (the one check every hook makes).
 _tracer: Tracer | None = None
+#: Its provider, whose buffered spans ``flush`` exports.
 _provider: Any = None
 #: Environment variables that hand trace context to a child process (OpenTelemetry's
 #: environment carrier: the W3C header names, upper-cased).
