@@ -297,7 +297,6 @@ def test_with_tracing_off_the_client_never_imports_opentelemetry(tmp_path: Path)
     code = f"""
         import sys
         from rollway.agents.program import ProgramAgent
-from rollway.agents.server import create_app as create_agent_app
         from rollway.client import RolloutClient
 
         agent = ProgramAgent([sys.executable, "{program}"])
