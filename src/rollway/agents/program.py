@@ -8,6 +8,7 @@ record's final messages are the gateway's recorded conversation, and its metrics
 turns the gateway recorded. A non-zero exit is an agent error carrying the tail of stderr. The
 sandbox is torn down on every path (success, failure, timeout, cancellation); a teardown that
 fails is one of the record's ``cleanup_errors`` and leaves the program's outcome as it was.
+With tracing on (``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.errors import AgentError
@@ -101,6 +103,8 @@ class ProgramAgent(AgentLoop):
             "ROLLWAY_TASK_FILE": str(task_file),
             "ROLLWAY_RESULT_FILE": str(result_file),
             **({"ROLLWAY_GATEWAY_SOCKET": ctx.gateway_socket} if ctx.gateway_socket else {}),
+            # TRACEPARENT and the OTEL_* settings, when tracing is on: the program may join.
+            **tracing.child_env(),
             **self.env,
         }
 

@@ -7,7 +7,7 @@ import os
 
 import typer
 
-from rollway import logs
+from rollway import logs, tracing
 from rollway.cli import (
     demo_command,
     export_command,
@@ -40,4 +40,6 @@ def main() -> None:
     client = logging.getLogger("rollway.client")
     client.setLevel(min(logging.INFO, logging.getLogger().level))
     with failures.reported():
+        # ROLLWAY_TRACE=1: every command's process traces (a served gateway, agent server).
+        tracing.enable_if(False)
         app()

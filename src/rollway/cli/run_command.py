@@ -114,6 +114,13 @@ def run(
     abort_stuck: Annotated[
         bool, typer.Option(help="End a stuck rollout, recorded as a timeout saying where.")
     ] = False,
+    trace: Annotated[
+        bool,
+        typer.Option(
+            envvar="ROLLWAY_TRACE",
+            help="OpenTelemetry spans to the OTLP collector OTEL_EXPORTER_OTLP_ENDPOINT names.",
+        ),
+    ] = False,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
     rows = _read_tasks(tasks, limit)
@@ -145,6 +152,7 @@ def run(
             on_event=on_event,
             stuck_after_s=stuck_after or None,
             abort_stuck=abort_stuck,
+            trace=trace,
         ) as client,
     ):
         try:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, resolve_agent
 from rollway.checks import check_count, check_seconds, is_number
@@ -83,7 +84,8 @@ class RolloutClient:
     ``rollway.client.event_stream``), and ``on_event`` is called with each event on the client's
     thread (keep it quick). A rollout without progress for ``stuck_after_s`` seconds (300 by
     default; None: never) is reported with where it waits, and with ``abort_stuck`` stopped
-    and recorded as a ``timeout`` (see ``rollway.client.watchdog``)."""
+    and recorded as a ``timeout`` (see ``rollway.client.watchdog``). ``trace=True`` (or
+    ``ROLLWAY_TRACE=1``): OpenTelemetry spans, exported as ``OTEL_*`` say (``rollway.tracing``)."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class RolloutClient:
         on_event: EventSink | None = None,
         stuck_after_s: float | None = DEFAULT_STUCK_AFTER_S,
         abort_stuck: bool = False,
+        trace: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
         # Checked before anything starts: a bad value is named here, not met as a hang later.
@@ -120,6 +123,7 @@ class RolloutClient:
         if stuck_after_s is not None:
             check_seconds("stuck_after_s", stuck_after_s, zero=True)
         serving = config_object(ServingConfig, serving, "serving")
+        tracing.enable_if(trace)
         self.agent = resolve_agent(agent, agent_key, poll)
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
         self.exp_id = check_exp_id(exp_id) if exp_id else id_from(self.agent.name)
@@ -154,6 +158,7 @@ class RolloutClient:
             reward=reward,
             serving=serving or ServingConfig(),
             events=self._events.bus,
+            trace=tracing.enabled(),
         )
         self._loop = LoopThread()
         try:

@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 from tenacity import AsyncRetrying, RetryCallState
 
+from rollway import tracing
 from rollway.errors import EngineConnectError, EngineError
 from rollway.retry import ENGINE_CONNECT
 
@@ -98,6 +99,7 @@ class RemoteClient:
     async def send(self, url: str, payload: dict[str, Any], abort: Abort) -> Any:
         """POST ``payload`` as JSON and return the decoded answer, under the rules above."""
         data = orjson.dumps(payload)
+        tracing.annotate({"rollway.engine.endpoint": url})
         try:
             async for attempt in self._connect_retries():
                 with attempt:
@@ -158,7 +160,8 @@ class RemoteClient:
             return False
 
     async def _post(self, url: str, data: bytes, *, decode: bool = True) -> Any:
-        async with self.session().post(url, data=data, headers=self._headers) as response:
+        headers = tracing.headers(self._headers)  # traceparent, when tracing is on
+        async with self.session().post(url, data=data, headers=headers) as response:
             body = await response.read()
             if response.status >= 500:
                 raise _MayHaveRun(f"HTTP {response.status}: {body[:200]!r}")

@@ -35,6 +35,8 @@ class WorkerSetup:
     serving: ServingConfig = field(default_factory=ServingConfig)
     #: Where rollout and turn events go in this process (a Ray worker gets an empty bus).
     events: EventBus = field(default_factory=EventBus)
+    #: Trace the rollouts (``rollway.tracing``): a Ray worker turns tracing on in its process.
+    trace: bool = False
 
 
 class Executor(Protocol):

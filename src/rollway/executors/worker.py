@@ -8,6 +8,7 @@ import asyncio
 import os
 from typing import Any
 
+from rollway import tracing
 from rollway.executors.base import WorkerSetup
 from rollway.executors.local_executor import LocalExecutor
 from rollway.rollouts import RolloutSettings, RolloutSpec
@@ -19,6 +20,7 @@ _ANY_HOST = ("0.0.0.0", "::")
 
 class RolloutWorker:
     def __init__(self, setup: WorkerSetup, full_records: bool = False) -> None:
+        tracing.enable_if(setup.trace)  # exported as this node's OTEL_* variables say
         self._executor = LocalExecutor()
         self._executor.prepare(setup)  # an embedded engine loads here, once per worker
         self._setup = setup

@@ -12,6 +12,7 @@ import secrets
 import time
 from typing import Any
 
+from rollway import tracing
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import (
     AuthError,
@@ -106,6 +107,7 @@ class Gateway:
             max_seq_len=request.max_seq_len,
             metadata=request.metadata,
             has_token_ids=not isinstance(self.engine, ChatEngine),
+            trace_parent=tracing.current_context(),
         )
         self._rollouts[rollout_id] = state
         self.metrics.rollouts_active.inc()
@@ -133,7 +135,13 @@ class Gateway:
         if self.events:
             self.events(TurnStarted(rollout_id=rollout_id, turn=turn))
         try:
-            result = await self._chat(state, request)
+            with tracing.span(
+                "rollway.gateway.turn",
+                _turn_attributes(rollout_id, turn),
+                parent=state.trace_parent,
+            ) as span:
+                result = await self._chat(state, request)
+                span.set(_turn_outcome(result))
             return result
         finally:
             state.busy -= 1
@@ -256,6 +264,20 @@ def _turn_finished(
         completion_tokens=result.completion_tokens, latency_s=latency_s,
         finish_reason=result.finish_reason,
     )  # fmt: skip
+
+
+def _turn_attributes(rollout_id: str, turn: int) -> dict[str, Any]:
+    return {"rollway.rollout_id": rollout_id, "rollway.turn": turn}
+
+
+def _turn_outcome(result: ChatResult) -> dict[str, Any]:
+    """The answer's attributes; token counts under OpenTelemetry's GenAI names."""
+    return {
+        "rollway.turn_index": result.turn_index,
+        "rollway.finish_reason": result.finish_reason,
+        "gen_ai.usage.input_tokens": result.prompt_tokens,
+        "gen_ai.usage.output_tokens": result.completion_tokens,
+    }
 
 
 def _new_key() -> str:

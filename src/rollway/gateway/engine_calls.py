@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from rollway import tracing
 from rollway.engines.base import Engine
 from rollway.errors import EngineError, RequestError
 from rollway.gateway.metrics import GatewayMetrics
@@ -97,9 +98,14 @@ class EngineCalls:
     ) -> tuple[GenerationResult, float]:
         started = time.perf_counter()
         async with self.track(state, request_id):
-            result = await engine.generate(prompt_ids, sampling, request_id)
+            with tracing.span("rollway.engine.request", _request_attributes(engine, request_id)):
+                result = await engine.generate(prompt_ids, sampling, request_id)
         latency = time.perf_counter() - started
         self.metrics.turn_latency.observe(latency)
         self.metrics.tokens.labels("prompt").inc(len(prompt_ids))
         self.metrics.tokens.labels("completion").inc(len(result.output_ids))
         return result, latency
+
+
+def _request_attributes(engine: Engine, request_id: str) -> dict[str, str]:
+    return {"rollway.request_id": request_id, "rollway.engine": type(engine).__name__}

@@ -11,10 +11,12 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute
 
+from rollway import tracing
 from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
@@ -167,6 +169,8 @@ def create_app(
             await expiry
         if close_engine:
             await gateway.engine.close()
+        # Spans still buffered: a signal may end the process next (uvicorn re-raises it).
+        await asyncio.to_thread(tracing.flush)
 
     prefix = "/v1/rollouts/{rollout_id}"
     # Admin routes document the id rule; rollout routes answer 401 to any id without its key.
@@ -293,6 +297,7 @@ def create_app(
         routes=[*routes, *extra_routes],
         lifespan=lifespan,
         exception_handlers={HTTPException: route_error},
+        middleware=[Middleware(tracing.TraceContextMiddleware)],
     )
 
 

@@ -53,6 +53,9 @@ class RolloutState:
     #: idle rollout expires after the gateway's TTL, a busy one never.
     last_active: float = field(default_factory=time.monotonic)
     busy: int = 0
+    #: The trace context it was registered under (``rollway.tracing``; None when off): the
+    #: parent of turns whose request carries none (a program that does not propagate it).
+    trace_parent: Any = None
 
     def next_segment(self) -> int:
         self.segment_count += 1

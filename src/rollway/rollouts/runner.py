@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
@@ -107,8 +108,14 @@ class RolloutRunner:
                     attempts=max(spec.first_attempt, len(opened)), started_at=started_at,
                 )  # fmt: skip
             number = next(attempts)
-            opened.append(attempt_id(self.settings, spec, number))
-            return await self._attempt(spec, number, cancel, started_at)
+            rollout_id = attempt_id(self.settings, spec, number)
+            opened.append(rollout_id)
+            with tracing.span(
+                "rollway.rollout", _span_attributes(spec, rollout_id, number)
+            ) as span:
+                record = await self._attempt(spec, number, cancel, started_at)
+                _end_span(span, record)
+            return record
 
         record = await policy.retrying(give_up=cancel.is_set)(attempt)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
@@ -270,6 +277,22 @@ class RolloutRunner:
             self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
         )
         return reward, {"source": "reward_fn", **extras}
+
+
+def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[str, Any]:
+    return {
+        "rollway.rollout_id": rollout_id,
+        "rollway.attempt": attempt,
+        "rollway.rollout_key": spec.rollout_key,  # stable across attempts and reruns
+        "rollway.group_id": spec.group_id,
+    }
+
+
+def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
+    span.set({"rollway.status": record.status, "rollway.error_kind": record.error_kind,
+              "rollway.reward": record.reward})  # fmt: skip
+    if record.status == "error":
+        span.fail(record.reason or "error")
 
 
 def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from rollway import tracing
 from rollway.errors import InfrastructureError, OverloadedError, error_from_body
 
 
@@ -30,6 +31,7 @@ async def request_json(
     body: dict[str, Any] | None = None,
 ) -> Any:
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    headers = tracing.headers(headers)  # traceparent, when tracing is on
     data = orjson.dumps(body) if body is not None else None
     try:
         async with session.request(method, url, data=data, headers=headers) as response:

@@ -10,15 +10,18 @@ GET  /openapi.json               the OpenAPI document of these routes (no key)
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.server.agent_schema import InitRequest
 from rollway.agents.server.service import AgentService, Run, ServiceConfig
@@ -97,6 +100,8 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await service.close()
+        # Spans still buffered: a signal may end the process next (uvicorn re-raises it).
+        await asyncio.to_thread(tracing.flush)
 
     endpoints = [
         Endpoint(
@@ -136,7 +141,11 @@ def create_app(
         security={"agentKey": "the agent server's key"},
     )
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: route_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: route_error},
+        # An init's traceparent: the rollout's run (a task started by the init) joins it.
+        middleware=[Middleware(tracing.TraceContextMiddleware)],
     )
     app.state.service = service
     return app

@@ -12,6 +12,7 @@ from typing import Literal
 
 import aiohttp
 
+from rollway import tracing
 from rollway.errors import InfrastructureError
 from rollway.retry import REPORT_DELIVERY, Backoff
 from rollway.types import AgentReport
@@ -34,6 +35,7 @@ async def deliver_report(
     headers = {"Content-Type": "application/json"}
     if callback_key:
         headers["Authorization"] = f"Bearer {callback_key}"
+    headers = tracing.headers(headers)  # the report goes back in the rollout's trace
     policy = replace(REPORT_DELIVERY, attempts=attempts, backoff=Backoff(first_s=wait_s))
     try:
         async for attempt in policy.retrying():

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
@@ -154,11 +155,14 @@ class AgentService:
         init = run.init
         extra = {"rollout_id": init.rollout_id}
         log_stage(log, "start_agent", init.rollout_id, logging.INFO, run_key=run.key)
-        try:
-            outcome = await self._run_agent(run)
-        except Exception as exc:  # a bug here must still end in a report
-            log.exception("agent server failed", extra=extra)
-            outcome = AgentOutcome("error", "infrastructure", f"agent server: {exc!r}")
+        attributes = {"rollway.rollout_id": init.rollout_id, "rollway.agent": self.agent.name}
+        with tracing.span("rollway.agent.run", attributes) as span:
+            try:
+                outcome = await self._run_agent(run)
+            except Exception as exc:  # a bug here must still end in a report
+                log.exception("agent server failed", extra=extra)
+                outcome = AgentOutcome("error", "infrastructure", f"agent server: {exc!r}")
+            span.set({"rollway.status": outcome.status})
         report = self._report(run, outcome)
         await self._save(run.init, report)
         # Published only once stored: whoever sees "finished" can also read it from the store.
