@@ -80,12 +80,10 @@ class RolloutClient:
     ``max_staleness=k`` restarts a running rollout that an update leaves more than ``k``
     versions behind (asynchronous RL).
 
-    ``events()`` streams what happens (attempts start, turns, rewards, outcomes; see
-    ``rollway.client.event_stream``), and ``on_event`` is called with each event on the client's
-    thread (keep it quick). A rollout without progress for ``stuck_after_s`` seconds (300 by
-    default; None: never) is reported with where it waits, and with ``abort_stuck`` stopped
-    and recorded as a ``timeout`` (see ``rollway.client.watchdog``). ``trace=True`` (or
-    ``ROLLWAY_TRACE=1``): OpenTelemetry spans, exported as ``OTEL_*`` say (``rollway.tracing``)."""
+    ``events()`` streams what happens (``client.event_stream``); ``on_event`` hears each event
+    on the client's thread. A rollout without progress for ``stuck_after_s`` seconds (300; None:
+    never) is reported, with ``abort_stuck`` ended as a ``timeout`` (``client.watchdog``).
+    ``trace=True`` (or ``ROLLWAY_TRACE=1``): OpenTelemetry spans (``rollway.tracing``)."""
 
     def __init__(
         self,
