@@ -210,21 +210,27 @@ def test_an_engine_failure_mid_stream_is_an_error_event_each_sdk_raises(
     for served in serve(engine, renderer):
         registration = register(served)
         shown = []
-        with pytest.raises(openai.APIError, match="engine failed"):
-            with chat_client(registration).chat.completions.create(
-                model="m", messages=USER, stream=True
-            ) as stream:
-                for chunk in stream:
-                    shown.append(chunk.choices[0].delta.content)
+        openai_client = chat_client(registration)
+        with (
+            pytest.raises(openai.APIError, match="engine failed"),
+            openai_client.chat.completions.create(model="m", messages=USER, stream=True) as chat,
+        ):
+            for chunk in chat:
+                shown.append(chunk.choices[0].delta.content)
         assert shown  # it failed after the stream began
-        client = anthropic.Anthropic(base_url=registration["base_url"],
-                                     api_key=registration["api_key"], max_retries=0)  # fmt: skip
-        with pytest.raises(anthropic.APIStatusError, match="engine failed"):
-            with client.messages.stream(model="m", max_tokens=8, messages=USER) as events:
-                events.get_final_message()
-        with pytest.raises(openai.APIError, match="engine failed"):
-            with chat_client(registration).responses.stream(model="m", input="x") as events:
-                events.get_final_response()
+        client = anthropic.Anthropic(
+            base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
+        )
+        with (
+            pytest.raises(anthropic.APIStatusError, match="engine failed"),
+            client.messages.stream(model="m", max_tokens=8, messages=USER) as events,
+        ):
+            events.get_final_message()
+        with (
+            pytest.raises(openai.APIError, match="engine failed"),
+            openai_client.responses.stream(model="m", input="x") as response,
+        ):
+            response.get_final_response()
         trajectory = recorded(served, registration["rollout_id"])
     assert trajectory["turns"] == [] and len(trajectory["engine_errors"]) == 3
 
