@@ -71,8 +71,9 @@ class TurnText:
         self._special_ids = special_ids
         self._ids: list[int] = []
         self._held_special: int | None = None
-        # Incremental decoding (as vLLM and tokenizers' DecodeStream do it): the text of the
-        # ids from ``_prefix`` on, less that of those before ``_read``, is what they add.
+        # Incremental decoding as vLLM and tokenizers' DecodeStream do it (the text of the ids
+        # from ``_prefix`` on, less that of those before ``_read``, is what they add), but with
+        # the renderer's own decode: the text the recorded turn is parsed from.
         self._prefix = 0
         self._read = 0
         self._text = ""  # decoded so far (complete characters only)
@@ -104,8 +105,8 @@ class TurnText:
         # With tools, leading whitespace is kept only if no call parses: it waits for the end.
         if self._closed or (self._tools and text[:1].isspace()):
             return ""
-        cuts = [i for i in (text.find(s, max(len(self.sent) - len(s), 0)) for s in self._holds)]
-        found = [i for i in cuts if i >= 0]
+        starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)
+        found = [at for at in starts if at >= 0]
         end = min(found) if found else _unambiguous_end(text, len(self.sent), self._holds)
         self._closed = bool(found)
         if self._tools:  # the parse strips the content around tool calls
