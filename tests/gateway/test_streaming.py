@@ -8,7 +8,6 @@ import asyncio
 import json
 import secrets
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -27,6 +26,7 @@ from rollway.gateway.turn_stream import ContentDelta, ToolCallDelta
 from rollway.types import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, FEW_SHOT, Served
+from tests.gateway.test_http_openai_sdk import fetch_trajectory, register
 
 QUESTION = [*FEW_SHOT, {"role": "user", "content": "What is 17 + 25?"}]
 USER = [{"role": "user", "content": "hi"}]
@@ -73,23 +73,6 @@ def paced(renderer: ChatRenderer) -> Iterator[Served]:
     yield from serve(SimEngine(SimConfig(per_token_s=0.02, output_len=30)), renderer)
 
 
-def register(served: Served, **body: Any) -> dict[str, Any]:
-    rollout_id = f"st-{uuid.uuid4().hex[:8]}"
-    response = httpx.post(
-        f"{served.url}/v1/rollouts/{rollout_id}/register", json=body, headers=served.admin_headers
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def recorded(served: Served, rollout_id: str) -> dict[str, Any]:
-    response = httpx.get(
-        f"{served.url}/v1/rollouts/{rollout_id}/trajectory", headers=served.admin_headers
-    )
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def chat_client(registration: dict[str, Any]) -> openai.OpenAI:
     return openai.OpenAI(
         base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
@@ -128,7 +111,10 @@ def test_a_streamed_chat_completion_records_what_the_plain_one_records(served: S
         model="m", messages=QUESTION, tools=[ADD_TOOL]
     )
     content, calls, last = stream_chat(chat_client(streamed), messages=QUESTION, tools=[ADD_TOOL])
-    want, got = recorded(served, plain["rollout_id"]), recorded(served, streamed["rollout_id"])
+    want, got = (
+        fetch_trajectory(served, plain["rollout_id"]),
+        fetch_trajectory(served, streamed["rollout_id"]),
+    )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
     assert content == (turn["content"] or "") == (answer.choices[0].message.content or "")
@@ -147,7 +133,10 @@ def test_a_streamed_message_records_what_the_plain_one_records(served: Served) -
     with client.messages.stream(**body) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    want, got = recorded(served, plain["rollout_id"]), recorded(served, streamed["rollout_id"])
+    want, got = (
+        fetch_trajectory(served, plain["rollout_id"]),
+        fetch_trajectory(served, streamed["rollout_id"]),
+    )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
     assert text == turn["content"] and final.usage.input_tokens == len(turn["prompt_ids"])
@@ -163,7 +152,10 @@ def test_a_streamed_response_records_what_the_plain_one_records(served: Served) 
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
         final = stream.get_final_response()
-    want, got = recorded(served, plain["rollout_id"]), recorded(served, streamed["rollout_id"])
+    want, got = (
+        fetch_trajectory(served, plain["rollout_id"]),
+        fetch_trajectory(served, streamed["rollout_id"]),
+    )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
     assert "".join(deltas) == turn["content"] == final.output_text
@@ -184,7 +176,7 @@ def test_the_first_content_reaches_the_client_long_before_the_last(paced: Served
     total = time.monotonic() - started
     assert len(arrivals) > 10  # the answer came in many pieces
     assert arrivals[0] < total / 3 and arrivals[-1] > total / 2
-    (turn,) = recorded(paced, registration["rollout_id"])["turns"]
+    (turn,) = fetch_trajectory(paced, registration["rollout_id"])["turns"]
     assert content == turn["content"] and len(turn["completion_ids"]) == 30
 
 
@@ -195,7 +187,7 @@ def test_tool_call_deltas_are_the_recorded_calls(renderer: ChatRenderer) -> None
         content, calls, last = stream_chat(
             chat_client(registration), messages=USER, tools=[ADD_TOOL]
         )
-        (turn,) = recorded(served, registration["rollout_id"])["turns"]
+        (turn,) = fetch_trajectory(served, registration["rollout_id"])["turns"]
     assert content == turn["content"] == "Adding."
     assert calls == turn["tool_calls"] and calls[0]["function"]["name"] == "add"
     assert last.choices[0].finish_reason == "tool_calls"
@@ -206,7 +198,7 @@ def test_a_stop_string_never_reaches_the_client(renderer: ChatRenderer) -> None:
     for served in serve(engine, renderer):
         registration = register(served)
         content, _, _ = stream_chat(chat_client(registration), messages=USER, stop=["gamma"])
-        (turn,) = recorded(served, registration["rollout_id"])["turns"]
+        (turn,) = fetch_trajectory(served, registration["rollout_id"])["turns"]
     assert content == turn["content"] == "alpha beta "
 
 
@@ -241,7 +233,7 @@ def test_an_engine_failure_mid_stream_is_an_error_event_each_sdk_raises(
             openai_client.responses.stream(model="m", input="x") as response,
         ):
             response.get_final_response()
-        trajectory = recorded(served, registration["rollout_id"])
+        trajectory = fetch_trajectory(served, registration["rollout_id"])
     assert trajectory["turns"] == [] and len(trajectory["engine_errors"]) == 3
 
 
