@@ -346,3 +346,17 @@ async def test_tool_call_pieces_come_after_the_content_and_before_the_result(
     assert isinstance(result, ChatResult) and isinstance(pieces[-2], ToolCallDelta)
     assert pieces[-2].call == result.message["tool_calls"][0]
     assert json.loads(pieces[-2].call["function"]["arguments"]) == {"a": 1, "b": 2}
+
+
+async def test_a_streamed_call_past_max_turns_is_the_length_answer_in_one_piece(
+    renderer: ChatRenderer,
+) -> None:
+    gateway = Gateway(SimEngine(SimConfig(output_len=4)), renderer, model_name="m")
+    gateway.register("l", {"max_turns": 1})
+    first = [p async for p in gateway.chat_stream("l", {"messages": USER})]
+    again = [p async for p in gateway.chat_stream("l", {"messages": USER})]
+    assert isinstance(first[-1], ChatResult) and first[-1].finish_reason == "stop"
+    assert len(again) == 1 and isinstance(again[0], ChatResult)
+    assert again[0].finish_reason == "length" and again[0].completion_ids == []
+    trajectory = await gateway.trajectory("l")
+    assert len(trajectory.turns) == 1 and trajectory.truncation_reason == "max_turns"
