@@ -139,6 +139,41 @@ def _started(
         yield SpanHandle(started)
 
 
+def detached_span(
+    name: str,
+    attributes: Mapping[str, Any] | None = None,
+    *,
+    parent: Context | None = None,
+) -> contextlib.AbstractContextManager[SpanHandle]:
+    """``span`` for a block that yields to others (an async generator handing out a stream):
+    the span is a child as ``span``'s is but never becomes the current one, since a context
+    attached before a ``yield`` may be detached in another task's context after it."""
+    if _tracer is None:
+        return _OFF
+    return _started_detached(_tracer, name, attributes or {}, parent)
+
+
+@contextlib.contextmanager
+def _started_detached(
+    tracer: Tracer, name: str, attributes: Mapping[str, Any], parent: Context | None
+) -> Iterator[SpanHandle]:
+    from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
+
+    context = None
+    if parent is not None and not trace.get_current_span().get_span_context().is_valid:
+        context = parent
+    started = tracer.start_span(name, context, attributes=_clean(attributes))
+    try:
+        yield SpanHandle(started)
+    except BaseException as exc:
+        started.record_exception(exc)
+        started.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        started.end()
+
+
 def annotate(attributes: Mapping[str, Any]) -> None:
     """Add attributes to the current span (an engine client naming the endpoint it used)."""
     if _tracer is not None:

@@ -3,7 +3,9 @@
 It is not a model. It returns deterministic token ids drawn from a seed (the request's seed,
 else a hash of the prompt), well-formed negative logprobs, and waits a configurable latency.
 It follows the weight-sync seam (``WeightSync``) so that pause, update and resume can be load-
-and fault-tested: an "update" only moves the version its tokens are stamped with.
+and fault-tested: an "update" only moves the version its tokens are stamped with. It streams
+(``StreamingEngine``) paced like a server: ``latency_s`` before the first token, then
+``per_token_s`` per token.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import asyncio
 import hashlib
 import random
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.engines.base import PauseMode
 from rollway.errors import ConfigError, InvalidFieldsError
-from rollway.types import FinishReason, GenerationResult, SamplingParams
+from rollway.types import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,30 +76,54 @@ class SimEngine:
             raise InvalidFieldsError("input_ids is empty", param="input_ids")
         if await self._aborted_while_paused(request_id):
             return GenerationResult([], [], "abort", [])
-        cfg = self.config
-        wanted = cfg.output_len if sampling.max_tokens is None else sampling.max_tokens
-        length = min(cfg.output_len, wanted)
-        reason: FinishReason = "stop" if cfg.output_len <= wanted else "length"
-        running = self._running[request_id] = _Running(cfg.latency_s + cfg.per_token_s * length)
+        ids, logprobs, reason = self._sample(input_ids, sampling)
+        delay = self.config.latency_s + self.config.per_token_s * len(ids)
+        running = self._running[request_id] = _Running(delay)
         self._idle.clear()
         try:
             aborted = await self._wait(running)
         finally:
-            del self._running[request_id]
-            if not self._running:
-                self._idle.set()
+            self._finished(request_id)
         if aborted:
             return GenerationResult([], [], "abort", [])
         # Paused with ``keep``: it goes on under the new weights, unless aborted meanwhile.
         if running.frozen_at is not None and await self._aborted_while_paused(request_id):
             return GenerationResult([], [], "abort", [])
-        rng = random.Random(sampling.seed if sampling.seed is not None else _digest(input_ids))
-        low, high = cfg.token_range
-        ids = [rng.randrange(low, high) for _ in range(length)]
-        if reason == "stop" and cfg.eos_token_id is not None and ids:
-            ids[-1] = cfg.eos_token_id
-        logprobs = [-rng.random() * 4.0 for _ in ids]
         return GenerationResult(ids, logprobs, reason, self._versions(running, len(ids)))
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        """``generate``'s tokens one chunk each, the first after ``latency_s + per_token_s``,
+        each next ``per_token_s`` later; each stamped with the version sampling it."""
+        if not input_ids:
+            raise InvalidFieldsError("input_ids is empty", param="input_ids")
+        if await self._aborted_while_paused(request_id):
+            yield GenerationChunk([], [], "abort", [])
+            return
+        ids, logprobs, reason = self._sample(input_ids, sampling)
+        cfg = self.config
+        running = self._running[request_id] = _Running(cfg.latency_s + cfg.per_token_s)
+        self._idle.clear()
+        try:
+            for index in range(max(len(ids), 1)):
+                # An abort (or a pause in abort mode) ends the wait; under a ``keep`` pause the
+                # next token waits for ``resume``.
+                if await self._wait(running) or (
+                    running.frozen_at is not None and await self._aborted_while_paused(request_id)
+                ):
+                    yield GenerationChunk([], [], "abort", [])
+                    return
+                running.frozen_at, running.started = None, time.monotonic()
+                running.delay = cfg.per_token_s
+                last = index >= len(ids) - 1
+                piece = slice(index, index + 1)
+                yield GenerationChunk(
+                    ids[piece], logprobs[piece], reason if last else None,
+                    [self.policy_version] * len(ids[piece]),
+                )  # fmt: skip
+        finally:
+            self._finished(request_id)
 
     async def abort(self, request_id: str) -> None:
         running = self._running.get(request_id)
@@ -141,6 +168,26 @@ class SimEngine:
         for queued in self._queued.values():
             queued.set()
         self._resumed.set()
+
+    def _sample(
+        self, input_ids: list[int], sampling: SamplingParams
+    ) -> tuple[list[int], list[float], FinishReason]:
+        cfg = self.config
+        wanted = cfg.output_len if sampling.max_tokens is None else sampling.max_tokens
+        length = min(cfg.output_len, wanted)
+        reason: FinishReason = "stop" if cfg.output_len <= wanted else "length"
+        rng = random.Random(sampling.seed if sampling.seed is not None else _digest(input_ids))
+        low, high = cfg.token_range
+        ids = [rng.randrange(low, high) for _ in range(length)]
+        if reason == "stop" and cfg.eos_token_id is not None and ids:
+            ids[-1] = cfg.eos_token_id
+        logprobs = [-rng.random() * 4.0 for _ in ids]
+        return ids, logprobs, reason
+
+    def _finished(self, request_id: str) -> None:
+        del self._running[request_id]
+        if not self._running:
+            self._idle.set()
 
     async def _aborted_while_paused(self, request_id: str) -> bool:
         """Wait for ``resume`` (if paused); True when aborted first."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollway.errors import InvalidFieldsError
+from rollway.errors import InvalidFieldsError, RollwayError
+from rollway.gateway.turn_stream import ContentDelta, ToolCallDelta, TurnPiece
 from rollway.types import ChatResult
 
 _STOP_REASON = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -138,51 +139,93 @@ def message_body(result: ChatResult, model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     if result.message.get("content"):
         content.append({"type": "text", "text": result.message["content"]})
-    for call in result.message.get("tool_calls") or []:
-        function = call["function"]
-        content.append(
-            {"type": "tool_use", "id": call["id"], "name": function["name"],
-             "input": json.loads(function["arguments"] or "{}")}
-        )  # fmt: skip
+    content += [_tool_use(call) for call in result.message.get("tool_calls") or []]
+    return _message(model, content, result) | {"usage": _usage(result)}
+
+
+def _message(
+    model: str, content: list[dict[str, Any]], result: ChatResult | None
+) -> dict[str, Any]:
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": _STOP_REASON.get(result.finish_reason, "end_turn"),
+        "stop_reason": None if result is None else _stop_reason(result),
         "stop_sequence": None,
-        "usage": {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens},
     }
 
 
-def sse_events(result: ChatResult, model: str) -> Iterator[bytes]:
-    """The answer as Anthropic stream events, in the order the SDK expects."""
-    body = message_body(result, model)
-    start = body | {
-        "content": [],
-        "stop_reason": None,
-        "usage": body["usage"] | {"output_tokens": 0},
-    }
+def _stop_reason(result: ChatResult) -> str:
+    return _STOP_REASON.get(result.finish_reason, "end_turn")
+
+
+def _usage(result: ChatResult) -> dict[str, int]:
+    return {"input_tokens": result.prompt_tokens, "output_tokens": result.completion_tokens}
+
+
+def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {"type": "tool_use", "id": call["id"], "name": function["name"],
+            "input": json.loads(function["arguments"] or "{}")}  # fmt: skip
+
+
+async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncIterator[bytes]:
+    """A streamed turn as Anthropic stream events, in the order the SDK expects: a text block
+    whose deltas come as the tokens do, then a block per tool call. The prompt's token count
+    is known at the end: ``message_delta`` carries it (the SDK takes it from there)."""
+    start = _message(model, [], None) | {"usage": {"input_tokens": 0, "output_tokens": 0}}
     yield _event("message_start", {"type": "message_start", "message": start})
-    for index, block in enumerate(body["content"]):
-        if block["type"] == "text":
-            opening, delta = (
-                {"type": "text", "text": ""},
-                {"type": "text_delta", "text": block["text"]},
-            )
+    blocks, text_open = 0, False
+    async for piece in pieces:
+        if isinstance(piece, ChatResult):
+            result = piece
+            continue
+        if text_open and isinstance(piece, ToolCallDelta):
+            yield _block_stop(blocks - 1)
+            text_open = False
+        if isinstance(piece, ContentDelta):
+            if not text_open:
+                yield _block_start(blocks, {"type": "text", "text": ""})
+                blocks, text_open = blocks + 1, True
+            delta = {"type": "text_delta", "text": piece.text}
+            yield _block_delta(blocks - 1, delta)
         else:
-            opening = {k: block[k] for k in ("type", "id", "name")} | {"input": {}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield _event("content_block_start", {"type": "content_block_start", "index": index,
-                                             "content_block": opening})  # fmt: skip
-        yield _event("content_block_delta", {"type": "content_block_delta", "index": index,
-                                             "delta": delta})  # fmt: skip
-        yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
-    delta = {"stop_reason": body["stop_reason"], "stop_sequence": None}
-    usage = {"output_tokens": body["usage"]["output_tokens"]}
+            block = _tool_use(piece.call)
+            yield _block_start(
+                blocks, {k: block[k] for k in ("type", "id", "name")} | {"input": {}}
+            )
+            yield _block_delta(blocks, {"type": "input_json_delta",
+                                        "partial_json": json.dumps(block["input"])})  # fmt: skip
+            yield _block_stop(blocks)
+            blocks += 1
+    if text_open:
+        yield _block_stop(blocks - 1)
+    delta = {"stop_reason": _stop_reason(result), "stop_sequence": None}
+    usage = _usage(result)
     yield _event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
     yield _event("message_stop", {"type": "message_stop"})
+
+
+def error_event(error: RollwayError) -> bytes:
+    """An error after the stream began, as the anthropic SDK raises it."""
+    body = {"type": error.error_type, "message": error.message}
+    return _event("error", {"type": "error", "error": body})
+
+
+def _block_start(index: int, block: dict[str, Any]) -> bytes:
+    payload = {"type": "content_block_start", "index": index, "content_block": block}
+    return _event("content_block_start", payload)
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> bytes:
+    payload = {"type": "content_block_delta", "index": index, "delta": delta}
+    return _event("content_block_delta", payload)
+
+
+def _block_stop(index: int) -> bytes:
+    return _event("content_block_stop", {"type": "content_block_stop", "index": index})
 
 
 def _event(name: str, payload: dict[str, Any]) -> bytes:

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 
+from rollway.errors import RollwayError
+from rollway.gateway.turn_stream import ContentDelta, ToolCallDelta, TurnPiece
 from rollway.types import ChatResult
-
-_CONTENT_PIECE = 64
+from rollway.web.handlers import error_body
 
 
 def completion_body(
@@ -56,28 +57,36 @@ def logprobs_body(result: ChatResult, token_text: Callable[[int], str]) -> dict[
     return {"content": content}
 
 
-def sse_events(
-    result: ChatResult,
+async def sse_events(
+    pieces: AsyncIterator[TurnPiece],
     model: str,
-    logprobs: dict[str, Any] | None,
+    logprobs: Callable[[ChatResult], dict[str, Any] | None],
     include_usage: bool,
     token_ids: bool = False,
-) -> Iterator[bytes]:
-    """The answer as chat.completion.chunk events, the way the OpenAI SDKs read a stream; what
-    was sampled (logprobs, ``token_ids``) rides on the last chunk, the one that finishes."""
-    body = completion_body(result, model, logprobs, token_ids)
-    head = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+) -> AsyncIterator[bytes]:
+    """A streamed turn as chat.completion.chunk events, the way the OpenAI SDKs read a stream:
+    content and tool calls as they come; what was sampled (logprobs, ``token_ids``) rides on
+    the last chunk, the one that finishes."""
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any]) -> bytes:
         choice = {"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}
         return _event(head | {"choices": [choice]})
 
     yield chunk({"role": "assistant", "content": ""})
-    content = result.message.get("content") or ""
-    for start in range(0, len(content), _CONTENT_PIECE):
-        yield chunk({"content": content[start : start + _CONTENT_PIECE]})
-    for index, call in enumerate(result.message.get("tool_calls") or []):
-        yield chunk({"tool_calls": [{"index": index, **call}]})
+    async for piece in pieces:
+        if isinstance(piece, ContentDelta):
+            yield chunk({"content": piece.text})
+        elif isinstance(piece, ToolCallDelta):
+            yield chunk({"tool_calls": [{"index": piece.index, **piece.call}]})
+        else:
+            result = piece
+    body = completion_body(result, model, logprobs(result), token_ids)
     # The last chunk finishes: the body's choice (finish reason, logprobs, token ids) with an
     # empty delta for its message, and the body's rollway object.
     last = {k: v for k, v in body["choices"][0].items() if k != "message"} | {"delta": {}}
@@ -86,6 +95,11 @@ def sse_events(
     if include_usage:
         yield _event(head | {"choices": [], "usage": body["usage"]})
     yield b"data: [DONE]\n\n"
+
+
+def error_event(error: RollwayError) -> bytes:
+    """An error after the stream began, as the OpenAI SDKs raise it."""
+    return _event(error_body(error))
 
 
 def _event(payload: dict[str, Any]) -> bytes:

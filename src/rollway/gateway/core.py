@@ -7,9 +7,11 @@ over it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from rollway import tracing
@@ -30,6 +32,7 @@ from rollway.gateway.request_schema import ChatCompletionRequest, RegisterReques
 from rollway.gateway.rollout_state import RolloutState, message_key
 from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
+from rollway.gateway.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.weight_control import WeightControl
 from rollway.ids import check_id, keys_match
 from rollway.types import ChatResult, Trajectory
@@ -124,35 +127,83 @@ class Gateway:
     async def chat(
         self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
     ) -> ChatResult:
+        state, request = self._open_turn(rollout_id, request)
+        attributes = _turn_attributes(rollout_id, state.turns_started)
+        with (
+            self._busy(state) as answered,
+            tracing.span("rollway.gateway.turn", attributes, parent=state.trace_parent) as span,
+        ):
+            answered.append(await self._chat(state, request))
+            span.set(_turn_outcome(answered[0]))
+            return answered[0]
+
+    async def chat_stream(
+        self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
+    ) -> AsyncIterator[TurnPiece]:
+        """``chat`` as the engine samples: ``ContentDelta``s as its text comes, each tool call
+        (a ``ToolCallDelta``) once the answer is parsed, and last the ``ChatResult``, the same
+        answer and the same recorded turn as ``chat``. Closing it early aborts the generation.
+        Behind a chat-level engine or past a limit, the whole answer comes in pieces at once."""
+        state, request = self._open_turn(rollout_id, request)
+        attributes = _turn_attributes(rollout_id, state.turns_started) | {"rollway.stream": True}
+        with (
+            self._busy(state) as answered,
+            tracing.detached_span(
+                "rollway.gateway.turn", attributes, parent=state.trace_parent
+            ) as span,
+        ):
+            if isinstance(self._turns, TokenTurns) and not self._past_max_turns(state):
+                messages, tools = request.message_dicts(), request.tool_dicts()
+                keys = [message_key(m) for m in messages]
+                pieces = self._turns.stream(state, request, messages, keys, tools)
+                async with contextlib.aclosing(pieces):
+                    async for piece in pieces:
+                        if isinstance(piece, ChatResult):
+                            answered.append(piece)
+                        yield piece
+            else:
+                answered.append(await self._chat(state, request))
+                for piece in closing_pieces(answered[0]):
+                    yield piece
+            if answered:
+                span.set(_turn_outcome(answered[0]))
+
+    def _open_turn(
+        self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
+    ) -> tuple[RolloutState, ChatCompletionRequest]:
         state = self._get(rollout_id)
         if isinstance(request, dict):
             request = parse_model(ChatCompletionRequest, request)
         if state.cancelled:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
-        state.busy += 1  # a busy rollout never expires
-        turn, started, result = state.turns_started, time.perf_counter(), None
+        return state, request
+
+    @contextlib.contextmanager
+    def _busy(self, state: RolloutState) -> Iterator[list[ChatResult]]:
+        """A chat call running: the rollout cannot expire, and listeners hear it start and
+        finish (with the answer the caller puts in the list, or as an error)."""
+        state.busy += 1
+        turn, started, answered = state.turns_started, time.perf_counter(), list[ChatResult]()
         if self.events:
-            self.events(TurnStarted(rollout_id=rollout_id, turn=turn))
+            self.events(TurnStarted(rollout_id=state.rollout_id, turn=turn))
         try:
-            with tracing.span(
-                "rollway.gateway.turn",
-                _turn_attributes(rollout_id, turn),
-                parent=state.trace_parent,
-            ) as span:
-                result = await self._chat(state, request)
-                span.set(_turn_outcome(result))
-            return result
+            yield answered
         finally:
             state.busy -= 1
             state.last_active = time.monotonic()
             if self.events:
-                self.events(_turn_finished(rollout_id, turn, result, time.perf_counter() - started))
+                latency = time.perf_counter() - started
+                result = answered[0] if answered else None
+                self.events(_turn_finished(state.rollout_id, turn, result, latency))
+
+    def _past_max_turns(self, state: RolloutState) -> bool:
+        return state.max_turns is not None and state.turns_started >= state.max_turns
 
     async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> ChatResult:
         messages, tools = request.message_dicts(), request.tool_dicts()
         keys = [message_key(m) for m in messages]
-        if state.max_turns is not None and state.turns_started >= state.max_turns:
+        if self._past_max_turns(state):
             if state.mark_truncated("max_turns"):
                 self.metrics.truncated(state.rollout_id, "max_turns")
             self.metrics.turns.labels("length").inc()

@@ -1,19 +1,24 @@
 """Every engine call a turn makes: tracked as in flight (so a cancel can abort it), its
-failures counted and remembered on the rollout, and its metrics recorded."""
+failures counted and remembered on the rollout, and its metrics recorded. A turn is sampled
+whole (``sample``) or streamed (``sample_stream``)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import anyio
+
 from rollway import tracing
 from rollway.engines.base import Engine
+from rollway.engines.streaming import collect, stream_generation
 from rollway.errors import EngineError, RequestError
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.rollout_state import RolloutState
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import GenerationChunk, GenerationResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +86,74 @@ class EngineCalls:
             # a new id, because an engine may still hold the old one.
             self.metrics.turns_reissued.inc()
             sent_as = f"{request_id}.{reissued + 1}"
+        self._too_many_aborts(state, request_id)
+
+    async def sample_stream(
+        self,
+        engine: Engine,
+        state: RolloutState,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+    ) -> AsyncIterator[GenerationChunk | Sampled]:
+        """``sample``, streamed: the engine's chunks as they come, then the ``Sampled`` turn.
+
+        When the engine aborts it for someone else (a pause in abort mode), the tokens it gave
+        stay (a client may have been shown them): the generation goes on from the prompt plus
+        those tokens, with what is left of ``max_tokens``, and the turn records them all, each
+        with the version that sampled it. Closing the stream early aborts the request."""
+        sent_as, spent, kept = request_id, 0.0, list[GenerationChunk]()
+        for reissued in range(self.max_reissues + 1):
+            so_far = [i for c in kept for i in c.output_ids]
+            left = None if sampling.max_tokens is None else sampling.max_tokens - len(so_far)
+            if left is not None and left <= 0:  # the abort came after the last token
+                kept.append(GenerationChunk([], [], "length", None, kept[-1].logprob_kind))
+                break
+            started, aborted, given = time.perf_counter(), False, 0
+            chunks = stream_generation(
+                engine, prompt_ids + so_far, sampling.replace(max_tokens=left), sent_as
+            )
+            async with self._streaming(engine, state, sent_as), contextlib.aclosing(chunks):
+                async for chunk in chunks:
+                    given += len(chunk.output_ids)
+                    aborted = chunk.finish_reason == "abort" and not state.cancelled
+                    if aborted:  # its tokens are kept; the generation goes on below
+                        chunk = dataclasses.replace(chunk, finish_reason=None)
+                    kept.append(chunk)
+                    yield chunk
+            latency = time.perf_counter() - started
+            spent += latency
+            self._observe(latency, len(prompt_ids) + len(so_far), given)
+            if not aborted:
+                break
+            self.metrics.turns_reissued.inc()
+            sent_as = f"{request_id}.{reissued + 1}"
+        else:
+            self._too_many_aborts(state, request_id)
+        try:
+            result = collect(kept)
+        except EngineError as error:
+            self.failed(state, error)
+            raise
+        yield Sampled(result, spent, sent_as, reissued)
+
+    @contextlib.asynccontextmanager
+    async def _streaming(
+        self, engine: Engine, state: RolloutState, request_id: str
+    ) -> AsyncIterator[None]:
+        """``track``, and an abort for a stream its reader left (a client that went away):
+        shielded, since an HTTP server cancels the reader."""
+        finished = False
+        try:
+            async with self.track(state, request_id):
+                yield
+            finished = True
+        finally:
+            if not finished:
+                with anyio.CancelScope(shield=True):
+                    await engine.abort(request_id)
+
+    def _too_many_aborts(self, state: RolloutState, request_id: str) -> None:
         error = EngineError(
             f"the engine aborted turn {request_id} {self.max_reissues + 1} times; "
             "is something pausing it in abort mode over and over?"
@@ -101,10 +174,13 @@ class EngineCalls:
             with tracing.span("rollway.engine.request", _request_attributes(engine, request_id)):
                 result = await engine.generate(prompt_ids, sampling, request_id)
         latency = time.perf_counter() - started
-        self.metrics.turn_latency.observe(latency)
-        self.metrics.tokens.labels("prompt").inc(len(prompt_ids))
-        self.metrics.tokens.labels("completion").inc(len(result.output_ids))
+        self._observe(latency, len(prompt_ids), len(result.output_ids))
         return result, latency
+
+    def _observe(self, latency: float, prompt_tokens: int, completion_tokens: int) -> None:
+        self.metrics.turn_latency.observe(latency)
+        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels("completion").inc(completion_tokens)
 
 
 def _request_attributes(engine: Engine, request_id: str) -> dict[str, str]:

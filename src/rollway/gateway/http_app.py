@@ -13,15 +13,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from rollway import tracing
 from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
+from rollway.gateway.anthropic import error_event as anthropic_error_event
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
-from rollway.gateway.chat_bodies import completion_body, logprobs_body, sse_events
+from rollway.gateway.chat_bodies import completion_body, error_event, logprobs_body, sse_events
 from rollway.gateway.core import Gateway
+from rollway.gateway.event_stream import EventStream, first_awaited
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
     PauseRequest,
@@ -29,9 +31,11 @@ from rollway.gateway.request_schema import (
     WeightUpdateRequest,
 )
 from rollway.gateway.responses_api import ResponsesRequest, response_body
+from rollway.gateway.responses_api import error_event as responses_error_event
 from rollway.gateway.responses_api import sse_events as responses_sse
+from rollway.gateway.turn_stream import TurnPiece
 from rollway.ids import SafeId, keys_match
-from rollway.types import Trajectory
+from rollway.types import ChatResult, Trajectory
 from rollway.web.handlers import (
     DEFAULT_MAX_BODY_BYTES,
     JSONResponse,
@@ -76,24 +80,28 @@ def create_app(
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, bearer(request))
         body = parse_model(ChatCompletionRequest, await read_body(request))
-        result = await gateway.chat(rollout_id, body)
         model = body.model or gateway.model_name
-        logprobs = logprobs_body(result, gateway.renderer.decode_one) if body.logprobs else None
+
+        def logprobs(result: ChatResult) -> dict[str, Any] | None:
+            return logprobs_body(result, gateway.renderer.decode_one) if body.logprobs else None
+
         if body.stream:
+            pieces = await first_awaited(gateway.chat_stream(rollout_id, body))
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = sse_events(result, model, logprobs, include_usage, body.return_token_ids)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(completion_body(result, model, logprobs, body.return_token_ids))
+            events = sse_events(pieces, model, logprobs, include_usage, body.return_token_ids)
+            return EventStream(events, error_event)
+        result = await gateway.chat(rollout_id, body)
+        return JSONResponse(completion_body(result, model, logprobs(result), body.return_token_ids))
 
     async def messages(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, bearer(request))
         body = parse_model(MessagesRequest, await read_body(request))
-        result = await gateway.chat(rollout_id, body.to_chat())
         model = body.model or gateway.model_name
         if body.stream:
-            events = anthropic_sse_events(result, model)
-            return StreamingResponse(events, media_type="text/event-stream")
+            pieces = await first_awaited(gateway.chat_stream(rollout_id, body.to_chat()))
+            return EventStream(anthropic_sse_events(pieces, model), anthropic_error_event)
+        result = await gateway.chat(rollout_id, body.to_chat())
         return JSONResponse(message_body(result, model))
 
     async def responses(request: Request) -> Response:
@@ -101,13 +109,25 @@ def create_app(
         gateway.authorize(rollout_id, bearer(request))
         body = parse_model(ResponsesRequest, await read_body(request))
         history = gateway.response_history(rollout_id, body.previous_response_id)
-        result = await gateway.chat(rollout_id, body.to_chat(history))
-        response_id = f"resp_{uuid.uuid4().hex}"
-        gateway.remember_response(rollout_id, response_id)
-        answer = response_body(result, body.model or gateway.model_name, response_id, body)
+        response_id, model = f"resp_{uuid.uuid4().hex}", body.model or gateway.model_name
         if body.stream:
-            return StreamingResponse(responses_sse(answer), media_type="text/event-stream")
-        return JSONResponse(answer)
+            pieces = gateway.chat_stream(rollout_id, body.to_chat(history))
+            remembered = await first_awaited(_remembering(pieces, rollout_id, response_id))
+            events = responses_sse(remembered, model, response_id, body)
+            return EventStream(events, responses_error_event)
+        result = await gateway.chat(rollout_id, body.to_chat(history))
+        gateway.remember_response(rollout_id, response_id)
+        return JSONResponse(response_body(result, model, response_id, body))
+
+    async def _remembering(
+        pieces: AsyncIterator[TurnPiece], rollout_id: str, response_id: str
+    ) -> AsyncIterator[TurnPiece]:
+        """The turn's pieces; its answer names the conversation, as the JSON route does."""
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                if isinstance(piece, ChatResult):
+                    gateway.remember_response(rollout_id, response_id)
+                yield piece
 
     async def models(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]

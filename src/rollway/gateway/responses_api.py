@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from rollway.errors import RollwayError
 from rollway.gateway.chat_template import Message
+from rollway.gateway.turn_stream import ContentDelta, TurnPiece
 from rollway.types import ChatResult
+from rollway.web.handlers import error_body
 
 
 class _Lenient(BaseModel):
@@ -171,7 +174,11 @@ def _text(content: str | list[InputText]) -> str:
 
 
 def response_body(
-    result: ChatResult, model: str, response_id: str, request: ResponsesRequest
+    result: ChatResult,
+    model: str,
+    response_id: str,
+    request: ResponsesRequest,
+    message_id: str | None = None,
 ) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if result.message.get("content"):
@@ -179,7 +186,7 @@ def response_body(
         output.append(
             {
                 "type": "message",
-                "id": f"msg_{uuid.uuid4().hex}",
+                "id": message_id or f"msg_{uuid.uuid4().hex}",
                 "status": "completed",
                 "role": "assistant",
                 "content": [text],
@@ -204,15 +211,25 @@ def response_body(
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
     }
+    return _pending(model, response_id, request) | {
+        "status": "incomplete" if incomplete else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "output": output,
+        "usage": usage,
+    }
+
+
+def _pending(model: str, response_id: str, request: ResponsesRequest) -> dict[str, Any]:
+    """The response before its answer: what the request alone says."""
     return {
         "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
-        "status": "incomplete" if incomplete else "completed",
-        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "status": "in_progress",
+        "incomplete_details": None,
         "error": None,
         "model": model,
-        "output": output,
+        "output": [],
         "instructions": request.instructions,
         "tools": request.tool_dicts(),
         "tool_choice": request.tool_choice or "auto",
@@ -220,37 +237,58 @@ def response_body(
         "temperature": request.temperature,
         "top_p": request.top_p,
         "metadata": request.metadata or {},
-        "usage": usage,
+        "usage": None,
     }
 
 
-def sse_events(body: dict[str, Any]) -> Iterator[bytes]:
-    """The response as Responses API stream events, in the order the openai SDK expects."""
+async def sse_events(
+    pieces: AsyncIterator[TurnPiece], model: str, response_id: str, request: ResponsesRequest
+) -> AsyncIterator[bytes]:
+    """A streamed turn as Responses API events, in the order the openai SDK expects: the
+    message item's text deltas as the tokens come, then each function call item."""
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **data: Any) -> bytes:
         payload = {"type": kind, "sequence_number": next(sequence), **data}
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
-    pending = body | {"status": "in_progress", "output": [], "usage": None}
+    pending = _pending(model, response_id, request)
     yield event("response.created", response=pending)
     yield event("response.in_progress", response=pending)
+    message_id = f"msg_{uuid.uuid4().hex}"
+    where = {"item_id": message_id, "output_index": 0, "content_index": 0}
+    opened = False
+    async for piece in pieces:
+        if isinstance(piece, ChatResult):
+            result = piece
+        elif isinstance(piece, ContentDelta):
+            if not opened:
+                item = {"type": "message", "id": message_id, "status": "in_progress",
+                        "role": "assistant", "content": []}  # fmt: skip
+                yield event("response.output_item.added", output_index=0, item=item)
+                part = {"type": "output_text", "text": "", "annotations": []}
+                yield event("response.content_part.added", **where, part=part)
+                opened = True
+            yield event("response.output_text.delta", **where, delta=piece.text, logprobs=[])
+    body = response_body(result, model, response_id, request, message_id)
     for index, item in enumerate(body["output"]):
         if item["type"] == "message":
-            yield event("response.output_item.added", output_index=index,
-                        item=item | {"status": "in_progress", "content": []})  # fmt: skip
             part = item["content"][0]
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield event("response.content_part.added", **where, part=part | {"text": ""})
-            yield event("response.output_text.delta", **where, delta=part["text"], logprobs=[])
             yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
             yield event("response.content_part.done", **where, part=part)
         else:
             yield event("response.output_item.added", output_index=index,
                         item=item | {"status": "in_progress", "arguments": ""})  # fmt: skip
-            where = {"item_id": item["id"], "output_index": index}
-            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            yield event("response.function_call_arguments.done", **where,
+            at = {"item_id": item["id"], "output_index": index}
+            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **at,
                         arguments=item["arguments"], name=item["name"])  # fmt: skip
         yield event("response.output_item.done", output_index=index, item=item)
     yield event("response.completed", response=body)
+
+
+def error_event(error: RollwayError) -> bytes:
+    """An error after the stream began, as the openai SDK raises it."""
+    payload = {"type": "error", "code": type(error).__name__, "message": error.message,
+               "param": error.param} | error_body(error)  # fmt: skip
+    return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"

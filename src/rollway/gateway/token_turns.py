@@ -4,6 +4,9 @@ the exact ids and logprobs the engine gave."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import Engine
@@ -16,7 +19,22 @@ from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
 from rollway.gateway.tool_calls import ParsedToolCalls, parse_tool_calls
+from rollway.gateway.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
 from rollway.types import ChatResult, GenerationResult, SamplingParams, Turn
+
+
+@dataclass(frozen=True, slots=True)
+class _PlannedTurn:
+    """A turn ready for the engine: its prompt, sampling and request id, and the request's
+    conversation, which it closes once answered."""
+
+    plan: PromptPlan
+    sampling: SamplingParams
+    request_id: str
+    use_tools: bool
+    messages: list[Message]
+    keys: list[MessageKey]
+    tools: list[dict[str, Any]] | None
 
 
 class TokenTurns:
@@ -46,6 +64,54 @@ class TokenTurns:
         keys: list[MessageKey],
         tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
+        turn = await self._plan(state, request, messages, keys, tools)
+        if isinstance(turn, ChatResult):
+            return turn
+        prompt_ids = turn.plan.prompt_ids
+        sampled = await self.calls.sample(
+            self.engine, state, turn.request_id, prompt_ids, turn.sampling
+        )
+        return self._finish(state, turn, sampled)
+
+    async def stream(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        messages: list[Message],
+        keys: list[MessageKey],
+        tools: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[TurnPiece]:
+        """``answer`` as the tokens come: content deltas, then the rest of the answer and the
+        ``ChatResult``, recorded from the collected chunks exactly as ``answer`` records."""
+        turn = await self._plan(state, request, messages, keys, tools)
+        if isinstance(turn, ChatResult):
+            for piece in closing_pieces(turn):
+                yield piece
+            return
+        text = TurnText(self.renderer, turn.sampling.stop, turn.use_tools, self._special_ids)
+        sampled = None
+        chunks = self.calls.sample_stream(
+            self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
+        )
+        async with contextlib.aclosing(chunks):
+            async for piece in chunks:
+                if isinstance(piece, Sampled):
+                    sampled = piece
+                elif delta := text.push(piece.output_ids):
+                    yield ContentDelta(delta)
+        assert sampled is not None  # sample_stream ends with it or raises
+        for piece in closing_pieces(self._finish(state, turn, sampled), text.sent):
+            yield piece
+
+    async def _plan(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        messages: list[Message],
+        keys: list[MessageKey],
+        tools: list[dict[str, Any]] | None,
+    ) -> _PlannedTurn | ChatResult:
+        """The turn's prompt and sampling, or the answer made without the engine."""
         try:
             plan = await plan_prompt(
                 self.renderer, state, messages, keys, tools, self._prompt_budget(state)
@@ -56,20 +122,22 @@ class TokenTurns:
         if state.max_seq_len is not None:
             room = state.max_seq_len - len(plan.prompt_ids)
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
-        request_id = state.begin_turn()
-        sampled = await self.calls.sample(self.engine, state, request_id, plan.prompt_ids, sampling)
-        result = sampled.result
+        use_tools = bool(tools) and request.tool_choice != "none"
+        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, messages, keys, tools)
+
+    def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
+        """Record the sampled turn and make its answer."""
+        plan, result = turn.plan, sampled.result
         if (
             result.finish_reason == "length"
             and state.max_seq_len is not None
             and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
         ):
             self.truncate(state, "max_seq_len")
-        use_tools = bool(tools) and request.tool_choice != "none"
-        parsed = self._parse(result, sampling, use_tools)
-        turn = self._record(state, plan, sampling, sampled, parsed)
+        parsed = self._parse(result, turn.sampling, turn.use_tools)
+        recorded = self._record(state, plan, turn.sampling, sampled, parsed)
         message = _assistant_message(parsed)
-        state.close_turn(messages, keys, message, tools)
+        state.close_turn(turn.messages, turn.keys, message, turn.tools)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"
@@ -78,7 +146,8 @@ class TokenTurns:
         self.metrics.turns.labels(finish).inc()
         return ChatResult(
             message, finish, len(plan.prompt_ids), len(result.output_ids),
-            completion_ids=result.output_ids, logprobs=result.logprobs, turn_index=turn.index,
+            completion_ids=result.output_ids, logprobs=result.logprobs,
+            turn_index=recorded.index,
         )  # fmt: skip
 
     def truncate(self, state: RolloutState, reason: str) -> None:

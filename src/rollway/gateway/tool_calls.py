@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_OPEN_TAG = "<tool_call>"
+OPEN_TAG = "<tool_call>"
 
 
 def tool_system_prompt(tools: list[dict[str, Any]]) -> str:
@@ -62,7 +62,7 @@ class ParsedToolCalls:
 
 def parse_tool_calls(text: str) -> ParsedToolCalls:
     """Split Hermes ``<tool_call>`` blocks out of ``text``; on any bad block keep the text whole."""
-    if _OPEN_TAG not in text:
+    if OPEN_TAG not in text:
         return ParsedToolCalls(text)
     calls = []
     for match in _TOOL_CALL.finditer(text):
@@ -70,7 +70,7 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         if error is not None:
             return ParsedToolCalls(text, error=error)
         calls.append(call)
-    if text.count(_OPEN_TAG) != len(calls):
+    if text.count(OPEN_TAG) != len(calls):
         return ParsedToolCalls(text, error="unterminated <tool_call> block")
     return ParsedToolCalls(_TOOL_CALL.sub("", text).strip(), calls)
 

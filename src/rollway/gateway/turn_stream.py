@@ -1,0 +1,129 @@
+"""A streamed turn's text, as the tokens come: what may be shown to the client now.
+
+``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not
+keep: an incomplete character, a trailing special token (``TokenTurns._parse`` strips one that
+ends a stop), text that could begin a stop string, and, when tools are offered, everything
+from where a ``<tool_call>`` tag could begin plus whitespace the parse may strip. Tool calls
+are handed out once the whole answer is parsed: a later bad block makes the parse keep the
+text whole, so a call sent earlier could turn out not to exist. At the end, ``rest`` gives
+what the recorded content adds to what was sent, so the deltas always add up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.tool_calls import OPEN_TAG
+from rollway.types import ChatResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """Text of the answer's content, in order: the deltas of a turn add up to its content."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """One whole tool call of the answer, as recorded (OpenAI-shaped)."""
+
+    index: int
+    call: dict[str, Any]
+
+
+#: What a streamed turn hands out: deltas, then the ``ChatResult`` (always last).
+TurnPiece = ContentDelta | ToolCallDelta | ChatResult
+
+
+def closing_pieces(result: ChatResult, sent: str = "") -> Iterator[TurnPiece]:
+    """The end of a streamed turn: the content not yet sent, each tool call, the result."""
+    content = result.message.get("content") or ""
+    if not content.startswith(sent):  # a tokenizer whose decoding is not prefix-stable
+        log.warning("a streamed answer's text differs from its recorded content")
+    elif len(content) > len(sent):
+        yield ContentDelta(content[len(sent) :])
+    for index, call in enumerate(result.message.get("tool_calls") or []):
+        yield ToolCallDelta(index, call)
+    yield result
+
+
+class TurnText:
+    """The shown text of one streamed answer. ``push`` takes the next tokens and returns the
+    text now safe to show; ``sent`` is all it showed."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        stop: list[str],
+        tools: bool,
+        special_ids: frozenset[int],
+    ) -> None:
+        self._renderer = renderer
+        self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
+        self._tools = tools
+        self._special_ids = special_ids
+        self._ids: list[int] = []
+        self._held_special: int | None = None
+        # Incremental decoding as vLLM and tokenizers' DecodeStream do it (the text of the ids
+        # from ``_prefix`` on, less that of those before ``_read``, is what they add), but with
+        # the renderer's own decode: the text the recorded turn is parsed from.
+        self._prefix = 0
+        self._read = 0
+        self._text = ""  # decoded so far (complete characters only)
+        self._closed = False  # a stop string or a tool call began: nothing more is shown
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        for token_id in ids:
+            # A special token is held: if it ends the answer the parse strips it.
+            if self._held_special is not None:
+                self._decode(self._held_special)
+            self._held_special = None
+            if token_id in self._special_ids:
+                self._held_special = token_id
+            else:
+                self._decode(token_id)
+        return self._release()
+
+    def _decode(self, token_id: int) -> None:
+        self._ids.append(token_id)
+        before = self._renderer.decode(self._ids[self._prefix : self._read])
+        after = self._renderer.decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self._text += after[len(before) :]
+            self._prefix, self._read = self._read, len(self._ids)
+
+    def _release(self) -> str:
+        text = self._text
+        # With tools, leading whitespace is kept only if no call parses: it waits for the end.
+        if self._closed or (self._tools and text[:1].isspace()):
+            return ""
+        starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)
+        found = [at for at in starts if at >= 0]
+        end = min(found) if found else _unambiguous_end(text, len(self.sent), self._holds)
+        self._closed = bool(found)
+        if self._tools:  # the parse strips the content around tool calls
+            end = len(text[:end].rstrip())
+        if end <= len(self.sent):
+            return ""
+        delta = text[len(self.sent) : end]
+        self.sent += delta
+        return delta
+
+
+def _unambiguous_end(text: str, start: int, holds: list[str]) -> int:
+    """Where the text stops being shown: before the earliest suffix that could begin one of
+    ``holds`` (a stop string or a tool-call tag that more tokens may complete)."""
+    longest = max((len(h) for h in holds), default=0)
+    for at in range(max(start, len(text) - longest + 1), len(text)):
+        tail = text[at:]
+        if any(h.startswith(tail) for h in holds):
+            return at
+    return len(text)

@@ -1,0 +1,66 @@
+"""A streamed answer's shown text: incomplete characters, a final special token, stop strings
+and tool-call tags are held back, and what is shown is always where the recorded content
+begins."""
+
+from __future__ import annotations
+
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.tool_calls import parse_tool_calls
+from rollway.gateway.turn_stream import TurnText
+
+
+def shown(renderer: ChatRenderer, text: str, stop: list[str], tools: bool) -> list[str]:
+    """What TurnText shows after each token of ``text``, fed one id at a time."""
+    specials = frozenset(renderer.tokenizer.all_special_ids)
+    turn_text = TurnText(renderer, stop, tools, specials)
+    return [turn_text.push([i]) for i in renderer.encode(text)]
+
+
+def test_multibyte_characters_are_shown_only_once_complete(renderer: ChatRenderer) -> None:
+    text = "héllo 世界 🎉 done"
+    deltas = shown(renderer, text, [], tools=False)
+    assert len(renderer.encode("🎉")) > 1  # the emoji spans tokens: a held piece is tested
+    assert "".join(deltas) == text
+    assert not any("\ufffd" in d for d in deltas)
+
+
+def test_a_final_special_token_is_never_shown_but_a_middle_one_is(
+    renderer: ChatRenderer,
+) -> None:
+    eos = renderer.tokenizer.eos_token_id
+    specials = frozenset(renderer.tokenizer.all_special_ids)
+    turn_text = TurnText(renderer, [], False, specials)
+    ids = renderer.encode("Hi there")
+    assert turn_text.push([*ids, eos]) == "Hi there"  # the eos waits: it may end the answer
+    more = turn_text.push(renderer.encode(" again"))
+    assert more == renderer.tokenizer.eos_token + " again"
+
+
+def test_text_that_may_begin_a_stop_string_waits_and_the_stop_is_never_shown(
+    renderer: ChatRenderer,
+) -> None:
+    text = "one two three STOP four"
+    deltas = shown(renderer, text, ["STOP"], tools=False)
+    assert "".join(deltas) == "one two three "
+    # " ST" could have begun the stop: no delta ends with a prefix of it.
+    assert not any(d.endswith(("S", "ST", "STO")) for d in deltas)
+    partial = shown(renderer, "one STAR two", ["STOP"], tools=False)
+    assert "".join(partial) == "one STAR two"  # a false start is shown once it is one
+
+
+def test_with_tools_content_stops_where_a_call_begins_and_adds_up_to_the_parse(
+    renderer: ChatRenderer,
+) -> None:
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    text = f"Let me add.\n{call}"
+    deltas = shown(renderer, text, [], tools=True)
+    joined = "".join(deltas)
+    assert joined == "Let me add."
+    assert parse_tool_calls(text).content.startswith(joined)
+    assert not any("<" in d for d in deltas)
+
+
+def test_with_tools_leading_whitespace_waits_for_the_parse(renderer: ChatRenderer) -> None:
+    # Kept when no call parses, stripped when one does: nothing is shown before the end.
+    assert "".join(shown(renderer, "\n  hello", [], tools=True)) == ""
+    assert "".join(shown(renderer, "\n  hello", [], tools=False)) == "\n  hello"
