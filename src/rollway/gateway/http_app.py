@@ -23,7 +23,6 @@ from rollway.gateway.anthropic import error_event as anthropic_error_event
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.chat_bodies import completion_body, error_event, logprobs_body, sse_events
 from rollway.gateway.core import Gateway
-from rollway.gateway.event_stream import EventStream, first_awaited
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
     PauseRequest,
@@ -33,6 +32,7 @@ from rollway.gateway.request_schema import (
 from rollway.gateway.responses_api import ResponsesRequest, response_body
 from rollway.gateway.responses_api import error_event as responses_error_event
 from rollway.gateway.responses_api import sse_events as responses_sse
+from rollway.gateway.sse_response import EventStream, first_awaited
 from rollway.gateway.turn_stream import TurnPiece
 from rollway.ids import SafeId, keys_match
 from rollway.types import ChatResult, Trajectory
