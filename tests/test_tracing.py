@@ -429,3 +429,31 @@ def test_a_ray_worker_traces_when_its_client_does(tmp_path: Path) -> None:
     done = run_python(code, OTEL_TRACES_EXPORTER="none", ROLLWAY_TRACE="")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
+
+
+async def test_a_streamed_turn_is_one_span_under_the_requests_trace(
+    spans: InMemorySpanExporter, renderer: ChatRenderer, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = sim_gateway(renderer, output_len=6, per_token_s=0.01)
+    app = create_app(gateway, admin_key="admin", close_engine=False)
+    server = LoopServer(app)
+    url = await server.start()
+    parent = f"00-{'4' * 32}-{'5' * 16}-01"
+    try:
+        key = gateway.register("r", {"max_tokens": 6}).api_key
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+        headers = {"Authorization": f"Bearer {key}", "traceparent": parent}
+        async with httpx.AsyncClient() as http:
+            async with http.stream(
+                "POST", f"{url}/v1/rollouts/r/chat/completions", json=body, headers=headers
+            ) as answer:
+                events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
+        assert answer.status_code == 200 and events[-1] == "data: [DONE]"
+    finally:
+        await server.stop()
+    (turn,) = named(spans, "rollway.gateway.turn")
+    assert turn.attributes is not None and turn.attributes["rollway.stream"] is True
+    assert turn.attributes["gen_ai.usage.output_tokens"] == 6
+    assert f"{turn.context.trace_id:032x}" == "4" * 32 and parent_id(turn) == int("5" * 16, 16)
+    # The span was never made current across the stream's yields: nothing to detach wrongly.
+    assert not [r for r in caplog.records if "detach" in r.getMessage().lower()]
