@@ -443,11 +443,13 @@ async def test_a_streamed_turn_is_one_span_under_the_requests_trace(
         key = gateway.register("r", {"max_tokens": 6}).api_key
         body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
         headers = {"Authorization": f"Bearer {key}", "traceparent": parent}
-        async with httpx.AsyncClient() as http:
-            async with http.stream(
+        async with (
+            httpx.AsyncClient() as http,
+            http.stream(
                 "POST", f"{url}/v1/rollouts/r/chat/completions", json=body, headers=headers
-            ) as answer:
-                events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
+            ) as answer,
+        ):
+            events = [line async for line in answer.aiter_lines() if line.startswith("data:")]
         assert answer.status_code == 200 and events[-1] == "data: [DONE]"
     finally:
         await server.stop()
