@@ -147,26 +147,33 @@ def start_llama(args: argparse.Namespace, n_threads: int) -> LlamaWorker | None:
         return None
 
 
+def spread(rates: list[float]) -> str:
+    """The median and, over several runs, the range: a busy machine shows as a wide one."""
+    median = f"{statistics.median(rates):.1f}"
+    return median if len(rates) < 2 else f"{median} ({min(rates):.0f}-{max(rates):.0f})"
+
+
 def report(
     runs: dict[tuple[str, int], list[Run]], concurrencies: list[int], compare_tokens: int
 ) -> None:
-    print(f"\n{'concurrency':>11} {'rollway tok/s':>14} {'llama.cpp tok/s':>16} {'ratio':>6}  "
+    print(f"\n{'concurrency':>11} {'rollway tok/s':>18} {'llama.cpp tok/s':>18} {'ratio':>6}  "
           f"first {compare_tokens} ids equal  mean common prefix")  # fmt: skip
     for concurrency in concurrencies:
         ours = [r.tokens_per_s for r in runs[("rollway", concurrency)]]
-        line = f"{concurrency:>11} {statistics.median(ours):14.1f}"
+        line = f"{concurrency:>11} {spread(ours):>18}"
         theirs_runs = runs.get(("llama.cpp", concurrency))
         if theirs_runs:
-            theirs = statistics.median(r.tokens_per_s for r in theirs_runs)
+            theirs = [r.tokens_per_s for r in theirs_runs]
+            ratio = statistics.median(ours) / statistics.median(theirs)
+            # Greedy outputs are the same in every repetition: the first one is compared.
             equal, prefix = agreement(
                 runs[("rollway", concurrency)][0].outputs, theirs_runs[0].outputs, compare_tokens
             )
-            line += f" {theirs:16.1f} {statistics.median(ours) / theirs:6.2f}  "
-            line += f"{equal:>21.0%}  {prefix:>18.1f}"
+            line += f" {spread(theirs):>18} {ratio:6.2f}  {equal:>21.0%}  {prefix:>18.1f}"
         print(line)
-    print("\ntok/s: generated tokens / wall time of a run (median over repetitions); ratio: "
-          "rollway / llama.cpp. llama.cpp answers the prompts one after another at every "
-          "concurrency (one Llama object); rollway batches them.")  # fmt: skip
+    print("\ntok/s: generated tokens / wall time of a run, median (range) over repetitions; "
+          "ratio: of the medians, rollway / llama.cpp. llama.cpp answers the prompts one after "
+          "another at every concurrency (one Llama object); rollway batches them.")  # fmt: skip
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -194,9 +201,15 @@ async def main(args: argparse.Namespace) -> None:
                 runs.setdefault(("rollway", concurrency), []).append(run)
                 line = f"  c={concurrency}: rollway {run.tokens_per_s:.1f} tok/s"
                 if llama is not None:
-                    run = llama.run(prompts, args.max_tokens, stop_ids)
-                    runs.setdefault(("llama.cpp", concurrency), []).append(run)
-                    line += f", llama.cpp (one request at a time) {run.tokens_per_s:.1f} tok/s"
+                    try:
+                        run = llama.run(prompts, args.max_tokens, stop_ids)
+                    except Unavailable as error:
+                        print(f"llama.cpp: stopped, {error}")
+                        llama.close()
+                        llama = None
+                    else:
+                        runs.setdefault(("llama.cpp", concurrency), []).append(run)
+                        line += f", llama.cpp (one request at a time) {run.tokens_per_s:.1f} tok/s"
                 print(line, flush=True)
         report(runs, args.concurrency, args.compare_tokens)
     finally:
