@@ -20,6 +20,8 @@ rollway/llama.cpp, and how far the greedy token ids agree: rollway computes in f
 de-quantized weights and llama.cpp in its quantized kernels, so near-ties may flip; the share
 of prompts whose first --compare-tokens ids are equal and the mean common prefix length.
 
+The full run takes about 10 minutes on 2 cores (mostly rollway one request at a time),
+--quick (1 repetition, 24 tokens) about one.
 Usage: python benchmarks/llamacpp_compare.py [--quick] [--reps N] [--max-tokens N]
        [--concurrency 1 16] [--compare-tokens N] [--skip-llamacpp]
 """
@@ -36,8 +38,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-# Run as a script or imported by the tests: its sibling benchmarks import the same way.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Its sibling benchmarks, whether run as a script or imported by the tests (appended: nothing
+# else is shadowed by their names).
+sys.path.append(str(Path(__file__).resolve().parent))
 
 import torch
 
