@@ -4,6 +4,7 @@ and `rollway gateway` takes the limits as options."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import subprocess
@@ -17,7 +18,11 @@ import pytest
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
 from rollway.web.background_server import BackgroundServer
-from rollway.web.uvicorn_server import ServerLimits
+from rollway.web.uvicorn_server import (
+    SERVING_GC_THRESHOLD,
+    ServerLimits,
+    tune_collector_for_serving,
+)
 from tests.conftest import Served
 from tests.gateway.slow_clients import IdleClients
 
@@ -100,3 +105,18 @@ def test_the_gateway_command_takes_the_limits() -> None:
                 assert len(idle.closed_after) == idle.count
         finally:
             proc.terminate()
+
+
+def test_a_serving_process_freezes_what_start_up_made_and_collects_young_objects_less_often():
+    before = gc.get_threshold()
+    made_at_start_up = [[i] for i in range(1000)]
+    try:
+        tune_collector_for_serving()
+        assert gc.get_threshold() == SERVING_GC_THRESHOLD
+        assert SERVING_GC_THRESHOLD[0] > before[0]
+        # Everything alive now sits in the permanent generation, out of every collection.
+        assert gc.get_freeze_count() >= len(made_at_start_up)
+        assert not any(gc.is_tracked(x) and x in gc.get_objects(0) for x in made_at_start_up[:3])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)

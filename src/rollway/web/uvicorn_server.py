@@ -11,6 +11,7 @@ such clients starve the server. ``RequestDeadlineProtocol`` adds that deadline.
 from __future__ import annotations
 
 import asyncio
+import gc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,6 +102,22 @@ def uvicorn_config(app: ASGIApp, limits: ServerLimits, **options: Any) -> uvicor
     )
 
 
+#: The young generation's threshold for a serving process (CPython's default is 700 objects).
+SERVING_GC_THRESHOLD = (50_000, 20, 100)
+
+
+def tune_collector_for_serving() -> None:
+    """Make the garbage collector cheap for a long-lived server: what start-up made (a
+    tokenizer, the libraries: hundreds of thousands of objects) is frozen out of every later
+    collection, and young collections run less often. Requests waiting on an engine keep their
+    objects alive long enough to be promoted, which under CPython's defaults made a third of a
+    gateway's CPU per turn go to collections that found nothing to free."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*SERVING_GC_THRESHOLD)
+
+
 def run_server(app: ASGIApp, limits: ServerLimits, *, host: str, port: int) -> None:
     """Serve ``app`` until interrupted (the CLI's servers)."""
+    tune_collector_for_serving()
     uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level="warning")).run()
