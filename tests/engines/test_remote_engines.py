@@ -12,9 +12,11 @@ import httpx
 import pytest
 
 from rollway.engines.remote_client import RemoteClient
-from rollway.engines.sglang import SGLangEngine, parse_generate_response
+from rollway.engines.sglang import SGLangEngine
+from rollway.engines.sglang_wire import parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.engines.vllm import VLLMEngine, parse_completion
+from rollway.engines.vllm import VLLMEngine
+from rollway.engines.vllm_wire import parse_completion
 from rollway.errors import EngineConnectError, EngineError, RolloutClosedError
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer

@@ -93,7 +93,7 @@ async def chunks_of(stream: AsyncIterator[GenerationChunk]) -> list[GenerationCh
 async def test_streamed_chunks_put_together_are_what_generate_returns(
     kind: str, options: dict[str, Any]
 ) -> None:
-    with serve(kind, options, SimConfig(output_len=10, per_token_s=0.01)) as served:
+    with serve(kind, options, SimConfig(output_len=10, per_token_s=0.05)) as served:
         engine = served.engine
         try:
             assert isinstance(engine, StreamingEngine)

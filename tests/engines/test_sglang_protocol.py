@@ -18,7 +18,8 @@ from rollway.engines import engine_from_spec
 from rollway.engines.base import WeightSync
 from rollway.engines.remote_client import token_cap
 from rollway.engines.router import RoutedEngine
-from rollway.engines.sglang import SGLangEngine, parse_generate_response
+from rollway.engines.sglang import SGLangEngine
+from rollway.engines.sglang_wire import parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError, EngineError
 from rollway.simulators.sglang_server import SGLangSimOptions, create_app

@@ -13,7 +13,8 @@ import pytest
 
 from rollway.engines.base import PauseMode, WeightSync
 from rollway.engines.sim import SimConfig
-from rollway.engines.vllm import VLLMEngine, parse_completion
+from rollway.engines.vllm import VLLMEngine
+from rollway.engines.vllm_wire import parse_completion
 from rollway.errors import ConfigError, EngineError
 from rollway.simulators.vllm_server import VLLMSim, VLLMSimOptions, create_vllm_sim_app
 from rollway.types import GenerationResult, SamplingParams

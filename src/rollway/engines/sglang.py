@@ -66,19 +66,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote_client import Answer, RemoteClient, served_context_length, token_cap
 from rollway.engines.sglang_stream import SGLangStream
+from rollway.engines.sglang_wire import (
+    SGLangServer,
+    parse_generate_response,
+    parse_version,
+    token_versions,
+    version_number,
+    wire_rid,
+)
 from rollway.engines.sse import EventStream
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import (
-    FinishReason,
     GenerationChunk,
     GenerationResult,
     LogprobKind,
@@ -87,7 +92,6 @@ from rollway.types import (
 
 log = logging.getLogger(__name__)
 
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 #: SGLang releases that brought what this engine may use.
 SEED_VERSION = (0, 5, 3)
 PAUSE_MODES_VERSION = (0, 5, 6)
@@ -95,25 +99,6 @@ PAUSE_MODES_VERSION = (0, 5, 6)
 SAMPLING_EPS = 1e-6
 _SERVER_MODE: dict[str, str] = {"abort": "abort", "drain": "abort", "keep": "retract"}
 _KEY_HINT = "sglang://HOST:PORT?api_key=KEY or ROLLWAY_ENGINE_API_KEY"
-
-
-def wire_rid(request_id: str) -> str:
-    """The rid SGLang gets: ended by a character ids never hold, so that no rid is a prefix of
-    another (SGLang aborts by prefix)."""
-    return f"{request_id}~"
-
-
-@dataclass(frozen=True, slots=True)
-class SGLangServer:
-    """What ``probe`` learnt: the release (None when the server does not say) and the context
-    length (None when unknown)."""
-
-    version: tuple[int, ...] | None
-    version_text: str
-    context_length: int | None
-
-    def older_than(self, needed: tuple[int, ...]) -> bool:
-        return self.version is not None and self.version < needed
 
 
 class SGLangEngine:
@@ -301,7 +286,7 @@ class SGLangEngine:
     def _note_served_version(self, label: Any) -> None:
         """A server that restarted serves its start-up weights: the version it reports is the
         truth (a routed fleet then takes it out and replays the last update on it)."""
-        served = _version_number(label, self.policy_version) if label is not None else None
+        served = version_number(label, self.policy_version) if label is not None else None
         if served is not None and served != self.policy_version:
             log.warning("%s serves weights version %d, not %d (restarted?)", self.base_url,
                         served, self.policy_version)  # fmt: skip
@@ -383,7 +368,7 @@ class SGLangEngine:
         context = self.context_length or await served_context_length(self.http, self.base_url)
         if context is None and isinstance(info.get("context_length"), int):
             context = info["context_length"]
-        return SGLangServer(_parse_version(text), text or "unknown", context)
+        return SGLangServer(parse_version(text), text or "unknown", context)
 
     async def _refuse_router(self) -> None:
         """``/abort_request`` for an id nothing runs under: a no-op on a server (unknown rids
@@ -447,65 +432,6 @@ class SGLangEngine:
         self._running -= 1
         if not self._running:
             self._idle.set()
-
-
-def parse_generate_response(
-    body: Any, *, policy_version: int = 0, logprob_kind: LogprobKind = "raw_logprobs"
-) -> GenerationResult:
-    """Output ids, logprobs, finish reason and versions from a ``/generate`` answer;
-    ``EngineError`` if malformed. ``policy_version`` stamps tokens the server gives no number
-    for. An ``abort`` without logprobs (older SGLang, aborted before its first token) is an
-    empty ``abort`` result."""
-    try:
-        meta = body["meta_info"]
-        reason = _FINISH[meta["finish_reason"]["type"]]
-        if reason == "abort":
-            pairs = meta.get("output_token_logprobs") or []
-        else:
-            pairs = meta["output_token_logprobs"]
-        ids = [int(p[1]) for p in pairs]
-        logprobs = [float(p[0]) for p in pairs]
-    except (KeyError, TypeError, IndexError, ValueError) as exc:
-        raise EngineError(f"malformed SGLang /generate answer: missing or bad {exc!r}") from exc
-    if pairs and "output_ids" in body and list(body["output_ids"]) != ids:
-        raise EngineError("SGLang answer: output_ids and output_token_logprobs disagree")
-    versions = token_versions(meta, len(ids), policy_version)
-    return GenerationResult(ids, logprobs, reason, versions, logprob_kind)
-
-
-def token_versions(meta: dict[str, Any], length: int, fallback: int, start: int = 0) -> list[int]:
-    """One version per output token from ``start`` (a stream's new tokens) to ``length``: from
-    the ``weight_versions`` spans when they cover the output, else the one ``weight_version``,
-    else ``fallback``."""
-    spans = meta.get("weight_versions")
-    if isinstance(spans, list) and spans:
-        try:
-            versions: list[int] = []
-            covered = 0
-            for span in spans:
-                if int(span["start"]) != covered:
-                    raise ValueError("spans leave a gap")
-                label = _version_number(span["version"], fallback)
-                versions += [label] * max(min(int(span["end"]), length) - max(covered, start), 0)
-                covered = int(span["end"])
-            if covered == length:
-                return versions
-        except (KeyError, TypeError, ValueError):
-            pass
-    return [_version_number(meta.get("weight_version"), fallback)] * (length - start)
-
-
-def _version_number(label: Any, fallback: int) -> int:
-    if label == "default":  # SGLang's weight_version before any load with one
-        return 0
-    if isinstance(label, str) and label.strip().isdigit():
-        return int(label)
-    return fallback
-
-
-def _parse_version(text: str | None) -> tuple[int, ...] | None:
-    numbers = re.findall(r"\d+", (text or "").split("+")[0].split("post")[0].split("rc")[0])
-    return tuple(int(n) for n in numbers[:3]) if numbers else None
 
 
 def _explain_stream(error: EngineError, server: SGLangServer) -> EngineError:

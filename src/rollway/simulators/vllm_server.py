@@ -52,7 +52,7 @@ from starlette.routing import Route
 
 from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig
-from rollway.engines.vllm import PAUSED_REFUSAL, release_of
+from rollway.engines.vllm_wire import PAUSED_REFUSAL, release_of
 from rollway.simulators.common import (
     DONE_EVENT,
     EventStreamResponse,
