@@ -124,6 +124,8 @@ class ChatResult:
     ``completion_ids`` and ``logprobs`` are the recorded turn's own; ``completion_ids`` is None
     behind a chat-level engine, which gives no ids. ``turn_index`` is the turn's place in the
     trajectory; None when no turn was recorded (an answer past a limit, made without the engine).
+    ``stop_sequence`` is the stop string that ended the answer, if one did (Anthropic's
+    ``stop_sequence``).
     """
 
     message: dict[str, Any]
@@ -133,6 +135,7 @@ class ChatResult:
     completion_ids: list[int] | None = None
     logprobs: list[float] | None = None
     turn_index: int | None = None
+    stop_sequence: str | None = None
 
     @property
     def content(self) -> str | None:

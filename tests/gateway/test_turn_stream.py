@@ -60,7 +60,13 @@ def test_with_tools_content_stops_where_a_call_begins_and_adds_up_to_the_parse(
     assert not any("<" in d for d in deltas)
 
 
-def test_with_tools_leading_whitespace_waits_for_the_parse(renderer: ChatRenderer) -> None:
-    # Kept when no call parses, stripped when one does: nothing is shown before the end.
-    assert "".join(shown(renderer, "\n  hello", [], tools=True)) == ""
+def test_with_tools_leading_whitespace_goes_out_with_the_text_after_it(
+    renderer: ChatRenderer,
+) -> None:
+    # The parse keeps what starts the answer whether or not a call follows; only whitespace
+    # with nothing after it yet (it may end up before a call, and be trimmed) waits.
+    assert "".join(shown(renderer, "\n  hello", [], tools=True)) == "\n  hello"
     assert "".join(shown(renderer, "\n  hello", [], tools=False)) == "\n  hello"
+    call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
+    assert "".join(shown(renderer, f"\n  {call}", [], tools=True)) == ""
+    assert parse_tool_calls(f"\n  hello\n{call}").content == "\n  hello"

@@ -153,11 +153,13 @@ def _message(
         "model": model,
         "content": content,
         "stop_reason": None if result is None else _stop_reason(result),
-        "stop_sequence": None,
+        "stop_sequence": None if result is None else result.stop_sequence,
     }
 
 
 def _stop_reason(result: ChatResult) -> str:
+    if result.stop_sequence is not None and result.finish_reason == "stop":
+        return "stop_sequence"
     return _STOP_REASON.get(result.finish_reason, "end_turn")
 
 
@@ -202,7 +204,7 @@ async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncItera
             blocks += 1
     if text_open:
         yield _block_stop(blocks - 1)
-    delta = {"stop_reason": _stop_reason(result), "stop_sequence": None}
+    delta = {"stop_reason": _stop_reason(result), "stop_sequence": result.stop_sequence}
     usage = _usage(result)
     yield _event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
     yield _event("message_stop", {"type": "message_stop"})

@@ -134,7 +134,7 @@ class TokenTurns:
             and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
         ):
             self.truncate(state, "max_seq_len")
-        parsed = self._parse(result, turn.sampling, turn.use_tools)
+        parsed, stop = self._parse(result, turn.sampling, turn.use_tools)
         recorded = self._record(state, plan, turn.sampling, sampled, parsed)
         message = _assistant_message(parsed)
         state.close_turn(turn.messages, turn.keys, message, turn.tools)
@@ -147,7 +147,7 @@ class TokenTurns:
         return ChatResult(
             message, finish, len(plan.prompt_ids), len(result.output_ids),
             completion_ids=result.output_ids, logprobs=result.logprobs,
-            turn_index=recorded.index,
+            turn_index=recorded.index, stop_sequence=stop,
         )  # fmt: skip
 
     def truncate(self, state: RolloutState, reason: str) -> None:
@@ -177,15 +177,18 @@ class TokenTurns:
 
     def _parse(
         self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
-    ) -> ParsedToolCalls:
+    ) -> tuple[ParsedToolCalls, str | None]:
+        """The answer's text, cut at the first stop string, and that stop string (if any)."""
         ids = result.output_ids
         if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
             ids = ids[:-1]
         text = self.renderer.decode(ids)
-        cuts = [i for i in (text.find(s) for s in sampling.stop) if i >= 0]
+        cuts = [(at, stop) for stop in sampling.stop if (at := text.find(stop)) >= 0]
+        stop = None
         if cuts:
-            text = text[: min(cuts)]
-        return parse_tool_calls(text) if use_tools else ParsedToolCalls(text)
+            at, stop = min(cuts, key=lambda cut: cut[0])
+            text = text[:at]
+        return (parse_tool_calls(text) if use_tools else ParsedToolCalls(text)), stop
 
     @staticmethod
     def _record(

@@ -72,7 +72,10 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
         calls.append(call)
     if text.count(OPEN_TAG) != len(calls):
         return ParsedToolCalls(text, error="unterminated <tool_call> block")
-    return ParsedToolCalls(_TOOL_CALL.sub("", text).strip(), calls)
+    # Only the end is trimmed (the space before a call), as vLLM's Hermes parser keeps what
+    # precedes the first call: text that starts the answer is content whether or not a call
+    # follows, so a stream can send it before it knows.
+    return ParsedToolCalls(_TOOL_CALL.sub("", text).rstrip(), calls)
 
 
 def _parse_block(body: str) -> tuple[dict[str, Any], str | None]:

@@ -3,7 +3,8 @@
 ``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not
 keep: an incomplete character, a trailing special token (``TokenTurns._parse`` strips one that
 ends a stop), text that could begin a stop string, and, when tools are offered, everything
-from where a ``<tool_call>`` tag could begin plus whitespace the parse may strip. Tool calls
+from where a ``<tool_call>`` tag could begin plus the whitespace before it (the parse trims
+the content's end). Tool calls
 are handed out once the whole answer is parsed: a later bad block makes the parse keep the
 text whole, so a call sent earlier could turn out not to exist. At the end, ``rest`` gives
 what the recorded content adds to what was sent, so the deltas always add up to it.
@@ -102,8 +103,7 @@ class TurnText:
 
     def _release(self) -> str:
         text = self._text
-        # With tools, leading whitespace is kept only if no call parses: it waits for the end.
-        if self._closed or (self._tools and text[:1].isspace()):
+        if self._closed:
             return ""
         starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)
         found = [at for at in starts if at >= 0]
