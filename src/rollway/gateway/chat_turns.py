@@ -59,7 +59,7 @@ class ChatTurns:
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"
             )
-        self.metrics.turns.labels(answer.finish_reason).inc()
+        self.metrics.turn_answered(answer.finish_reason)
         self.metrics.turn_latency.observe(latency)
         return ChatResult(
             message, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens,

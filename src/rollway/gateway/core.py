@@ -206,7 +206,7 @@ class Gateway:
         if self._past_max_turns(state):
             if state.mark_truncated("max_turns"):
                 self.metrics.truncated(state.rollout_id, "max_turns")
-            self.metrics.turns.labels("length").inc()
+            self.metrics.turn_answered("length")
             return length_answer()
         return await self._turns.answer(state, request, messages, keys, tools)
 

@@ -179,8 +179,8 @@ class EngineCalls:
 
     def _observe(self, latency: float, prompt_tokens: int, completion_tokens: int) -> None:
         self.metrics.turn_latency.observe(latency)
-        self.metrics.tokens.labels("prompt").inc(prompt_tokens)
-        self.metrics.tokens.labels("completion").inc(completion_tokens)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.completion_tokens.inc(completion_tokens)
 
 
 def _request_attributes(engine: Engine, request_id: str) -> dict[str, str]:

@@ -23,6 +23,10 @@ class GatewayMetrics:
         self.tokens = Counter(
             "rollway_tokens", "Tokens through the gateway.", ["kind"], registry=self.registry
         )
+        # Children looked up once: ``labels()`` on every turn costs more than the count.
+        self.prompt_tokens = self.tokens.labels("prompt")
+        self.completion_tokens = self.tokens.labels("completion")
+        self._turns_by_finish: dict[str, Counter] = {}
         self.turn_latency = Histogram(
             "rollway_turn_latency_seconds", "Engine time per turn.", registry=self.registry
         )
@@ -79,6 +83,12 @@ class GatewayMetrics:
             self.endpoint_in_flight.labels(name).set(endpoint["in_flight"])
             self.endpoint_ejections.labels(name).set(endpoint["ejections"])
             self.endpoint_refused.labels(name).set(endpoint["refused"])
+
+    def turn_answered(self, finish_reason: str) -> None:
+        counter = self._turns_by_finish.get(finish_reason)
+        if counter is None:
+            counter = self._turns_by_finish[finish_reason] = self.turns.labels(finish_reason)
+        counter.inc()
 
     def truncated(self, rollout_id: str, reason: str) -> None:
         self.truncations.labels(reason).inc()

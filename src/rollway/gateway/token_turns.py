@@ -143,7 +143,7 @@ class TokenTurns:
                 f"rollout {state.rollout_id!r} was cancelled during generation"
             )
         finish = "tool_calls" if parsed.tool_calls else result.finish_reason
-        self.metrics.turns.labels(finish).inc()
+        self.metrics.turn_answered(finish)
         return ChatResult(
             message, finish, len(plan.prompt_ids), len(result.output_ids),
             completion_ids=result.output_ids, logprobs=result.logprobs,
@@ -167,7 +167,7 @@ class TokenTurns:
         own = state.max_seq_len
         if own is not None and (self.context_length is None or own <= self.context_length):
             self.truncate(state, "max_seq_len")
-            self.metrics.turns.labels("length").inc()
+            self.metrics.turn_answered("length")
             return length_answer(tokens)
         raise RequestError(
             f"the prompt needs at least {tokens} tokens; the model's context is "
