@@ -80,8 +80,11 @@ async def drive(turn: TurnFn, rollouts: int, concurrency: int) -> Run:
     return Run(latencies, time.perf_counter() - started)
 
 
-def direct_turns(engine: SimEngine, renderer: ChatRenderer) -> TurnFn:
-    """The baseline: the engine alone, on the same prompt ids the gateway would send."""
+def direct_turns(engine: SimEngine, renderer: ChatRenderer, own_tokens: bool = False) -> TurnFn:
+    """The baseline: the engine alone, on the same prompt ids the gateway would send. With
+    ``own_tokens``, the floor: the engine plus what a token-exact agent loop calling it directly
+    must do anyway each turn (decode the answer, tokenize the tool result into the template);
+    no recording, no tool-call parsing, no checks."""
     prompts: dict[str, list[int]] = {}
     sampling = SamplingParams(max_tokens=64)
 
@@ -91,27 +94,11 @@ def direct_turns(engine: SimEngine, renderer: ChatRenderer) -> TurnFn:
         ids = prompts[rollout_id]
         result = await engine.generate(ids, sampling, rollout_id)
         ids += result.output_ids
-        return {"role": "assistant", "content": "x"}
-
-    return turn
-
-
-def direct_token_loop_turns(engine: SimEngine, renderer: ChatRenderer) -> TurnFn:
-    """The floor: the engine plus what a token-exact agent loop calling it directly must do
-    anyway each turn (decode the answer, tokenize the tool result into the template); no
-    recording, no tool-call parsing, no checks."""
-    prompts: dict[str, list[int]] = {}
-    sampling = SamplingParams(max_tokens=64)
-
-    async def turn(rollout_id: str, messages: list[dict]) -> dict:
-        if rollout_id not in prompts:
-            prompts[rollout_id] = renderer.prompt_ids(FIRST, [TOOL])
-        ids = prompts[rollout_id]
-        result = await engine.generate(ids, sampling, rollout_id)
+        if not own_tokens:
+            return {"role": "assistant", "content": "x"}
         text = renderer.decode(result.output_ids)
         tool_result = {"role": "tool", "content": f"fact {len(messages) // 2}"}
-        glue = renderer.continuation_ids(result.output_ids, [tool_result], [TOOL]) or []
-        ids += result.output_ids + glue
+        ids += renderer.continuation_ids(result.output_ids, [tool_result], [TOOL]) or []
         return {"role": "assistant", "content": text}
 
     return turn
@@ -184,7 +171,7 @@ async def compare(
     engine = SimEngine(config)
     base = await drive(direct_turns(engine, renderer), rollouts, concurrency)
     report("direct engine call", base, base)
-    floor = await drive(direct_token_loop_turns(engine, renderer), rollouts, concurrency)
+    floor = await drive(direct_turns(engine, renderer, own_tokens=True), rollouts, concurrency)
     report("direct + own tokens", base, floor)
     gateway = Gateway(engine, renderer, model_name="sim")
     in_process = await drive(in_process_turns(gateway), rollouts, concurrency)

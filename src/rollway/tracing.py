@@ -128,15 +128,36 @@ def span(
 
 @contextlib.contextmanager
 def _started(
-    tracer: Tracer, name: str, attributes: Mapping[str, Any], parent: Context | None
+    tracer: Tracer,
+    name: str,
+    attributes: Mapping[str, Any],
+    parent: Context | None,
+    *,
+    current: bool = True,
 ) -> Iterator[SpanHandle]:
+    """The span, a child of the current one (of ``parent`` where none is current), ended with
+    the block, an exception recorded on it; the current span in the block if ``current``."""
     from opentelemetry import trace
+    from opentelemetry.trace import Status, StatusCode
 
     context = None
     if parent is not None and not trace.get_current_span().get_span_context().is_valid:
         context = parent
-    with tracer.start_as_current_span(name, context, attributes=_clean(attributes)) as started:
-        yield SpanHandle(started)
+    started = tracer.start_span(name, context, attributes=_clean(attributes))
+    entered = (
+        trace.use_span(started, record_exception=False, set_status_on_exception=False)
+        if current
+        else contextlib.nullcontext()
+    )
+    try:
+        with entered:
+            yield SpanHandle(started)
+    except Exception as exc:  # as OpenTelemetry does: a cancellation is not a failure
+        started.record_exception(exc)
+        started.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        started.end()
 
 
 def detached_span(
@@ -150,28 +171,7 @@ def detached_span(
     attached before a ``yield`` may be detached in another task's context after it."""
     if _tracer is None:
         return _OFF
-    return _started_detached(_tracer, name, attributes or {}, parent)
-
-
-@contextlib.contextmanager
-def _started_detached(
-    tracer: Tracer, name: str, attributes: Mapping[str, Any], parent: Context | None
-) -> Iterator[SpanHandle]:
-    from opentelemetry import trace
-    from opentelemetry.trace import Status, StatusCode
-
-    context = None
-    if parent is not None and not trace.get_current_span().get_span_context().is_valid:
-        context = parent
-    started = tracer.start_span(name, context, attributes=_clean(attributes))
-    try:
-        yield SpanHandle(started)
-    except BaseException as exc:
-        started.record_exception(exc)
-        started.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        started.end()
+    return _started(_tracer, name, attributes or {}, parent, current=False)
 
 
 def annotate(attributes: Mapping[str, Any]) -> None:

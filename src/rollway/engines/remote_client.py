@@ -24,7 +24,7 @@ from tenacity import AsyncRetrying, RetryCallState
 
 from rollway import tracing
 from rollway.errors import EngineConnectError, EngineError
-from rollway.retry import ENGINE_CONNECT
+from rollway.retry import ENGINE_CONNECT, RetryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,15 @@ class RemoteClient:
         except (aiohttp.ClientError, TimeoutError):
             return False
 
+    async def open_stream(self, url: str, data: bytes) -> aiohttp.ClientResponse:
+        """POST ``data`` and return the response unread (a stream's events), its connection
+        tried again like ``send``'s when it was never made; the caller releases it."""
+        headers = tracing.headers(self._headers)  # traceparent, when tracing is on
+        async for attempt in self._connect_retries():
+            with attempt:
+                return await self.session().post(url, data=data, headers=headers)
+        raise AssertionError("unreachable")
+
     async def _post_retrying_connect(self, url: str, data: bytes) -> Any:
         """``_post``, tried again under ``connect_policy`` when the connection was never made.
         The first try runs outside the retry loop: a tenacity loop costs tens of microseconds
@@ -175,10 +184,7 @@ class RemoteClient:
         policy = self.connect_policy
         if attempts is not None:
             policy = replace(policy, attempts=attempts - 1)
-        retrying = policy.retrying(
-            after=self._count_connect_failure, before_sleep=_log_connect_retry
-        )
-        async for attempt in retrying:
+        async for attempt in self._connect_retries(policy):
             with attempt:
                 return await self._post(url, data)
         raise AssertionError("unreachable")
@@ -209,9 +215,9 @@ class RemoteClient:
             body = None
         return Answer(response.status, body, raw[:300].decode(errors="replace"))
 
-    def _connect_retries(self) -> AsyncRetrying:
+    def _connect_retries(self, policy: RetryPolicy | None = None) -> AsyncRetrying:
         """Attempts that go again only when nothing was sent (no TCP connection)."""
-        return self.connect_policy.retrying(
+        return (policy or self.connect_policy).retrying(
             after=self._count_connect_failure, before_sleep=_log_connect_retry
         )
 

@@ -81,11 +81,7 @@ class EventStream:
     async def _open(self) -> aiohttp.ClientResponse:
         data = orjson.dumps(self.payload)
         try:
-            async for attempt in self.http._connect_retries():
-                with attempt:
-                    response = await self.http.session().post(
-                        self.url, data=data, headers=self.http._headers
-                    )
+            response = await self.http.open_stream(self.url, data)
         except ENGINE_CONNECT.retry_on as exc:
             raise EngineConnectError(f"cannot connect to {self.url}: {exc}") from exc
         self._response = response
