@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+from array import array
 from typing import Any
 
 import pytest
@@ -134,3 +136,59 @@ async def test_changing_tools_starts_a_new_segment(renderer: ChatRenderer) -> No
     follow = [*first, reply, {"role": "user", "content": "Go on."}]
     await gateway.chat("tools", {"messages": follow, "tools": [ADD_TOOL]})
     assert (await gateway.trajectory("tools")).segment_count == 2
+
+
+def sha256_prompt_hash(ids: list[int]) -> str:
+    """The definition in ``Turn.prompt_hash``, computed the slow way."""
+    return hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:16]
+
+
+async def test_prompt_hashes_match_their_definition_across_extensions_branches_and_rewrites(
+    renderer: ChatRenderer,
+) -> None:
+    """The gateway hashes only a prompt's new tokens when it extends a turn; every recorded hash
+    must still be the hash of the whole prompt, whichever turn it extended."""
+    gateway = sim_gateway(renderer, output_len=12)
+    gateway.register("hashes", {})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+    for step in range(4):  # extensions
+        reply = (await gateway.chat("hashes", {"messages": messages})).message
+        messages = [*messages, reply, {"role": "user", "content": f"Step {step}."}]
+    branches = [[*messages, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
+    await asyncio.gather(*[gateway.chat("hashes", {"messages": b}) for b in branches])
+    await gateway.chat("hashes", {"messages": [{"role": "user", "content": "Rewritten."}]})
+    trajectory = await gateway.trajectory("hashes")
+    assert trajectory.segment_count >= 3  # a branch and a rewrite: fresh hashes too
+    assert len(trajectory.turns) == 7
+    for turn in trajectory.turns:
+        assert turn.prompt_hash == sha256_prompt_hash(turn.prompt_ids)
+
+
+async def test_an_echoed_tool_call_extends_the_turn_however_its_arguments_are_written(
+    renderer: ChatRenderer,
+) -> None:
+    """Agents send a call back re-serialized (spaces, key order), and arguments JSON that
+    orjson refuses (NaN, integers past 64 bits): the conversation still extends the turn."""
+    gateway = sim_gateway(renderer)
+    for index, (sent, echoed) in enumerate(
+        [
+            ('{"b": 2, "a": [1, 2.5]}', '{"a":[1,2.5],"b":2}'),
+            ('{"x": NaN}', '{"x":NaN}'),
+            ('{"n": 123456789012345678901234567890}', '{"n":123456789012345678901234567890}'),
+            ("not json at all", "not json at all"),
+        ]
+    ):
+        rollout = f"echo-{index}"
+        gateway.register(rollout, {})
+        call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": sent}}
+        history = [
+            {"role": "user", "content": "Add."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "3"},
+        ]
+        reply = (await gateway.chat(rollout, {"messages": history, "tools": [ADD_TOOL]})).message
+        echo = {**call, "function": {"name": "add", "arguments": echoed}}
+        again = [*history[:1], {**history[1], "tool_calls": [echo]}, *history[2:], reply]
+        again.append({"role": "user", "content": "Thanks."})
+        await gateway.chat(rollout, {"messages": again, "tools": [ADD_TOOL]})
+        assert (await gateway.trajectory(rollout)).segment_count == 1, sent

@@ -9,11 +9,10 @@ from typing import Any
 
 from rollway.engines.base import ChatEngine
 from rollway.errors import RolloutClosedError
-from rollway.gateway.chat_template import Message
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_schema import ChatCompletionRequest
-from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
+from rollway.gateway.rollout_state import Conversation, RolloutState, prompt_hash
 from rollway.types import ChatResult, Turn
 
 
@@ -27,15 +26,14 @@ class ChatTurns:
         self,
         state: RolloutState,
         request: ChatCompletionRequest,
-        messages: list[Message],
-        keys: list[MessageKey],
+        conversation: Conversation,
         tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
         sampling = state.sampling_for(request.sampling_overrides())
         request_id = state.begin_turn()
         started = time.perf_counter()
         async with self.calls.track(state, request_id):
-            answer = await self.engine.chat(messages, tools, sampling, request_id)
+            answer = await self.engine.chat(conversation.messages, tools, sampling, request_id)
         latency = time.perf_counter() - started
         message = answer.message
         turn = Turn(
@@ -54,7 +52,7 @@ class ChatTurns:
         )
         state.turns.append(turn)
         state.segment_count = 1
-        state.close_turn(messages, keys, message, tools)
+        state.close_turn(conversation, message, tools)
         if answer.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"

@@ -28,8 +28,9 @@ from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.request_messages import read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
-from rollway.gateway.rollout_state import RolloutState, message_key
+from rollway.gateway.rollout_state import RolloutState
 from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
 from rollway.gateway.turn_stream import TurnPiece, closing_pieces
@@ -153,9 +154,8 @@ class Gateway:
             ) as span,
         ):
             if isinstance(self._turns, TokenTurns) and not self._past_max_turns(state):
-                messages, tools = request.message_dicts(), request.tool_dicts()
-                keys = [message_key(m) for m in messages]
-                pieces = self._turns.stream(state, request, messages, keys, tools)
+                conversation = read_conversation(state, request)
+                pieces = self._turns.stream(state, request, conversation, request.tool_dicts())
                 async with contextlib.aclosing(pieces):
                     async for piece in pieces:
                         if isinstance(piece, ChatResult):
@@ -201,14 +201,13 @@ class Gateway:
         return state.max_turns is not None and state.turns_started >= state.max_turns
 
     async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> ChatResult:
-        messages, tools = request.message_dicts(), request.tool_dicts()
-        keys = [message_key(m) for m in messages]
+        conversation = read_conversation(state, request)
         if self._past_max_turns(state):
             if state.mark_truncated("max_turns"):
                 self.metrics.truncated(state.rollout_id, "max_turns")
             self.metrics.turn_answered("length")
             return length_answer()
-        return await self._turns.answer(state, request, messages, keys, tools)
+        return await self._turns.answer(state, request, conversation, request.tool_dicts())
 
     def remember_response(self, rollout_id: str, response_id: str) -> None:
         """Name the rollout's current conversation, for ``previous_response_id``."""

@@ -23,6 +23,7 @@ from rollway.gateway.anthropic import error_event as anthropic_error_event
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.chat_bodies import completion_body, error_event, logprobs_body, sse_events
 from rollway.gateway.core import Gateway
+from rollway.gateway.request_messages import ChatCompletionBody
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
     PauseRequest,
@@ -79,7 +80,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, bearer(request))
-        body = parse_model(ChatCompletionRequest, await read_body(request))
+        body = parse_model(ChatCompletionBody, await read_body(request))
         model = body.model or gateway.model_name
 
         def logprobs(result: ChatResult) -> dict[str, Any] | None:

@@ -10,8 +10,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
-from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
-from rollway.gateway.rollout_state import MessageKey, RolloutState
+from rollway.gateway.chat_template import ChatRenderer, TokenBudgetExceeded
+from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
 #: worker thread would cost about as much as the work. Larger ones never block the loop.
@@ -32,13 +32,13 @@ class PromptPlan:
 async def plan_prompt(
     renderer: ChatRenderer,
     state: RolloutState,
-    messages: list[Message],
-    keys: list[MessageKey],
+    conversation: Conversation,
     tools: list[dict[str, Any]] | None,
     budget: int | None,
 ) -> PromptPlan:
     """The prompt for ``messages``; raises ``TokenBudgetExceeded`` past ``budget`` tokens,
     ruling out an over-long prompt from its length before tokenizing it where it can."""
+    messages, keys = conversation.messages, conversation.keys
     last = state.turns[-1] if state.turns else None
     known = len(state.message_keys)
     if (

@@ -17,7 +17,7 @@ from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.request_schema import ChatCompletionRequest
-from rollway.gateway.rollout_state import MessageKey, RolloutState, prompt_hash
+from rollway.gateway.rollout_state import Conversation, RolloutState
 from rollway.gateway.tool_calls import ParsedToolCalls, parse_tool_calls
 from rollway.gateway.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
 from rollway.types import ChatResult, GenerationResult, SamplingParams, Turn
@@ -32,8 +32,7 @@ class _PlannedTurn:
     sampling: SamplingParams
     request_id: str
     use_tools: bool
-    messages: list[Message]
-    keys: list[MessageKey]
+    conversation: Conversation
     tools: list[dict[str, Any]] | None
 
 
@@ -60,11 +59,10 @@ class TokenTurns:
         self,
         state: RolloutState,
         request: ChatCompletionRequest,
-        messages: list[Message],
-        keys: list[MessageKey],
+        conversation: Conversation,
         tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
-        turn = await self._plan(state, request, messages, keys, tools)
+        turn = await self._plan(state, request, conversation, tools)
         if isinstance(turn, ChatResult):
             return turn
         prompt_ids = turn.plan.prompt_ids
@@ -77,13 +75,12 @@ class TokenTurns:
         self,
         state: RolloutState,
         request: ChatCompletionRequest,
-        messages: list[Message],
-        keys: list[MessageKey],
+        conversation: Conversation,
         tools: list[dict[str, Any]] | None,
     ) -> AsyncIterator[TurnPiece]:
         """``answer`` as the tokens come: content deltas, then the rest of the answer and the
         ``ChatResult``, recorded from the collected chunks exactly as ``answer`` records."""
-        turn = await self._plan(state, request, messages, keys, tools)
+        turn = await self._plan(state, request, conversation, tools)
         if isinstance(turn, ChatResult):
             for piece in closing_pieces(turn):
                 yield piece
@@ -107,14 +104,13 @@ class TokenTurns:
         self,
         state: RolloutState,
         request: ChatCompletionRequest,
-        messages: list[Message],
-        keys: list[MessageKey],
+        conversation: Conversation,
         tools: list[dict[str, Any]] | None,
     ) -> _PlannedTurn | ChatResult:
         """The turn's prompt and sampling, or the answer made without the engine."""
         try:
             plan = await plan_prompt(
-                self.renderer, state, messages, keys, tools, self._prompt_budget(state)
+                self.renderer, state, conversation, tools, self._prompt_budget(state)
             )
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
@@ -123,7 +119,7 @@ class TokenTurns:
             room = state.max_seq_len - len(plan.prompt_ids)
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
         use_tools = bool(tools) and request.tool_choice != "none"
-        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, messages, keys, tools)
+        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, conversation, tools)
 
     def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
         """Record the sampled turn and make its answer."""
@@ -137,7 +133,7 @@ class TokenTurns:
         parsed, stop = self._parse(result, turn.sampling, turn.use_tools)
         recorded = self._record(state, plan, turn.sampling, sampled, parsed)
         message = _assistant_message(parsed)
-        state.close_turn(turn.messages, turn.keys, message, turn.tools)
+        state.close_turn(turn.conversation, message, turn.tools)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"
@@ -203,6 +199,8 @@ class TokenTurns:
         if segment is None or state.last_in_segment(segment).index != plan.parent:
             segment = state.next_segment()
         result = sampled.result
+        hashes = state.sequence_hashes
+        digest, hashed = hashes.prompt_hash(plan.prompt_ids, plan.parent)
         # Built from values the gateway made itself: validating them again would cost more
         # than the rest of the record (the prompt ids alone are thousands of ints).
         turn = Turn.model_construct(
@@ -218,12 +216,13 @@ class TokenTurns:
             tool_call_parse_error=parsed.error,
             sampling=sampling.to_dict(),
             latency_ms=sampled.latency * 1000.0,
-            prompt_hash=prompt_hash(plan.prompt_ids),
+            prompt_hash=digest,
             policy_versions=result.policy_versions,
             logprob_kind=result.logprob_kind,
             reissued=sampled.reissued,
         )
         state.turns.append(turn)
+        hashes.remember(turn.index, hashed, len(plan.prompt_ids), result.output_ids)
         return turn
 
 
