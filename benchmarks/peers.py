@@ -1,8 +1,10 @@
 """rollway's gateway against its peers, on the same load, interleaved in one process tree.
 
-Each conversation has TURNS turns: POST a chat completion with one tool and the growing message
-list, then append the assistant message and a tool result. The inference server is rollway's
-simulated one (a load generator) at zero latency, so what is measured is the serving path:
+Each conversation has --turns turns (5): POST a chat completion with one tool and the growing
+message list, then append the assistant message and a tool result (of --tool-result-words
+words; long conversations show what a turn costs as the history grows). The inference server
+is rollway's simulated one (a load generator) at zero latency, so what is measured is the
+serving path:
 
   direct          the client calls the simulated OpenAI server itself (the load generator's ceiling)
   bare proxy      benchmarks/bare_proxy.py in front of it: the ceiling for any Python proxy
@@ -18,6 +20,7 @@ a busy machine slows every system alike. A failed turn ends its conversation and
 (failed convs), not retried.
 
 Usage: python benchmarks/peers.py [--quick] [--skip-litellm] [--reps N] [--concurrency 1,64,256]
+       [--turns 5] [--tool-result-words 0]
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import random
 import re
 import secrets
 import shutil
@@ -46,7 +50,21 @@ import aiohttp
 import orjson
 import psutil
 
-TURNS = 5
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What each conversation is: its turns, and the words of each tool result."""
+
+    turns: int = 5
+    tool_result_words: int = 0
+
+    def tool_result(self, conversation: int, step: int) -> str:
+        words = random.Random(conversation * 1000 + step).choices(WORDS, k=self.tool_result_words)
+        return " ".join([f"fact {step}", *words])
+
+
 TOOL = {
     "type": "function",
     "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}},
@@ -373,8 +391,8 @@ class Run:
         return len(self.latencies_s) / self.wall_s
 
 
-async def drive(system: System, conversations: int, concurrency: int) -> Run:
-    """``conversations`` conversations of TURNS turns, ``concurrency`` at a time, on a fresh
+async def drive(system: System, conversations: int, concurrency: int, shape: Shape) -> Run:
+    """``conversations`` conversations of ``shape``, ``concurrency`` at a time, on a fresh
     connection pool."""
     latencies: list[float] = []
     errors: list[str] = []
@@ -386,7 +404,7 @@ async def drive(system: System, conversations: int, concurrency: int) -> Run:
             async with gate:
                 rollout_id = f"p{index}-{uuid.uuid4().hex[:8]}"
                 try:
-                    await conversation(rollout_id)
+                    await conversation(index, rollout_id)
                 except (
                     aiohttp.ClientError,
                     TimeoutError,
@@ -396,15 +414,16 @@ async def drive(system: System, conversations: int, concurrency: int) -> Run:
                 ) as error:
                     errors.append(f"{type(error).__name__}: {error}")
 
-        async def conversation(rollout_id: str) -> None:
+        async def conversation(index: int, rollout_id: str) -> None:
             if system.begin is not None:
                 await system.begin(session, rollout_id)  # not a turn, but in the wall clock
             messages = list(FIRST)
-            for step in range(TURNS):
+            for step in range(shape.turns):
                 started = time.perf_counter()
                 message = await system.turn(session, rollout_id, messages)
                 latencies.append(time.perf_counter() - started)
-                messages = [*messages, message, {"role": "tool", "content": f"fact {step}"}]
+                result = {"role": "tool", "content": shape.tool_result(index, step)}
+                messages = [*messages, message, result]
 
         cpu_before = tree_cpu_s(system.proxy) if system.proxy else 0.0
         started = time.perf_counter()
@@ -425,11 +444,15 @@ class Results:
 
 
 async def measure(
-    systems: list[System], concurrencies: list[int], conversations: dict[int, int], reps: int
+    systems: list[System],
+    concurrencies: list[int],
+    conversations: dict[int, int],
+    reps: int,
+    shape: Shape,
 ) -> Results:
     results = Results()
     for system in systems:  # a first pass that opens caches and code paths; not measured
-        warm = await drive(system, 16, 16)
+        warm = await drive(system, 16, 16, shape)
         if not warm.latencies_s:
             results.failed[system.name] = f"warm-up failed: {warm.errors[0]}"
             print(f"  {system.name}: warm-up failed, left out: {warm.errors[0]}", flush=True)
@@ -439,7 +462,7 @@ async def measure(
                 continue
             rates = []
             for concurrency in concurrencies:
-                run = await drive(system, conversations[concurrency], concurrency)
+                run = await drive(system, conversations[concurrency], concurrency, shape)
                 results.runs.setdefault((system.name, concurrency), []).append(run)
                 failed = f" ({len(run.errors)} failed)" if run.errors else ""
                 rates.append(f"c={concurrency} {run.turns_per_s:6.0f}{failed}")
@@ -460,13 +483,17 @@ def ratio(a: float | None, b: float | None) -> str:
 
 
 def report(
-    results: Results, systems: list[System], concurrencies: list[int], conversations: dict
+    results: Results,
+    systems: list[System],
+    concurrencies: list[int],
+    conversations: dict,
+    shape: Shape,
 ) -> None:
     rollway_names = [s.name for s in systems if s.name.startswith("rollway")]
     for concurrency in concurrencies:
         print(
-            f"\nconcurrency {concurrency} ({conversations[concurrency]} conversations x {TURNS}"
-            " turns per run):"
+            f"\nconcurrency {concurrency} ({conversations[concurrency]} conversations x "
+            f"{shape.turns} turns per run):"
         )
         print(
             f"  {'system':<14} {'turns/s median (min-max)':>26} {'p50 ms':>8} {'p99 ms':>8} "
@@ -544,7 +571,12 @@ def main() -> None:
     parser.add_argument("--litellm-spec", default=LITELLM_SPEC, help="the pip requirement")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--concurrency", default="1,64,256", help="comma-separated levels")
+    parser.add_argument("--turns", type=int, default=Shape.turns, help="turns per conversation")
+    parser.add_argument(
+        "--tool-result-words", type=int, default=Shape.tool_result_words, help="words per result"
+    )
     args = parser.parse_args()
+    shape = Shape(args.turns, args.tool_result_words)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     counts = QUICK_CONVERSATIONS if args.quick else CONVERSATIONS
     conversations = {c: counts.get(c, max(c, 10)) for c in concurrencies}
@@ -557,8 +589,9 @@ def main() -> None:
         os.sched_setaffinity(0, other_cpus)
         print(f"proxy under test on core(s) {sorted(proxy_cpus)}; client and upstream servers "
               f"on {sorted(other_cpus)}")  # fmt: skip
-    print(f"{TURNS}-turn tool conversations, simulated servers at zero latency, {OUTPUT_LEN} "
-          f"tokens per answer; {args.reps} interleaved repetitions")  # fmt: skip
+    print(f"{shape.turns}-turn tool conversations ({shape.tool_result_words} words more per tool "
+          f"result), simulated servers at zero latency, {OUTPUT_LEN} tokens per answer; "
+          f"{args.reps} interleaved repetitions")  # fmt: skip
 
     # SIGTERM ends the benchmark like Ctrl-C does: through the finally below.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -601,8 +634,8 @@ def main() -> None:
             else:
                 systems.append(System(server.name, openai_turns(server.url), proxy=server.tree))
         print(f"systems: {', '.join(s.name for s in systems)}", flush=True)
-        results = asyncio.run(measure(systems, concurrencies, conversations, args.reps))
-        report(results, systems, concurrencies, conversations)
+        results = asyncio.run(measure(systems, concurrencies, conversations, args.reps, shape))
+        report(results, systems, concurrencies, conversations, shape)
     finally:
         servers.close()
 

@@ -13,6 +13,7 @@ Cancellation aborts too.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -20,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+import yarl
 from tenacity import AsyncRetrying, RetryCallState
 
 from rollway import tracing
@@ -36,6 +38,12 @@ IDLE_CLOSE_S = 3.0
 _ABORT_TIMEOUT_S = 5.0
 #: Failures that prove nothing was sent: the TCP connection was never made.
 _NOT_SENT = ENGINE_CONNECT.retry_on
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(url: str) -> yarl.URL:
+    """An engine's few URLs parsed once: aiohttp parses a string URL on every request."""
+    return yarl.URL(url)
 
 
 class _MayHaveRun(Exception):
@@ -163,7 +171,7 @@ class RemoteClient:
         headers = tracing.headers(self._headers)  # traceparent, when tracing is on
         async for attempt in self._connect_retries():
             with attempt:
-                return await self.session().post(url, data=data, headers=headers)
+                return await self.session().post(_parsed(url), data=data, headers=headers)
         raise AssertionError("unreachable")
 
     async def _post_retrying_connect(self, url: str, data: bytes) -> Any:
@@ -191,7 +199,7 @@ class RemoteClient:
 
     async def _post(self, url: str, data: bytes, *, decode: bool = True) -> Any:
         headers = tracing.headers(self._headers)  # traceparent, when tracing is on
-        async with self.session().post(url, data=data, headers=headers) as response:
+        async with self.session().post(_parsed(url), data=data, headers=headers) as response:
             body = await response.read()
             if response.status >= 500:
                 raise _MayHaveRun(f"HTTP {response.status}: {body[:200]!r}")
