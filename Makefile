@@ -44,6 +44,8 @@ bench: setup
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
 	$(BIN)/python benchmarks/peers.py
+	# Long conversations: what a turn costs as the history grows.
+	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60
 	$(BIN)/python benchmarks/embedded_throughput.py
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
