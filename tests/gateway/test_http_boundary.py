@@ -156,3 +156,12 @@ def test_the_client_callback_route_on_the_gateway_answers_401_to_a_non_ascii_key
         headers = {"authorization": b"Bearer " + NON_ASCII}
         response = httpx.post(f"{url}/v1/rollout/completed", headers=headers, json={})
         assert_error(response, 401, "callback key")
+
+
+def test_answers_carry_a_date_and_no_server_name(admin: httpx.Client) -> None:
+    rollout_id, key = register(admin)
+    body = {"messages": [USER]}
+    answer = admin.post(f"/v1/rollouts/{rollout_id}/chat/completions", json=body, headers=key)
+    assert answer.status_code == 200
+    assert "server" not in answer.headers  # uvicorn's is left out: nothing said about the stack
+    assert answer.headers["date"]  # RFC 9110: an origin server with a clock sends one

@@ -93,12 +93,19 @@ def uvicorn_config(app: ASGIApp, limits: ServerLimits, **options: Any) -> uvicor
         (RequestDeadlineProtocol,),
         {"request_timeout_s": limits.request_timeout_s},
     )
+    defaults: dict[str, Any] = {
+        # uvicorn formats each access-log line's arguments (client address, path) before the
+        # logger drops it, and rollway's servers log at warning: no line was ever printed.
+        "access_log": False,
+        # One header less to validate and write per answer, and nothing said about the stack.
+        "server_header": False,
+    }
     return uvicorn.Config(
         app,
         http=protocol,
         timeout_keep_alive=limits.keep_alive_s,
         limit_concurrency=limits.max_connections,
-        **options,
+        **(defaults | options),
     )
 
 
