@@ -49,6 +49,21 @@ def admin(renderer: ChatRenderer) -> Iterator[httpx.Client]:
             yield client
 
 
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many messages each validation of a request's messages took."""
+    lengths: list[int] = []
+    adapter = request_messages._MESSAGES
+
+    class Counting:
+        def validate_python(self, messages: list[Any]) -> Any:
+            lengths.append(len(messages))
+            return adapter.validate_python(messages)
+
+    monkeypatch.setattr(request_messages, "_MESSAGES", Counting())
+    return lengths
+
+
 def conversation(rollout: Rollout, turns: int) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
     for step in range(turns):
@@ -57,17 +72,8 @@ def conversation(rollout: Rollout, turns: int) -> list[dict[str, Any]]:
 
 
 def test_each_turn_checks_only_the_messages_it_adds(
-    admin: httpx.Client, monkeypatch: pytest.MonkeyPatch
+    admin: httpx.Client, checked: list[int]
 ) -> None:
-    checked: list[int] = []
-    adapter = request_messages._MESSAGES
-
-    class Counting:
-        def validate_python(self, messages: list[Any]) -> Any:
-            checked.append(len(messages))
-            return adapter.validate_python(messages)
-
-    monkeypatch.setattr(request_messages, "_MESSAGES", Counting())
     rollout = Rollout(admin)
     messages = conversation(rollout, 6)
     assert len(messages) == 13
@@ -119,3 +125,23 @@ def test_arguments_equal_as_python_values_but_written_differently_are_seen(
     again = [messages[0], {**messages[1], "tool_calls": [changed]}, messages[2], reply]
     rollout.reply([*again, {"role": "user", "content": "More."}], tools=[ADD_TOOL])
     assert rollout.trajectory()["segment_count"] == 2
+
+
+def test_anthropic_messages_are_checked_only_past_the_previous_request(
+    admin: httpx.Client, checked: list[int]
+) -> None:
+    rollout = Rollout(admin)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+    for step in range(4):
+        answer = rollout.client.post(
+            f"/v1/rollouts/{rollout.id}/messages",
+            headers=rollout.headers,
+            json={"max_tokens": 8, "system": "Be brief.", "messages": messages},
+        )
+        assert answer.status_code == 200, answer.text
+        reply = {"role": "assistant", "content": answer.json()["content"]}
+        messages = [*messages, reply, {"role": "user", "content": f"{step}"}]
+    # The system prompt and first message, then each turn's echoed answer and new message.
+    assert checked == [2] + [2] * 3
+    trajectory = rollout.trajectory()
+    assert trajectory["segment_count"] == 1 and len(trajectory["turns"]) == 4

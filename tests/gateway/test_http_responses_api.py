@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from rollway.gateway.responses_api import ResponsesRequest
 from tests.conftest import Served
 
 ADD = {
@@ -95,3 +96,18 @@ def test_unknown_previous_response_and_bad_items_are_422(served: Served) -> None
         client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.UnprocessableEntityError, match="not supported"):
         client.responses.create(model="m", input=[{"type": "reasoning", "summary": []}])
+
+
+def test_a_call_item_after_the_history_leaves_the_recorded_answer_as_it_was() -> None:
+    """A function_call item joins the assistant turn before it; when that turn is the history of
+    previous_response_id (the rollout's own record), the record must not change."""
+    recorded_call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    history = [
+        {"role": "user", "content": "Add."},
+        {"role": "assistant", "content": None, "tool_calls": [recorded_call]},
+    ]
+    before = json.dumps(history)
+    item = {"type": "function_call", "call_id": "c2", "name": "add", "arguments": '{"a": 1}'}
+    chat = ResponsesRequest.model_validate({"input": [item]}).to_chat(history)
+    assert json.dumps(history) == before
+    assert [c["id"] for c in chat["messages"][-1]["tool_calls"]] == ["c1", "c2"]

@@ -100,9 +100,9 @@ def create_app(
         body = parse_model(MessagesRequest, await read_body(request))
         model = body.model or gateway.model_name
         if body.stream:
-            pieces = await first_awaited(gateway.chat_stream(rollout_id, body.to_chat()))
+            pieces = await first_awaited(gateway.chat_stream(rollout_id, as_chat(body.to_chat())))
             return EventStream(anthropic_sse_events(pieces, model), anthropic_error_event)
-        result = await gateway.chat(rollout_id, body.to_chat())
+        result = await gateway.chat(rollout_id, as_chat(body.to_chat()))
         return JSONResponse(message_body(result, model))
 
     async def responses(request: Request) -> Response:
@@ -112,11 +112,11 @@ def create_app(
         history = gateway.response_history(rollout_id, body.previous_response_id)
         response_id, model = f"resp_{uuid.uuid4().hex}", body.model or gateway.model_name
         if body.stream:
-            pieces = gateway.chat_stream(rollout_id, body.to_chat(history))
+            pieces = gateway.chat_stream(rollout_id, as_chat(body.to_chat(history)))
             remembered = await first_awaited(_remembering(pieces, rollout_id, response_id))
             events = responses_sse(remembered, model, response_id, body)
             return EventStream(events, responses_error_event)
-        result = await gateway.chat(rollout_id, body.to_chat(history))
+        result = await gateway.chat(rollout_id, as_chat(body.to_chat(history)))
         gateway.remember_response(rollout_id, response_id)
         return JSONResponse(response_body(result, model, response_id, body))
 
@@ -320,6 +320,13 @@ def create_app(
         exception_handlers={HTTPException: route_error},
         middleware=[Middleware(tracing.TraceContextMiddleware)],
     )
+
+
+def as_chat(body: dict[str, Any]) -> ChatCompletionBody:
+    """A Messages or Responses request as the chat request it is: its messages are new dicts
+    (or the rollout's own record of earlier answers), so, like a chat body read off the wire,
+    they are checked only past what the rollout's previous request sent."""
+    return parse_model(ChatCompletionBody, body)
 
 
 def _flag(value: str, param: str) -> bool:

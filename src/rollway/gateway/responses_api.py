@@ -160,7 +160,9 @@ def _append_item(
         call = {"id": item.call_id, "type": "function", "function": function}
         last = messages[-1] if messages else None
         if last is not None and last["role"] == "assistant" and not last.get("content"):
-            last.setdefault("tool_calls", []).append(call)  # parallel calls share one turn
+            # Parallel calls share one turn. A new dict: ``last`` may be the rollout's own record
+            # of an earlier answer (the history of ``previous_response_id``).
+            messages[-1] = {**last, "tool_calls": [*(last.get("tool_calls") or []), call]}
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     else:
