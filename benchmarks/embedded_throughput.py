@@ -148,14 +148,14 @@ async def measure(engine: EmbeddedEngine, concurrency: int, args: argparse.Names
 
 
 async def main(args: argparse.Namespace) -> None:
-    loaded = EmbeddedEngine.from_pretrained()
+    loaded = EmbeddedEngine.from_pretrained(dtype=args.dtype)
     try:
         hello = render(loaded, [{"role": "user", "content": "Hi"}])
         await loaded.generate(hello, SamplingParams(max_tokens=4), "warm-up")
         print(
             f"{args.turns} turns per rollout, {args.min_tokens}..{args.max_tokens} tokens per "
             f"turn, observations of {args.observation_words} words, group size "
-            f"{args.group_size}, {args.rollouts_per_slot} rollouts per slot"
+            f"{args.group_size}, {args.rollouts_per_slot} rollouts per slot, {args.dtype} weights"
         )
         for concurrency in args.concurrency:
             for _ in range(args.repeats):
@@ -180,6 +180,9 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--dtype", default="float32", help="the embedded engine's weights: float32 or bfloat16"
+    )
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--min-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)

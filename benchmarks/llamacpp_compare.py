@@ -181,7 +181,7 @@ def report(
 
 async def main(args: argparse.Namespace) -> None:
     print(machine_header())
-    loaded = EmbeddedEngine.from_pretrained()
+    loaded = EmbeddedEngine.from_pretrained(dtype=args.dtype)
     n_threads = torch.get_num_threads()
     llama = start_llama(args, n_threads)
     try:
@@ -196,6 +196,7 @@ async def main(args: argparse.Namespace) -> None:
             llama.run(prompts[:1], 4, stop_ids)
         print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{max(map(len, prompts))} "
               f"tokens, greedy, max_tokens {args.max_tokens}, {n_threads} CPU threads each, "
+              f"rollway in {args.dtype}, "
               f"{args.reps} interleaved repetitions", flush=True)  # fmt: skip
         runs: dict[tuple[str, int], list[Run]] = {}
         for _ in range(args.reps):
@@ -227,6 +228,9 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument(
+        "--dtype", default="float32", help="the embedded engine's weights: float32 or bfloat16"
+    )
     parser.add_argument("--compare-tokens", type=int, default=16, help="agreement over N ids")
     parser.add_argument("--skip-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--llama-spec", default=LLAMA_SPEC, help="the pip requirement")

@@ -40,6 +40,7 @@ def test_the_session_engine_keeps_the_default_budget(engine: EmbeddedEngine) -> 
         ("embedded://?prefix_cache_tokens=-1", "prefix_cache_tokens must be a whole number of"),
         ("embedded://?prefix_cache=9", "unknown embedded:// option 'prefix_cache'; known: prefix"),
         ("embedded://?prefix_cache_tokens", "bad embedded:// options"),
+        ("embedded://?prefix_cache_tokens=", "prefix_cache_tokens='' is not a whole"),
     ],
 )
 def test_a_bad_option_is_a_config_error_before_any_model_loads(spec: str, message: str) -> None:

@@ -13,7 +13,7 @@ EngineOption = Annotated[
     typer.Option(
         "--engine",
         envvar="ROLLWAY_ENGINE",
-        help="embedded[://?prefix_cache_tokens=N] | sim:// | sglang://HOST:PORT | "
+        help="embedded[://?prefix_cache_tokens=N&dtype=bfloat16] | sim:// | sglang://HOST:PORT | "
         "vllm://HOST:PORT | openai://HOST:PORT?model=M (README: Engines)",
     ),
 ]

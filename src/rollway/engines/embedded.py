@@ -130,8 +130,14 @@ class EmbeddedEngine:
         device: str | None = None,
         max_batch_size: int = 32,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        dtype: str = "float32",
     ) -> EmbeddedEngine:
+        """``dtype`` is the weights' (and the KV cache's): float32, the default, or bfloat16
+        (about 1.5x the decode speed on a CPU with AVX-512 BF16, half the memory; what GPUs
+        run); float16 on a GPU only. Logprobs are always taken from the logits in float32, and
+        weights pushed in another float dtype are cast to this one."""
         check_count("prefix_cache_tokens", prefix_cache_tokens, least=0)  # before the slow load
+        torch_dtype = parse_dtype(dtype)
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -139,8 +145,10 @@ class EmbeddedEngine:
 
         path = resolve_model_path(None if model is None else str(model))
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if torch_dtype == torch.float16 and torch_device.type == "cpu":
+            raise ConfigError("dtype float16 needs a GPU; on a CPU use bfloat16", "dtype")
         tokenizer = AutoTokenizer.from_pretrained(path)
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         lm.to(torch_device).eval()
         return cls(
             lm,
@@ -428,3 +436,15 @@ def _eos_token_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return frozenset(ids)
+
+
+#: The weight dtypes the embedded engine runs, by the names a spec uses.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """The torch dtype named ``name``; a ``ConfigError`` naming the choices otherwise."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ConfigError(f"dtype {name!r} is not one of {', '.join(DTYPES)}", "dtype") from None

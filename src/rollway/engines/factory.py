@@ -1,7 +1,8 @@
 """Build an engine from a URL-like spec.
 
 ``embedded`` or ``embedded://PATH`` (a local HF model folder), with
-``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none); ``sim`` or
+``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none) and ``?dtype=bfloat16`` for
+its weights (float32 by default; float16 on a GPU only); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
 ``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
 OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed
@@ -41,7 +42,7 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
-_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {"prefix_cache_tokens": int}
+_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {"prefix_cache_tokens": int, "dtype": str}
 _SIM_OPTIONS: dict[str, Callable[[str], Any]] = {
     "latency_s": float,
     "per_token_s": float,
@@ -159,7 +160,8 @@ def _remote(scheme: str, host: str, http: RemoteClient, options: dict[str, Any])
 def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> dict[str, Any]:
     """The ``key=value`` options of a spec's query, each checked and converted."""
     try:
-        pairs = parse_qsl(query, strict_parsing=True) if query else []
+        # Blank values kept: ``?prefix_cache_tokens=`` is a mistake to name, not to drop.
+        pairs = parse_qsl(query, strict_parsing=True, keep_blank_values=True) if query else []
     except ValueError:
         message = f"bad {what}s {redact(query)!r}: expected key=value&..."
         raise ConfigError(message, "engine") from None
