@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 from rollway.gateway.chat_template import ChatRenderer
 from tests.conftest import ADD_TOOL, FEW_SHOT, tool_call
 
@@ -40,3 +42,24 @@ def test_tools_are_rendered_into_the_system_prompt_for_templates_without_tool_su
     )
     assert "<tools>" in text and '"name": "add"' in text
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_encode_gives_the_tokenizers_own_ids_and_decode_its_own_text(
+    renderer: ChatRenderer,
+) -> None:
+    """The renderer calls the Rust tokenizer directly (its batch call without offsets, the
+    decoder without transformers' wrapper): the ids and texts must be transformers' own."""
+    rng = random.Random(11)
+    alphabet = ["a", "Z", " ", "  ", "\n", "\t", "é", "✓", "中", "🙂", "'s", "1", ".", "<"]
+    specials = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+    texts = ["", " ", "x" * 9000, "word " * 2000, *specials]
+    for _ in range(300):
+        pieces = rng.choices(alphabet + specials, k=rng.randint(1, 40))
+        texts.append("".join(pieces))
+    tokenizer = renderer.tokenizer
+    for text in texts:
+        assert renderer.encode(text) == tokenizer.encode(text, add_special_tokens=False), text
+    vocab = len(tokenizer)
+    for _ in range(300):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(1, 30))]
+        assert renderer.decode(ids) == tokenizer.decode(ids, skip_special_tokens=False), ids

@@ -69,6 +69,9 @@ class ChatRenderer:
         # The Rust tokenizer itself where there is one: transformers' wrapper costs more than
         # the encoding of a turn's few new tokens.
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # Its batch call without offsets (tokenizers 0.21+): the same ids, a third faster on
+        # long texts (a tool's output), and it releases the GIL like every batch call.
+        self._encode_fast = getattr(self._backend, "encode_batch_fast", None)
         # transformers' decode then rewrites " ," and the like; the Rust one alone does not.
         self._cleans_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", True))
         self._pieces = read_pieces(_BASE, self._render_prepared)
@@ -80,7 +83,9 @@ class ChatRenderer:
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
             raise TokenBudgetExceeded(least)
-        if self._backend is not None and len(text) <= GIL_FREE_ABOVE_CHARS:
+        if self._encode_fast is not None:
+            ids = self._encode_fast([text], add_special_tokens=False)[0].ids
+        elif self._backend is not None and len(text) <= GIL_FREE_ABOVE_CHARS:
             ids = self._backend.encode(text, add_special_tokens=False).ids
         elif self._backend is not None:  # the batch call lets go of the GIL while it works
             ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
