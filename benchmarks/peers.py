@@ -16,8 +16,9 @@ serving path:
 
 The proxy under test (with its children) is pinned to one core; the upstream servers and this
 client share the other core(s). Repetitions are interleaved (rep -> system -> concurrency) so that
-a busy machine slows every system alike. A failed turn ends its conversation and is counted
-(failed convs), not retried.
+a busy machine slows every system alike, and each run starts once every server is idle (a proxy
+still working on the last run would take the next system's core). A failed turn ends its
+conversation and is counted (failed convs), not retried.
 
 Usage: python benchmarks/peers.py [--quick] [--skip-litellm] [--reps N] [--concurrency 1,64,256]
        [--turns 5] [--tool-result-words 0]
@@ -443,13 +444,34 @@ class Results:
         return statistics.median(r.turns_per_s for r in runs) if runs else None
 
 
+#: Servers count as idle under this share of a core, summed; a run starts only then.
+IDLE_SHARE = 0.05
+
+
+async def settle(trees: list[psutil.Process], most_s: float = 60.0) -> float:
+    """Wait until every server is idle; the seconds waited. A server may go on working after
+    its run has been answered (LiteLLM's success callbacks and logging, seconds of them after a
+    run at c=256) on the core the next system gets: without this, whichever system comes next
+    is measured on part of a core."""
+    started = time.monotonic()
+    while time.monotonic() - started < most_s:
+        before = sum(tree_cpu_s(tree) for tree in trees)
+        await asyncio.sleep(0.5)
+        if sum(tree_cpu_s(tree) for tree in trees) - before < IDLE_SHARE * 0.5:
+            break
+    return time.monotonic() - started
+
+
 async def measure(
     systems: list[System],
     concurrencies: list[int],
     conversations: dict[int, int],
     reps: int,
     shape: Shape,
+    servers: list[psutil.Process],
 ) -> Results:
+    """Every system at every concurrency, ``reps`` times, each run starting once all
+    ``servers`` are idle."""
     results = Results()
     for system in systems:  # a first pass that opens caches and code paths; not measured
         warm = await drive(system, 16, 16, shape)
@@ -462,6 +484,9 @@ async def measure(
                 continue
             rates = []
             for concurrency in concurrencies:
+                waited = await settle(servers)
+                if waited > 2.0:
+                    rates.append(f"(servers busy {waited:.0f} s before)")
                 run = await drive(system, conversations[concurrency], concurrency, shape)
                 results.runs.setdefault((system.name, concurrency), []).append(run)
                 failed = f" ({len(run.errors)} failed)" if run.errors else ""
@@ -634,7 +659,10 @@ def main() -> None:
             else:
                 systems.append(System(server.name, openai_turns(server.url), proxy=server.tree))
         print(f"systems: {', '.join(s.name for s in systems)}", flush=True)
-        results = asyncio.run(measure(systems, concurrencies, conversations, args.reps, shape))
+        trees = [psutil.Process(proc.pid) for proc in servers.procs]
+        results = asyncio.run(
+            measure(systems, concurrencies, conversations, args.reps, shape, trees)
+        )
         report(results, systems, concurrencies, conversations, shape)
     finally:
         servers.close()
