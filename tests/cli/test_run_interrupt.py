@@ -15,6 +15,12 @@ import orjson
 from tests.cli.test_run_failures import AGENT_SOURCE
 
 
+def _default_sigint() -> None:
+    """Ctrl-C as a terminal gives it: a suite started in the background (``pytest &`` in a
+    script) has SIGINT ignored, children inherit that, and Python then never sees the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_path: Path) -> None:
     (tmp_path / "echo.py").write_text(AGENT_SOURCE)
     rows = [{"task_id": f"t{i}", "question": f"q{i}"} for i in range(12)]
@@ -24,7 +30,7 @@ def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_pat
     trajectories = tmp_path / "runs" / "echo-tasks" / "trajectories"
     slow = subprocess.Popen(
         [*args, "--engine", "sim://?latency_s=0.4"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint,
     )  # fmt: skip
     with slow:
         deadline = time.monotonic() + 60
