@@ -399,6 +399,8 @@ async def test_wire_and_in_process_record_the_same_turns_for_edits_anywhere(
         assert mine["prompt_ids"] == theirs["prompt_ids"], name
         assert (mine["segment"], mine["prompt_hash"]) == (theirs["segment"], theirs["prompt_hash"])
     check_turns(renderer, ours["turns"], rollout.sent)
+    # The recorded conversation too, written out (1, 1.0 and true told apart).
+    assert orjson.dumps(ours["messages"]) == orjson.dumps(truth["messages"])
 
 
 # --- Claim 2: malformed messages named at their place, new or reused. -----------------------
@@ -852,3 +854,25 @@ def test_a_chat_level_engine_gets_each_request_s_own_messages(renderer: ChatRend
         assert orjson.dumps(got) == orjson.dumps(expected), name  # 1, 1.0, true told apart
     for turn in turns:
         assert turn["prompt_hash"] == sha256_prompt_hash(turn["prompt_ids"])
+
+
+def test_changing_tools_between_turns_with_reused_messages(
+    sim_http: tuple[httpx.Client, str, Gateway], renderer: ChatRenderer
+) -> None:
+    """Tools are not part of what is reused: each turn's prompt follows its own tools."""
+    client, admin_key, _ = sim_http
+    rollout = Rollout(client, admin_key)
+    other = copy.deepcopy(ADD_TOOL)
+    other["function"]["description"] = "Add two integers, carefully."
+    messages = history('{"a": 1}')
+    for step, tools in enumerate([[ADD_TOOL], [ADD_TOOL], None, [other], [other], [ADD_TOOL]]):
+        body: Body = {"messages": messages}
+        if tools is not None:
+            body["tools"] = tools
+        reply = rollout.reply(body)
+        messages = [*messages, reply, {"role": "user", "content": f"Step {step}."}]
+    turns = rollout.trajectory()["turns"]
+    assert [t["segment"] for t in turns] == [0, 0, 1, 2, 2, 3]
+    check_turns(renderer, turns, rollout.sent)
+    assert "carefully" in renderer.decode(turns[3]["prompt_ids"])
+    assert "carefully" not in renderer.decode(turns[5]["prompt_ids"])
