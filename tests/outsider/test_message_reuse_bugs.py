@@ -178,11 +178,6 @@ def rendered_arguments(arguments: str) -> str:
     return json.dumps({"name": "add", "arguments": json.loads(arguments)}, ensure_ascii=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: orjson message keys merge distinct arguments (NaN/Infinity -> null, "
-    "integers past 64 bits -> float): the edit is not rendered",
-)
 @pytest.mark.parametrize(("before", "after"), COLLIDING)
 def test_an_edited_earlier_call_argument_is_rendered_over_http(
     sim_http: tuple[httpx.Client, str, Gateway], renderer: ChatRenderer, before: str, after: str
@@ -197,11 +192,6 @@ def test_an_edited_earlier_call_argument_is_rendered_over_http(
     assert rendered_arguments(after) in prompt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the same key collision in Gateway.chat(dict), which did not exist before "
-    "the change (json.dumps keys)",
-)
 @pytest.mark.parametrize(("before", "after"), COLLIDING[:3])
 async def test_an_edited_earlier_call_argument_is_rendered_in_process(
     renderer: ChatRenderer, before: str, after: str
@@ -215,11 +205,6 @@ async def test_an_edited_earlier_call_argument_is_rendered_in_process(
     assert rendered_arguments(after) in prompt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: object arguments {'a': inf} and {'a': None} get one key in Gateway.chat(dict): "
-    "the edit is not rendered although object arguments are never reused",
-)
 async def test_object_arguments_infinity_edit_is_rendered_in_process(
     renderer: ChatRenderer,
 ) -> None:
@@ -237,11 +222,6 @@ async def test_object_arguments_infinity_edit_is_rendered_in_process(
 # under an orjson dump of the messages; message keys fall back to ``json.loads`` unguarded).
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (pre-existing, prompt cache): another rollout's first prompt with object "
-    "arguments {'a': None} is served for {'a': inf} (orjson writes inf as null)",
-)
 async def test_first_prompt_cache_tells_infinity_from_null_in_process(
     renderer: ChatRenderer,
 ) -> None:
@@ -253,11 +233,6 @@ async def test_first_prompt_cache_tells_infinity_from_null_in_process(
     assert '"arguments": {"a": Infinity}' in prompt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (pre-existing, prompt cache): object arguments past 64 bits crash "
-    "Gateway.chat(dict) with TypeError (orjson cannot dump the cache key)",
-)
 async def test_object_arguments_past_64_bits_in_process(renderer: ChatRenderer) -> None:
     gateway = sim_gateway(renderer, output_len=8)
     gateway.register("r", {})
@@ -266,11 +241,6 @@ async def test_object_arguments_past_64_bits_in_process(renderer: ChatRenderer) 
     assert str(2**70) in prompt
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (pre-existing, message keys): string arguments nested past ~1000 levels "
-    "answer 500 (RecursionError from the json.loads fallback) instead of a turn or a 4xx",
-)
 def test_deeply_nested_string_arguments_do_not_answer_500(
     sim_http: tuple[httpx.Client, str, Gateway],
 ) -> None:

@@ -17,8 +17,6 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-import orjson
-
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.message_template import ROLES, read_pieces
 from rollway.gateway.token_bound import TokenBound
@@ -119,7 +117,7 @@ class ChatRenderer:
         max_tokens: int | None = None,
     ) -> list[int]:
         """The whole conversation, ready for the model to answer."""
-        key = hashlib.blake2b(orjson.dumps([messages, tools], option=orjson.OPT_SORT_KEYS)).digest()
+        key = _cache_key(messages, tools)
         ids = self._prompts.get(key)
         if ids is None:
             # The budget goes in: an over-long prompt is refused before it is tokenized.
@@ -257,6 +255,17 @@ def _with_dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
     function = dict(call.get("function", {}))
     arguments = function.get("arguments")
     if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             function["arguments"] = json.loads(arguments)
     return {**call, "function": function}
+
+
+def _cache_key(messages: list[Message], tools: list[dict[str, Any]] | None) -> bytes:
+    """What tells first prompts apart: the json module in the order given, since the template
+    renders keys in that order, and orjson writes NaN and Infinity as null and cannot write
+    integers past 64 bits."""
+    try:
+        text = json.dumps([messages, tools], ensure_ascii=False, default=repr)
+    except (ValueError, RecursionError):
+        text = repr([messages, tools])
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass")).digest()

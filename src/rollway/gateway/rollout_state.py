@@ -10,8 +10,6 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from rollway.gateway.chat_template import Message, content_text
 from rollway.types import SamplingParams, Turn
 
@@ -162,20 +160,18 @@ def message_key(message: Message) -> MessageKey:
 
 def _canonical_json(arguments: str | dict[str, Any]) -> str:
     """One text per JSON value, so that an agent's re-serialized echo of a call matches the
-    call. orjson first (a key is made for every message of every request, so this is hot);
-    the json module for what orjson refuses (NaN, integers past 64 bits)."""
+    call. The json module, not orjson: orjson writes NaN, Infinity and 1e400 all as null and
+    reads integers past 64 bits as floats, so values the template renders differently would
+    share a key (and a changed earlier call would pass for the old one)."""
     if isinstance(arguments, str):
         try:
-            arguments = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return arguments
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments
     try:
-        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
-    except orjson.JSONEncodeError:  # a value past what orjson writes
         return json.dumps(arguments, sort_keys=True)
+    except (ValueError, RecursionError):  # nested past the recursion limit: keep its text
+        return repr(arguments)
 
 
 def prompt_hash(ids: list[int]) -> str:

@@ -37,7 +37,8 @@ def render_tool_calls(content: str, tool_calls: list[dict[str, Any]]) -> str:
         function = call.get("function", {})
         arguments: Any = function.get("arguments", "{}")
         if isinstance(arguments, str):
-            with contextlib.suppress(ValueError):  # else rendered as the string given
+            # Else rendered as the string given (nested past the recursion limit too).
+            with contextlib.suppress(ValueError, RecursionError):
                 arguments = json.loads(arguments)
         body = json.dumps(
             {"name": function.get("name"), "arguments": arguments}, ensure_ascii=False
