@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rollway.engines.base import WeightSync
+from rollway.engines.decode_batch import cache_argument
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError, EngineError
 from rollway.types import SamplingParams
@@ -122,9 +123,8 @@ async def test_keep_freezes_a_generation_and_continues_it_on_the_new_weights(
         head = engine.model(tensor(engine, ids + out[: before - 1]), use_cache=True)
     await engine.update_weights(with_weight(engine, new_weight), new + 2)
     with torch.inference_mode():
-        tail = engine.model(
-            tensor(engine, out[before - 1 : -1]), past_key_values=head.past_key_values
-        )
+        kv = cache_argument(engine.model)
+        tail = engine.model(tensor(engine, out[before - 1 : -1]), **{kv: head[kv]})
     logits = torch.cat([head.logits[0, len(ids) - 1 :], tail.logits[0]]).float().cpu()
     expected = torch.log_softmax(logits, -1)[torch.arange(len(out)), torch.tensor(out)]
     assert result.logprobs == pytest.approx(expected.tolist(), abs=1e-3)

@@ -12,6 +12,8 @@ Only full-attention models fit this layout (a sliding window would count masked 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -124,9 +126,9 @@ class DecodeBatch(Generic[Row]):
             input_ids=ids,
             attention_mask=attention_mask,
             position_ids=positions,
-            past_key_values=past,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_argument(model): past},
         )
         next_ids = torch.full((len(rows),), pad_id, dtype=torch.long, device=device)
         batch = cls(list(rows), past, attention_mask, next_ids)
@@ -140,9 +142,9 @@ class DecodeBatch(Generic[Row]):
             input_ids=self.next_ids[:, None],
             attention_mask=self.attention_mask,
             position_ids=positions,
-            past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{cache_argument(model): self.cache},
         )
         return out.logits[:, -1, :].float()
 
@@ -196,11 +198,23 @@ def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPre
     out = model(
         input_ids=ids,
         position_ids=positions,
-        past_key_values=past,
         use_cache=True,
         logits_to_keep=1,
+        **{cache_argument(model): past},
     )
-    return CachedPrefix(token_ids, out.past_key_values)
+    return CachedPrefix(token_ids, out[cache_argument(model)])
+
+
+def cache_argument(model: Any) -> str:
+    """What ``model``'s forward calls its KV cache, in and out: ``cache`` from transformers
+    5.24, ``past_key_values`` before (5.24 still takes the old name, with a FutureWarning)."""
+    return _cache_argument(type(model))
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def _stack_heads(reuse: Sequence[Reuse], width: int, suffix: int, layers: int) -> Cache:
