@@ -37,7 +37,8 @@ rl: setup
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
-	$(BIN)/pytest -q
+	# Two workers: half the suite's time is spent waiting on servers and subprocesses.
+	$(BIN)/pytest -q --numprocesses 2 --dist loadfile
 
 bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
