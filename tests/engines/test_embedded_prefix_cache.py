@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from transformers import DynamicCache
 
+from rollway.engines.decode_batch import cache_argument
+from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.kv_cache import CachedPrefix, PrefixCache, common_prefix_length
 
 
@@ -77,3 +81,25 @@ def test_clear_drops_every_entry() -> None:
     cache.insert(entry(1, 2))
     cache.clear()
     assert len(cache) == 0 and cache.tokens == 0 and cache.match(ids(1, 2)) == (None, 0)
+
+
+class _RenamedForward:
+    def forward(self, input_ids: object = None, cache: object = None) -> None: ...
+
+
+class _OlderForward:
+    def forward(self, input_ids: object = None, past_key_values: object = None) -> None: ...
+
+
+def test_the_kv_argument_is_named_as_the_installed_models_forward_names_it(
+    engine: EmbeddedEngine,
+) -> None:
+    assert cache_argument(_RenamedForward()) == "cache"  # transformers 5.24 and later
+    assert cache_argument(_OlderForward()) == "past_key_values"
+    # The name picked for the real model is the one it takes without a deprecation warning.
+    name = cache_argument(engine.model)
+    with warnings.catch_warnings(), torch.inference_mode():
+        warnings.simplefilter("error")
+        ids = torch.tensor([[1, 2, 3]], device=engine.model.device)
+        out = engine.model(ids, use_cache=True, **{name: None})
+        assert out[name].get_seq_length() == 3
