@@ -34,7 +34,10 @@ def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_pat
     )  # fmt: skip
     with slow:
         deadline = time.monotonic() + 60
-        while len(list(trajectories.glob("*.json"))) < 2:  # two rollouts recorded: mid-batch
+        # Mid-batch: three records written, so the first pair's (which end together) at least
+        # 0.4 s ago. A rollout written as it ended but not yet handed back when Ctrl-C comes
+        # is rewritten as cancelled (client/future.py).
+        while len(list(trajectories.glob("*.json"))) < 3:
             assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
             time.sleep(0.05)
         slow.send_signal(signal.SIGINT)
