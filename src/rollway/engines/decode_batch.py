@@ -195,14 +195,11 @@ def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPre
     past = DynamicCache(entry.kv_head(length)) if entry is not None and length else None
     ids = token_ids[None, length:].to(model.device)
     positions = torch.arange(length, len(token_ids), device=model.device)[None]
+    kv = cache_argument(model)
     out = model(
-        input_ids=ids,
-        position_ids=positions,
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_argument(model): past},
+        input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{kv: past}
     )
-    return CachedPrefix(token_ids, out[cache_argument(model)])
+    return CachedPrefix(token_ids, out[kv])
 
 
 def cache_argument(model: Any) -> str:
