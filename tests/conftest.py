@@ -22,8 +22,13 @@ from rollway.web.background_server import BackgroundServer
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 
-# Agent servers and callback receivers; an S3 server on loopback.
-pytest_plugins = ["tests.agents.server.fixtures", "tests.store.s3_fixtures"]
+# Agent servers and callback receivers; an S3 server on loopback; the real vLLM server of the
+# conformance suite's real leg (--real-vllm).
+pytest_plugins = [
+    "tests.agents.server.fixtures",
+    "tests.store.s3_fixtures",
+    "tests.engines.vllm_servers",
+]
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
-"""The package picture, enforced: imports run one way down the layers of DESIGN.md, no module
-imports itself back through others, and no two modules share a name."""
+"""The package picture, enforced: imports run one way down the layers of docs/architecture.md,
+no module imports itself back through others, and no two modules share a name."""
 
 from __future__ import annotations
 
@@ -80,7 +80,9 @@ def _layer(package: str) -> int:
 def test_every_package_has_a_layer() -> None:
     packages = {p for p in map(_package, MODULES) if p is not None}
     unplaced = packages - set().union(*LAYERS)
-    assert not unplaced, f"add {sorted(unplaced)} to LAYERS (and to DESIGN/README layout)"
+    assert not unplaced, (
+        f"add {sorted(unplaced)} to LAYERS (and to docs/architecture.md, README Layout)"
+    )
 
 
 def test_imports_only_run_down_the_layers() -> None:
@@ -191,3 +193,15 @@ def test_the_readme_layout_names_every_module() -> None:
     for layer in LAYERS:
         for package in layer - {"(ground)"}:
             assert f"{package}/" in layout, f"README's Layout has no {package}/"
+
+
+def test_the_architecture_page_lists_the_layers_in_order() -> None:
+    page = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
+    table = page.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    documented = [set(re.findall(r"`(\w+)`", row.split("|")[2])) for row in rows]
+    expected = [layer - {"(ground)"} for layer in LAYERS]
+    ground = documented.pop()  # the ground layer lists root modules, not packages
+    assert documented == expected[:-1], "docs/architecture.md's layer table differs from LAYERS"
+    root_modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "__main__"}
+    assert ground == root_modules, f"the ground row should list {sorted(root_modules)}"

@@ -19,6 +19,7 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="tasks per step")
     p.add_argument("--group-size", type=int, default=d.group_size)
     p.add_argument("--max-tokens", type=int, default=d.max_tokens)
+    p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--clip-eps", type=float, default=d.clip_eps)
     p.add_argument("--decoupled", dest="decoupled_weight_cap", type=float, nargs="?",

@@ -18,6 +18,9 @@ class GRPOConfig:
     group_size: int = 4
     #: Per model call; None: the task's own (one-word 12, calculator 48).
     max_tokens: int | None = None
+    #: The sampling temperature; the trainer recomputes its logprobs at the same one, and the
+    #: recorded logprobs are that distribution's (``log_softmax(logits / T)``).
+    temperature: float = 0.7
     lr: float = 3e-5
     clip_eps: float = 0.2
     #: Decoupled PPO: clip around the trainer's weights, correct stale tokens with a detached

@@ -55,8 +55,8 @@ class Trainer:
 
 
 def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
-    """A client on the embedded engine, sampling at temperature 1: the recorded logprobs are
-    temperature-1 ones, so only then are they the behaviour policy's."""
+    """A client on the embedded engine, sampling at ``config.temperature``: the recorded
+    logprobs are that distribution's, the behaviour policy the trainer recomputes."""
     return RolloutClient(
         task_set.agent,
         "embedded",
@@ -64,7 +64,7 @@ def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
         exp_id=f"grpo-{config.task}",
         max_concurrent=config.prompts_per_step * config.group_size,
         max_staleness=1 if config.async_rollouts else None,
-        temperature=1.0,
+        temperature=config.temperature,
         max_tokens=config.max_tokens or task_set.max_tokens,
     )
 
@@ -87,7 +87,9 @@ def train_step(
         raise RuntimeError(f"no rollout of {len(records)} succeeded: {records[0].reason}")
     advantages = group_advantages(scored)
     batch = pack([(s, advantages[r.rollout_id]) for r in scored for s in r.trajectory.samples])
-    new = token_logprobs(trainer.model, batch)  # the forward pass the loss is built from
+    new = token_logprobs(
+        trainer.model, batch, config.temperature
+    )  # the forward pass the loss is built from
     on_policy = batch.on_policy(trainer.version)
     deviation = max_ratio_deviation(new, batch.behaviour_logprobs, on_policy)
     if deviation > config.ratio_tol:
@@ -98,7 +100,7 @@ def train_step(
     reference = None
     if trainer.reference is not None:
         with torch.no_grad():
-            reference = token_logprobs(trainer.reference, batch)
+            reference = token_logprobs(trainer.reference, batch, config.temperature)
     loss, stats = grpo_loss(
         new, batch, config.clip_eps, config.kl_coef, reference, config.decoupled_weight_cap
     )

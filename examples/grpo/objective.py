@@ -2,8 +2,9 @@
 
 Each sample gives ``prompt_ids + response_ids`` (the exact ids the engine saw and sampled), a
 loss mask (1 on sampled tokens, 0 on template glue and tool output), the engine's
-temperature-1 logprob of each sampled token (the behaviour policy) and the weights version
-that sampled it. Nothing is re-tokenized; only masked-in tokens are scored.
+logprob of each sampled token under the sampling temperature's distribution (the behaviour
+policy, ``log_softmax(logits / T)``) and the weights version that sampled it. Nothing is
+re-tokenized; only masked-in tokens are scored.
 """
 
 from __future__ import annotations
@@ -119,14 +120,17 @@ def _sampled_runs(mask: Sequence[int]) -> list[range]:
     return runs
 
 
-def token_logprobs(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """``[N]`` temperature-1 logprobs of the trained tokens under ``model`` (fp32), the output
-    layer applied only where a trained token is predicted. Differentiable."""
+def token_logprobs(
+    model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[N]`` logprobs of the trained tokens under ``model`` at the sampling ``temperature``
+    (``log_softmax(logits / T)``, fp32), the output layer applied only where a trained token is
+    predicted. Differentiable."""
     hidden = model.get_decoder()(
         input_ids=batch.input_ids, attention_mask=batch.attention_mask
     ).last_hidden_state
     logits = model.get_output_embeddings()(hidden[batch.rows, batch.positions - 1]).float()
-    return logits.log_softmax(-1).gather(-1, batch.targets[:, None]).squeeze(-1)
+    return (logits / temperature).log_softmax(-1).gather(-1, batch.targets[:, None]).squeeze(-1)
 
 
 def max_ratio_deviation(new: torch.Tensor, old: torch.Tensor, where: torch.Tensor) -> float:

@@ -12,6 +12,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── AuthError                   missing or wrong key                     (401)
     ├── UnknownRolloutError         no such rollout registered               (404)
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
+    ├── ExperimentInUseError        another live client holds the experiment (409)
     ├── EngineError                 the engine failed to generate            (502)
     │   └── EngineConnectError      no connection could be made (twice)      (502)
     ├── AgentError                  the agent failed or is malformed         (500)
@@ -26,6 +27,8 @@ Exceptions keep their constructor arguments in ``args`` so that they pickle (the
 """
 
 from __future__ import annotations
+
+import asyncio
 
 
 class RollwayError(Exception):
@@ -75,6 +78,13 @@ class RolloutClosedError(RollwayError):
     error_type = "conflict_error"
 
 
+class ExperimentInUseError(RollwayError):
+    """Another live client holds the experiment's lease (``rollway.leases``): two clients
+    would run, cancel and unregister the same rollouts."""
+
+    error_type = "conflict_error"
+
+
 class EngineError(RollwayError):
     error_type = "engine_error"
 
@@ -116,6 +126,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     AuthError: 401,
     UnknownRolloutError: 404,
     RolloutClosedError: 409,
+    ExperimentInUseError: 409,
     EngineError: 502,
     EngineConnectError: 502,
     AgentError: 500,
@@ -153,6 +164,14 @@ def error_kind(error: BaseException) -> str:
     if isinstance(error, InfrastructureError):
         return "infrastructure"
     return "agent"
+
+
+def is_failure(error: BaseException) -> bool:
+    """Whether an exception from user code (an agent, a tool, a reward function) is a failure
+    to record like any other. ``sys.exit()`` is one: let through, asyncio re-raises it out of
+    the event loop that runs every rollout. Ctrl-C and a cancellation are not: they belong to
+    whoever asked for them."""
+    return not isinstance(error, KeyboardInterrupt | asyncio.CancelledError)
 
 
 def error_from_body(status: int, body: object) -> RollwayError:

@@ -21,8 +21,9 @@ from rollway.errors import InvalidFieldsError
 
 FinishReason = Literal["stop", "length", "abort"]
 #: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
-#: logits at temperature 1 (rollway's contract, what a trainer's forward pass gives);
-#: ``processed_logprobs`` is taken after temperature, top-p or top-k reshaped the distribution.
+#: logits at temperature 1; ``processed_logprobs`` is taken after the temperature reshaped the
+#: distribution, ``log_softmax(logits / T)``: the behaviour policy a trainer recomputes at its
+#: sampling temperature (vLLM's processed logprobs are also renormalised over the top-p/top-k set).
 LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
 ErrorKind = Literal["agent", "engine", "reward", "infrastructure"]
@@ -78,13 +79,19 @@ class GenerationResult:
     """What an engine sampled: token ids, the logprob of each, and why it stopped.
 
     ``policy_versions`` holds, per output id, the weights version that sampled it (None from
-    engines without versions); a generation that ran across a ``keep`` update has two."""
+    engines without versions); a generation that ran across a ``keep`` update has two.
+    ``logprobs`` are of ``logprob_kind``; ``raw_logprobs`` are the temperature-1 ones beside
+    them, where the engine computes both and they differ (None: ``logprobs`` are raw, or the
+    engine cannot tell). ``kept_mass`` is, per token, the probability mass of the tokens top-p
+    and top-k left to sample from under ``log_softmax(logits / T)`` (None: nothing was cut)."""
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     policy_versions: list[int] | None = None
     logprob_kind: LogprobKind = "raw_logprobs"
+    raw_logprobs: list[float] | None = None
+    kept_mass: list[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +101,38 @@ class GenerationChunk:
     ``output_ids``, ``logprobs`` and ``policy_versions`` are the new tokens only (a chunk may
     carry none, e.g. the last one of an aborted request). ``finish_reason`` is None until the
     last chunk, which has it; the chunks of one request, concatenated, are its
-    ``GenerationResult`` (``engines.streaming.collect``)."""
+    ``GenerationResult`` (``engines.streaming.collect``), ``raw_logprobs`` and ``kept_mass``
+    included."""
 
     output_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason | None = None
     policy_versions: list[int] | None = None
     logprob_kind: LogprobKind = "raw_logprobs"
+    raw_logprobs: list[float] | None = None
+    kept_mass: list[float] | None = None
+
+    @staticmethod
+    def join(parts: list[GenerationChunk]) -> GenerationChunk:
+        """``parts`` of one request as one chunk, finished as the last part is. A per-token
+        list is kept where every part with tokens has it (an empty abort chunk has none)."""
+        full = [part for part in parts if part.output_ids] or parts[:1]
+
+        def joined(name: str) -> list[Any] | None:
+            lists = [getattr(part, name) for part in full]
+            if any(values is None for values in lists):
+                return None
+            return [value for values in lists for value in values]
+
+        return GenerationChunk(
+            [token for part in parts for token in part.output_ids],
+            [logprob for part in parts for logprob in part.logprobs],
+            parts[-1].finish_reason,
+            joined("policy_versions"),
+            full[-1].logprob_kind,
+            joined("raw_logprobs"),
+            joined("kept_mass"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +216,23 @@ class Turn(_Wire):
     )
     logprob_kind: LogprobKind = Field(
         default="raw_logprobs",
-        description="raw_logprobs: temperature-1 log-softmax; processed_logprobs: after "
-        "temperature/top-p/top-k (a trainer must not mix them).",
+        description="raw_logprobs: temperature-1 log-softmax; processed_logprobs: "
+        "log_softmax(logits / T), the sampling temperature's (a trainer must not mix them).",
+    )
+    raw_logprobs: list[float] | None = Field(
+        default=None,
+        description="The temperature-1 logprob of each completion id, where the engine gave "
+        "them beside processed logprobs; None when logprobs are raw or the engine cannot.",
+    )
+    kept_mass: list[float] | None = Field(
+        default=None,
+        description="Per completion id: the mass of the tokens top-p/top-k kept, under "
+        "log_softmax(logits / T); None when nothing was cut.",
     )
     reissued: int = Field(
         default=0,
-        description="Times the engine aborted this turn (a weight update) and it was sent again.",
+        description="Times this turn was aborted (a weight update, or its server was taken out) "
+        "and sent again.",
     )
 
 
@@ -205,6 +248,16 @@ class Sample(_Wire):
         default=None,
         description="Aligned with response_ids: the weights version of each sampled token, "
         "-1 where mask is 0; None when the engine has no versions.",
+    )
+    raw_logprobs: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the temperature-1 logprobs (0.0 where mask is "
+        "0); None when every turn's logprobs are raw already, or an engine gave none.",
+    )
+    kept_mass: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the mass top-p/top-k kept for each sampled "
+        "token (1.0 where nothing was cut and where mask is 0); None when no turn was cut.",
     )
 
 

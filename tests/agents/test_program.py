@@ -248,3 +248,15 @@ def test_the_program_sees_its_rollout_endpoint_and_task(
     record = run_one(sim_gateway(renderer), ProgramAgent(probe), tmp_path)
     assert record.status == "completed" and record.reward == 1.0
     assert len(record.trajectory.turns) == 1
+
+
+def test_a_relative_program_path_keeps_its_symlink(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A venv's bin/python is a symlink: followed, it is the base interpreter without the
+    # venv's packages.
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    agent = ProgramAgent("venv/bin/python prog.py")
+    assert agent.command == [str(tmp_path / "venv" / "bin" / "python"), "prog.py"]

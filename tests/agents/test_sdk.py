@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -154,6 +155,27 @@ async def test_tool_failures_become_messages_the_model_can_read() -> None:
     assert "c:" in by_id["extra"]
     assert by_id["raises"] == "error: explode raised RuntimeError: boom"
     assert len(calls) == len(replies)
+
+
+@tool
+def leave() -> str:
+    """Exits the process."""
+    raise SystemExit(4)
+
+
+async def test_a_tool_that_calls_sys_exit_is_a_failure_the_model_reads() -> None:
+    (reply,) = await execute_tool_calls({"tool_calls": [call("leave", {})]}, [leave])
+    assert reply["content"] == "error: leave raised SystemExit: 4"
+
+
+async def test_a_tool_still_lets_a_cancellation_through() -> None:
+    @tool
+    def cancelled() -> str:
+        """Cancelled."""
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await execute_tool_calls({"tool_calls": [call("cancelled", {})]}, [cancelled])
 
 
 def found(agent: Any) -> list[tuple[str, str | None]]:

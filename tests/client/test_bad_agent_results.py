@@ -3,8 +3,10 @@ rollout's error; it never loses the record nor breaks the batch around it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +68,59 @@ def test_a_nan_reward_is_a_reward_error_and_the_summary_still_adds_up(
     assert all(r.reward == 1.0 for r in by_task["ok"])
     summary = json.loads((client.store.path / "summary.json").read_text())
     assert summary["mean_reward"] == 1.0
+
+
+class Exiting(AgentLoop):
+    """Calls ``sys.exit()`` where the task says: in ``run``, or in ``stop`` (then it hangs)."""
+
+    name = "exiting"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        await ctx.chat([{"role": "user", "content": "hi"}])
+        if ctx.task.get("exit") == "run":
+            raise SystemExit(2)
+        if ctx.task.get("exit") == "stop":
+            await asyncio.Event().wait()
+        return ctx.complete([])
+
+    async def stop(self, ctx: RolloutContext) -> None:
+        if ctx.task.get("exit") == "stop":
+            sys.exit(5)
+
+
+def exiting_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["exit"] == "reward":
+        sys.exit(3)
+    return 1.0
+
+
+async def exiting_async_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["exit"] == "reward":
+        raise SystemExit(3)
+    return 1.0
+
+
+@pytest.mark.timeout(60)  # the defect hung the batch (and its client's close) for good
+@pytest.mark.parametrize("reward", [exiting_reward, exiting_async_reward])
+def test_sys_exit_in_user_code_is_that_rollouts_error_and_the_batch_ends(
+    make_client: MakeClient, reward: Callable[..., Any]
+) -> None:
+    client = make_client(agent=Exiting, reward=reward, max_retry_attempts=1, timeout=1.0)
+    exits = ["run", "stop", "reward", "none"]
+    items = list(client.run_batch([{"task_id": name, "exit": name} for name in exits]))
+    records = {item.result.task["task_id"]: item.result for item in items}
+    assert sorted(records) == sorted(exits)
+    run = records["run"]
+    assert (run.status, run.error_kind) == ("error", "agent")
+    assert "SystemExit: 2" in (run.reason or "")
+    stop = records["stop"]
+    assert stop.status == "timeout"
+    assert any("SystemExit: 5" in error for error in stop.cleanup_errors)
+    scored = records["reward"]
+    assert (scored.status, scored.error_kind) == ("error", "reward")
+    assert "reward function raised SystemExit: 3" in (scored.reason or "")
+    assert records["none"].reward == 1.0
+    assert (client.store.path / "summary.json").exists()
 
 
 @pytest.mark.parametrize(

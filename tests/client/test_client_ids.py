@@ -4,6 +4,7 @@ are hashed."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import pytest
@@ -46,3 +47,22 @@ def test_the_longest_exp_id_and_task_id_run_and_are_stored(
     items = list(client.run_batch(tasks))
     assert all(item.success for item in items), [item.error for item in items]
     assert all(item.result.status == "completed" for item in items)
+
+
+def test_invoke_with_a_seed_draws_the_same_engine_seed_each_time_and_as_a_batch(
+    make_client: Callable[..., RolloutClient],
+) -> None:
+    client = make_client(seed=1)
+    task = {"task_id": "seeded", "reward": 1.0}
+    seeds = [
+        client.invoke(task).result(timeout=30).trajectory.turns[0].sampling["seed"]
+        for _ in range(2)
+    ]
+    (item,) = list(client.run_batch([task]))
+    batch_seed = item.result.trajectory.turns[0].sampling["seed"]
+    assert seeds[0] == seeds[1] == batch_seed
+    # The documented derivation: sha256("1:seeded.0"), first 4 bytes, little-endian.
+    digest = hashlib.sha256(b"1:seeded.0").digest()
+    assert batch_seed == int.from_bytes(digest[:4], "little")
+    other = client.invoke({"task_id": "other", "reward": 1.0}).result(timeout=30)
+    assert other.trajectory.turns[0].sampling["seed"] != batch_seed

@@ -182,7 +182,8 @@ def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_e
 ) -> None:
     url, process = killable_agent_server
     poll = PollPolicy(initial_s=0.05, max_s=0.2, status_every_s=0.2, max_status_failures=3)
-    client = remote_client(url, poll=poll, max_retry_attempts=2)
+    # It waits for the server to come back for as long as its timeout allows, then gives up.
+    client = remote_client(url, poll=poll, max_retry_attempts=2, timeout=3.0)
     future = client.invoke({"task_id": "orphan", "sleep": 60})
     running = {"Authorization": f"Bearer {KEY}"}
     wait_until(lambda: httpx.get(f"{url}/v1/health", headers=running).json()["running"] == 1)
@@ -190,8 +191,10 @@ def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_e
     process.wait(30)
     record = future.result(timeout=30)
     assert (record.status, record.error_kind) == ("error", "infrastructure"), record.reason
-    assert record.attempts == 2 and record.rollout_id.endswith(".2")
-    assert "unreachable" in (record.reason or "")  # the retry found it gone too
+    assert (record.reason or "").startswith(f"the agent server at {url} was down for")
+    # The attempt its death ended was not counted, and no other started against it.
+    assert record.attempts == 1 and record.rollout_id.endswith(".1")
+    assert "unreachable" in (record.reason or "")  # how the attempt ended
 
 
 def test_per_call_overrides_reach_the_agent_servers_init(

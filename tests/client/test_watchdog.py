@@ -10,6 +10,7 @@ import pytest
 
 from rollway.client import RolloutClient
 from rollway.client.progress import BatchProgress
+from rollway.client.watchdog import describe
 from rollway.engines.sim import SimConfig
 from rollway.errors import ConfigError
 from rollway.events import RolloutEvent, RolloutStuck
@@ -79,3 +80,9 @@ def test_status_lines_count_stuck_rollouts(caplog: pytest.LogCaptureFixture) -> 
         progress.status_line()
     first, second = (r.getMessage() for r in caplog.records)
     assert "stuck" not in first and second.endswith("| 2 stuck")
+
+
+@pytest.mark.parametrize(("idle_s", "said"), [(0.54, "0.5 s"), (0.96, "1.0 s"), (312.4, "312 s")])
+def test_the_reason_gives_the_idle_time_as_measured(idle_s: float, said: str) -> None:
+    event = RolloutStuck(rollout_id="r", waiting_in="agent", request_id=None, idle_s=idle_s)
+    assert describe(event) == f"stuck: no progress for {said}, in its agent (no model call pending)"

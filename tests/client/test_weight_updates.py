@@ -56,6 +56,31 @@ def test_an_update_mid_batch_fails_no_rollout_and_stamps_the_new_version(
 
 
 @pytest.mark.timeout(60)
+def test_updates_faster_than_the_turns_fail_no_rollout(make_client: MakeClient) -> None:
+    # Abort-mode updates every 0.2 s, turns of 0.8 s, the defaults: each turn is aborted at
+    # most twice, then finishes on the weights it started with; no turn fails for an update.
+    client = make_client(SimConfig(latency_s=0.8, output_len=4), max_concurrent=8)
+    records: list[RolloutRecord] = []
+    tasks = [{"task_id": f"f{i}", "chats": 2} for i in range(4)]
+    batch = threading.Thread(
+        target=lambda: records.extend(i.result for i in client.run_batch(tasks))
+    )
+    batch.start()
+    made = 0
+    while batch.is_alive() and made < 40:  # bounded: before the fix, turns failed after 17
+        time.sleep(0.2)  # the trainer's pace, not a synchronisation
+        client.update_weights(f"ckpt-{made}")
+        made += 1
+    batch.join(60)
+    assert len(records) == 4 and {r.status for r in records} == {"completed"}
+    assert all(r.attempts == 1 for r in records)
+    turns = [t for r in records for t in r.trajectory.turns]
+    assert len(turns) == 8 and max(t.reissued for t in turns) == 2
+    assert all(t.reissued <= 2 and len(set(t.policy_versions or [])) == 1 for t in turns)
+    assert all(r.trajectory.engine_errors == [] for r in records)
+
+
+@pytest.mark.timeout(60)
 def test_drain_keeps_the_old_version_on_the_turns_it_let_finish(make_client: MakeClient) -> None:
     client = make_client(SimConfig(latency_s=0.6, output_len=4), max_concurrent=8)
     tasks = [{"task_id": f"t{i}", "chats": 2} for i in range(4)]

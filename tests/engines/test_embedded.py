@@ -97,6 +97,19 @@ async def test_stop_strings_and_stop_token_ids_end_generation(engine: EmbeddedEn
     assert by_id.finish_reason == "stop"
 
 
+async def test_a_stop_string_matches_only_whole_characters(engine: EmbeddedEngine) -> None:
+    # Greedy, the model answers with emoji of three byte-level tokens each: their first
+    # tokens decode to U+FFFD, which the answer does not contain.
+    ids = prompt(engine, "Reply with only an emoji: \U0001f600")
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    free = await engine.generate(ids, greedy, "emoji-free")
+    assert engine.tokenizer.decode(free.output_ids[:1]) == "\ufffd"
+    assert "\ufffd" not in engine.tokenizer.decode(free.output_ids)
+    stop = greedy.replace(stop=("\ufffd",))
+    stopped = await engine.generate(ids, stop, "emoji-stop")
+    assert (stopped.output_ids, stopped.finish_reason) == (free.output_ids, free.finish_reason)
+
+
 async def test_abort_stops_a_running_request(engine: EmbeddedEngine) -> None:
     ids = prompt(engine, "Write a very long essay about the sea.")
     sampling = SamplingParams(temperature=1.0, max_tokens=400, seed=3)

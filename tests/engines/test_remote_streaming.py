@@ -32,6 +32,7 @@ from rollway.simulators.vllm_server import VLLMSimOptions, create_vllm_sim_app
 from rollway.types import GenerationChunk, SamplingParams
 from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
+from tests.engines.checkpoints import write_checkpoint
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
 SAMPLING = SamplingParams(max_tokens=12, seed=3, temperature=0.7)
@@ -131,7 +132,7 @@ async def test_versions_are_the_servers_labels_as_generate_reads_them(tmp_path: 
     with serve("sglang", {}, SimConfig(output_len=6)) as served:
         engine = served.engine
         try:
-            await engine.update_weights(tmp_path, 4)  # type: ignore[union-attr]
+            await engine.update_weights(write_checkpoint(tmp_path), 4)  # type: ignore[union-attr]
             chunks = await chunks_of(engine.generate_stream(PROMPT, SAMPLING, "new"))
             whole = await engine.generate(PROMPT, SAMPLING, "whole")
         finally:
@@ -203,7 +204,9 @@ async def test_a_pause_that_aborts_before_any_token_ends_the_stream_with_abort(
     assert chunks == [GenerationChunk([], [], "abort", [], "raw_logprobs")]
 
 
-async def test_a_request_refused_by_our_pause_inside_the_stream_runs_once_after_it() -> None:
+async def test_a_request_refused_by_our_pause_inside_the_stream_runs_once_after_it(
+    tmp_path: Path,
+) -> None:
     """vLLM 0.33 refuses a request that reaches it during a pause; inside a stream the refusal
     is an error event in a 200 answer, and the engine sends it again after ``resume``."""
     options = {"race_pause": True}
@@ -215,7 +218,7 @@ async def test_a_request_refused_by_our_pause_inside_the_stream_runs_once_after_
             racing = asyncio.create_task(chunks_of(engine.generate_stream(PROMPT, SAMPLING, "r")))
             await asyncio.sleep(0)  # it passes the engine's gate: sent before the pause
             await engine.pause("abort")
-            await engine.update_weights("/ckpt/2", 2)
+            await engine.update_weights(write_checkpoint(tmp_path), 2)
             await engine.resume()
             result = collect(await racing)
         finally:
@@ -309,7 +312,7 @@ async def test_a_stream_kept_across_a_weight_update_names_both_versions(
             stream = engine.generate_stream(PROMPT, SamplingParams(max_tokens=30), "kept")
             chunks = [await anext(stream), await anext(stream)]
             await engine.pause("keep")
-            await engine.update_weights(tmp_path, 1)
+            await engine.update_weights(write_checkpoint(tmp_path), 1)
             await engine.resume()
             async with asyncio.timeout(10):
                 chunks += await chunks_of(stream)

@@ -4,6 +4,7 @@ and failing over past servers that are dead, killed mid-batch or late to start."
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import sys
@@ -204,11 +205,14 @@ def test_several_hosts_in_a_spec_give_a_routed_engine() -> None:
 
 async def test_a_refused_connect_ejects_the_server_at_once() -> None:
     router = routed(f"sglang://127.0.0.1:{free_port()},127.0.0.1:{free_port()}")
+    assert await router.health()  # in rotation until something says otherwise
     with pytest.raises(EngineConnectError, match="cannot connect"):
         await router.generate([1], SamplingParams(), "y-0")
     endpoints = router.stats()["endpoints"].values()
     assert [e["healthy"] for e in endpoints] == [False, False]
     assert [e["refused"] for e in endpoints] == [1, 1]  # each tried once, none twice
+    # A fleet with no endpoint in rotation is down: rollouts wait for it instead of failing.
+    assert not await router.health()
     await router.close()
 
 
@@ -340,6 +344,49 @@ async def test_a_server_killed_mid_batch_fails_only_what_had_reached_it(
     assert_each_request_ran_once(seen)
     stats = router.stats()["endpoints"][doomed]
     assert stats["healthy"] is False and stats["refused"] >= 1
+
+
+async def test_a_turn_on_a_server_that_stops_answering_is_reissued_when_it_is_ejected(
+    renderer: ChatRenderer,
+) -> None:
+    """A server process stopped (SIGSTOP) with a turn running on it: router defaults (ejected
+    after 3 failed health checks), its checks quickened. The turn ends there by the ejection and is
+    re-issued on the live server, a slower turn instead of a rollout that times out."""
+    with (
+        sim_server_process("--fault", "hang", "--fault-count", "1") as (proc, stopped),
+        BackgroundServer(sim_app()) as live,
+    ):
+        router = routed(f"sglang://{stopped},{host(live)}")
+        router.health_interval_s = 0.05
+        # Each check of the stopped server waits this long (the live one keeps the default).
+        router.endpoints[0].engine.health_timeout_s = 0.5
+        gateway = Gateway(router, renderer, model_name="sim")
+        gateway.register("h", {"max_tokens": 4})
+        # Both idle: the first rollout goes to the first server, where it hangs.
+        turn = asyncio.create_task(
+            gateway.chat("h", {"messages": [{"role": "user", "content": "hi"}]})
+        )
+        try:
+            async with httpx.AsyncClient() as client:
+                running = await client.get(f"http://{stopped}/rollway/wait_in_flight", timeout=30)
+            assert by_request_id(running.json())["in_flight"] == ["h-1"]
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                reply = await asyncio.wait_for(asyncio.shield(turn), 20)
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            trajectory = await gateway.trajectory("h")
+        finally:
+            turn.cancel()
+            await asyncio.gather(turn, return_exceptions=True)
+            await router.close()
+        on_live = generations(live)
+    (recorded,) = trajectory.turns
+    assert recorded.request_id == "h-1.1" and recorded.reissued == 1
+    assert reply.finish_reason == "stop" and reply.completion_ids == recorded.completion_ids
+    assert on_live == {"h-1.1": 1} and trajectory.engine_errors == []
+    stats = router.stats()["endpoints"][stopped]
+    assert stats["healthy"] is False and stats["ejections"] == 1 and stats["in_flight"] == 0
 
 
 @pytest.mark.parametrize("protocol", ["sglang", "vllm"])

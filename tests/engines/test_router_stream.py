@@ -3,6 +3,8 @@ its load while it runs, its chunks passed through, aborted there when closed ear
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -10,9 +12,13 @@ import pytest
 from rollway.engines.base import StreamingEngine
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.router import RoutedEngine
+from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.streaming import collect
 from rollway.errors import EngineConnectError
-from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.turn_stream import ContentDelta
+from rollway.types import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from tests.engines.test_embedded import prompt
 
 SAMPLING = SamplingParams(temperature=0, max_tokens=6)
@@ -115,3 +121,80 @@ async def test_a_stream_refused_before_its_first_chunk_goes_to_another_endpoint(
     assert stats["endpoints"]["down"]["healthy"] is False
     assert stats["endpoints"]["down"]["refused"] == 1
     assert stats["endpoints"]["up"]["served"] == 1 and stats["moves"] == 1
+
+
+class _Stopping:
+    """A simulated server that stops answering after ``stop_after`` streamed tokens, as a
+    process stopped with SIGSTOP does: no more tokens, and its health checks fail from then."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.engine = SimEngine(SimConfig(output_len=6))
+        self.stop_after = stop_after
+        self.stopped = False
+        self.calls: list[tuple[list[int], SamplingParams, str]] = []
+        self.given: list[GenerationChunk] = []
+
+    async def generate(self, input_ids, sampling, request_id) -> GenerationResult:
+        return collect([c async for c in self.generate_stream(input_ids, sampling, request_id)])
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        self.calls.append((input_ids, sampling, request_id))
+        chunks = self.engine.generate_stream(input_ids, sampling, request_id)
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if len(self.given) == self.stop_after:
+                    self.stopped = True
+                    await asyncio.Event().wait()  # until the router gives up on it
+                self.given.append(chunk)
+                yield chunk
+
+    async def health(self) -> bool:
+        return not self.stopped
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_stream_whose_server_stops_goes_on_elsewhere_from_the_tokens_it_gave(
+    renderer: ChatRenderer,
+) -> None:
+    """Router defaults (ejected after 3 failed health checks), checks quickened. The tokens
+    streamed before the server stopped were seen: the turn keeps them and another server
+    samples the rest after them, so every recorded token was sampled in its exact context."""
+    stopping, live = _Stopping(stop_after=2), _Stopping()
+    router = RoutedEngine([stopping, live], ["stopping", "live"], health_interval_s=0.01)
+    gateway = Gateway(router, renderer, model_name="sim")
+    gateway.register("s", {"max_tokens": 6})
+    request = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    async def turn() -> list[object]:
+        return [piece async for piece in gateway.chat_stream("s", request)]
+
+    try:
+        pieces = await asyncio.wait_for(turn(), 10)
+        trajectory = await gateway.trajectory("s")
+    finally:
+        await router.close()
+    ((prompt, _, first_id),) = stopping.calls
+    ((go_on_from, sampling, second_id),) = live.calls
+    kept = collect([*stopping.given, GenerationChunk([], [], "abort")])
+    rest = collect(live.given)
+    assert (first_id, second_id) == ("s-1", "s-1.1") and len(kept.output_ids) == 2
+    assert go_on_from == prompt + kept.output_ids and sampling.max_tokens == 4
+    (recorded,) = trajectory.turns
+    assert recorded.prompt_ids == prompt and recorded.reissued == 1
+    assert recorded.completion_ids == kept.output_ids + rest.output_ids
+    assert recorded.logprobs == kept.logprobs + rest.logprobs
+    (sample,) = trajectory.samples
+    assert sample.response_ids[: len(recorded.completion_ids)] == recorded.completion_ids
+    assert set(sample.loss_mask[: len(recorded.completion_ids)]) == {1}
+    result = pieces[-1]
+    assert isinstance(result, ChatResult) and result.completion_ids == recorded.completion_ids
+    streamed = "".join(p.text for p in pieces if isinstance(p, ContentDelta))
+    assert streamed == result.message["content"]
+    assert router.stats()["endpoints"]["stopping"]["healthy"] is False

@@ -6,21 +6,29 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from rollway.engines import engine_from_spec
+from rollway.engines import vllm as vllm_module
 from rollway.engines.base import PauseMode, WeightSync
+from rollway.engines.remote_client import RemoteClient
 from rollway.engines.sim import SimConfig
 from rollway.engines.vllm import VLLMEngine
 from rollway.engines.vllm_wire import parse_completion
 from rollway.errors import ConfigError, EngineError
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators.vllm_server import VLLMSim, VLLMSimOptions, create_vllm_sim_app
 from rollway.types import GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
+from .checkpoints import write_checkpoint
 from .test_remote_engines import never_accepting
+from .test_vllm_conformance import chat_once
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
 SEEDED = SamplingParams(max_tokens=16, seed=3)  # the simulated output is 16 tokens
@@ -159,14 +167,14 @@ async def test_health_is_a_short_get_and_true_while_paused() -> None:
             await engine.close()
 
 
-async def test_without_dev_mode_weight_sync_says_to_set_it() -> None:
+async def test_without_dev_mode_weight_sync_says_to_set_it(tmp_path: Path) -> None:
     with vllm() as (url, _):
         engine = VLLMEngine(url)
         try:
             with pytest.raises(ConfigError, match="VLLM_SERVER_DEV_MODE=1"):
                 await engine.pause("abort")
             with pytest.raises(ConfigError, match="VLLM_SERVER_DEV_MODE=1"):
-                await engine.update_weights("/ckpt/1", 1)
+                await engine.update_weights(write_checkpoint(tmp_path), 1)
             assert (await engine.generate(PROMPT, SEEDED, "after")).finish_reason == "stop"
         finally:
             await engine.close()
@@ -194,16 +202,17 @@ async def test_pause_modes_are_exactly_what_the_server_supports(
             await engine.close()
 
 
-async def test_weights_come_from_a_folder_and_versions_must_increase() -> None:
+async def test_weights_come_from_a_folder_and_versions_must_increase(tmp_path: Path) -> None:
+    step_1, step_0 = write_checkpoint(tmp_path / "step-1"), write_checkpoint(tmp_path / "step-0")
     with vllm(SimConfig(latency_s=0.3), dev_mode=True) as (url, server):
         engine = VLLMEngine(url)
         try:
             running = asyncio.create_task(engine.generate(PROMPT, SEEDED, "old"))
             await asyncio.to_thread(httpx.get, f"{url}/rollway/wait_in_flight", timeout=30)
-            await engine.update_weights("/ckpt/step-1", 1)  # drains "old" first
+            await engine.update_weights(step_1, 1)  # drains "old" first
             new = await engine.generate(PROMPT, SEEDED, "new")
             with pytest.raises(ConfigError, match="does not follow 1"):
-                await engine.update_weights("/ckpt/step-0", 1)
+                await engine.update_weights(step_0, 1)
             with pytest.raises(ConfigError, match="checkpoint folder"):
                 await engine.update_weights({"w": 1}, 2)
         finally:
@@ -211,7 +220,7 @@ async def test_weights_come_from_a_folder_and_versions_must_increase() -> None:
     old = running.result()
     assert old.finish_reason == "stop" and set(old.policy_versions or []) == {0}
     assert set(new.policy_versions or []) == {1} and engine.policy_version == 1
-    assert server.loaded == ["/ckpt/step-1"] and server.labels == ["default", "1"]
+    assert server.loaded == [str(step_1)] and server.labels == ["default", "1"]
     assert server.paused is None and server.cache_resets == 2  # at the pause, after the load
 
 
@@ -235,8 +244,9 @@ CASES = [
 
 @pytest.mark.parametrize(("version", "mode"), CASES)
 async def test_a_paused_update_loses_no_turn_and_runs_no_request_twice(
-    version: str, mode: PauseMode
+    version: str, mode: PauseMode, tmp_path: Path
 ) -> None:
+    folder = write_checkpoint(tmp_path / mode)
     with vllm(SimConfig(latency_s=0.6), version=version, dev_mode=True) as (url, server):
         engine = VLLMEngine(url)
         try:
@@ -246,7 +256,7 @@ async def test_a_paused_update_loses_no_turn_and_runs_no_request_twice(
                 await asyncio.sleep(0.15)  # let the early turns sample part of their tokens
             await engine.pause(mode)
             late = [asyncio.create_task(turn(engine, f"late{i}")) for i in range(3)]
-            await engine.update_weights(f"/ckpt/{mode}", 1)
+            await engine.update_weights(folder, 1)
             await engine.resume()
             done_early = await asyncio.gather(*early)
             done_late = await asyncio.gather(*late)
@@ -266,12 +276,12 @@ async def test_a_paused_update_loses_no_turn_and_runs_no_request_twice(
         assert early_versions == [[0] * 16] * 4
     else:  # frozen, then finished under the new weights
         assert all(v[0] == 0 and v[-1] == 1 and v == sorted(v) for v in early_versions)
-    assert server.loaded == [f"/ckpt/{mode}"]
+    assert server.loaded == [str(folder)]
 
 
 @pytest.mark.parametrize("version", ["0.33.0", "0.32.0"])
 async def test_a_request_that_meets_the_pause_on_the_server_runs_once_after_it(
-    version: str,
+    version: str, tmp_path: Path
 ) -> None:
     with vllm(version=version, dev_mode=True, race_pause=True) as (url, server):
         engine = VLLMEngine(url)
@@ -280,7 +290,7 @@ async def test_a_request_that_meets_the_pause_on_the_server_runs_once_after_it(
             racing = asyncio.create_task(engine.generate(PROMPT, SEEDED, "racer"))
             await asyncio.sleep(0)  # it passes the engine's gate: sent before the pause
             await engine.pause("abort")
-            await engine.update_weights("/ckpt/2", 2)
+            await engine.update_weights(write_checkpoint(tmp_path), 2)
             await engine.resume()
             result = await racing
         finally:
@@ -311,3 +321,98 @@ async def test_an_abort_releases_a_turn_held_by_the_pause() -> None:
         finally:
             await engine.close()
     assert result.finish_reason == "abort" and server.requests == []
+
+
+async def test_a_repeatable_call_goes_again_on_the_connection_vllm_closed_after_a_500(
+    tmp_path: Path,
+) -> None:
+    """vLLM (uvicorn) closes the connection after an unhandled error's 500 without saying so:
+    a resume (safe to repeat) sent on it next is tried again; a weight load is not."""
+    with vllm(dev_mode=True) as (url, _):
+        http = RemoteClient()
+        try:
+            rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
+            refused = await http.call("POST", f"{url}/collective_rpc", rpc)
+            resumed = await http.call("POST", f"{url}/resume", repeatable=True)
+            await http.call("POST", f"{url}/collective_rpc", rpc)
+            with pytest.raises(EngineError, match=r"Server disconnected|Connection reset"):
+                await http.call("POST", f"{url}/resume")
+        finally:
+            await http.close()
+    assert refused.status == 500 and "Cannot find any model weights" in refused.text
+    assert resumed.ok
+
+
+def skip_folder_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder only the server sees (a remote server): the engine cannot check it first."""
+    monkeypatch.setattr("rollway.engines.vllm.check_weights_folder", lambda *args: None)
+
+
+async def test_a_reload_vllm_refuses_answers_its_cause_and_leaves_nothing_paused(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    renderer: ChatRenderer,
+) -> None:
+    """Over the gateway, as a trainer pushes weights: the 502 names vLLM's cause, not the
+    resume that follows on the connection vLLM closed; the gateway, the engine and the
+    server agree nothing is paused, and the next turn runs."""
+    skip_folder_check(monkeypatch)
+    with vllm(dev_mode=True, model="smollm2") as (url, server):
+        engine = VLLMEngine(url)
+        gateway = Gateway(engine, renderer, model_name="smollm2")
+        app = create_app(gateway, admin_key="ak", close_engine=True)
+        with BackgroundServer(app) as gateway_url:
+            async with httpx.AsyncClient(base_url=gateway_url, timeout=30) as http:
+                admin = {"Authorization": "Bearer ak"}
+                body = {"source": str(tmp_path)}
+                answer = await http.post("/admin/weights", json=body, headers=admin)
+                policy = (await http.get("/admin/policy", headers=admin)).json()
+                gate_closed = engine._gate.closed
+                chat = await chat_once(http, admin)
+    assert answer.status_code == 502
+    assert f"Cannot find any model weights with `{tmp_path}`" in answer.text
+    assert (policy["paused"], policy["policy_version"], gate_closed) == (None, 0, False)
+    assert server.paused is None and chat["choices"][0]["finish_reason"] == "length"  # 8 tokens
+    failed = [r for r in caplog.records if "weight update to version 1 failed" in r.message]
+    assert failed and "Cannot find any model weights" in failed[0].getMessage()
+
+
+async def test_the_spec_declares_the_servers_logprobs_mode_and_context() -> None:
+    with vllm(logprobs_mode="processed_logprobs") as (url, server):
+        host = url.removeprefix("http://")
+        spec = f"vllm://{host}?logprobs_mode=processed_logprobs&context_length=20"
+        engine = engine_from_spec(spec)
+        assert isinstance(engine, VLLMEngine)
+        try:
+            result = await engine.generate(PROMPT, SamplingParams(), "declared")
+        finally:
+            await engine.close()
+    assert result.logprob_kind == "processed_logprobs"
+    assert server.requests[0]["max_tokens"] == 20 - len(PROMPT)
+    with pytest.raises(ConfigError, match="returns logits") as refused:
+        engine_from_spec("vllm://127.0.0.1:1?logprobs_mode=raw_logits")
+    assert refused.value.param == "logprobs_mode"
+
+
+async def test_a_server_restarted_with_another_context_length_is_noticed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the server said of itself is asked again after ``SERVER_INFO_TTL_S``."""
+    first = BackgroundServer(create_vllm_sim_app(None, VLLMSimOptions(max_model_len=4096)))
+    url = first.start()
+    engine = VLLMEngine(url)
+    try:
+        await engine.generate(PROMPT, SEEDED, "before")
+        first.stop()
+        port = int(url.rsplit(":", 1)[1])
+        app = create_vllm_sim_app(None, VLLMSimOptions(max_model_len=1024))
+        with BackgroundServer(app, port=port):
+            assert (await engine.server()).max_model_len == 4096  # trusted for a while
+            later = vllm_module._clock() + VLLMEngine.SERVER_INFO_TTL_S
+            monkeypatch.setattr(vllm_module, "_clock", lambda: later)
+            result = await engine.generate(PROMPT, SamplingParams(), "later")
+            assert engine.context_length == 1024
+    finally:
+        await engine.close()
+    assert result.finish_reason == "stop"

@@ -95,8 +95,8 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
     assert {r.policy_version for r in second} == sampled_versions(second) == {start + 1}
     batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
     with torch.no_grad():
-        updated = token_logprobs(trainer.model, batch)
-        initial = token_logprobs(trainer.reference, batch)
+        updated = token_logprobs(trainer.model, batch, config.temperature)
+        initial = token_logprobs(trainer.reference, batch, config.temperature)
     assert float((updated - batch.behaviour_logprobs).abs().max()) < 1e-3
     # ... and not the initial weights': the update moved them.
     assert float((initial - batch.behaviour_logprobs).abs().max()) > 1e-2
@@ -125,7 +125,7 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
     batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
     old = batch.versions == start
     with torch.no_grad():
-        sampler = token_logprobs(previous, batch)
+        sampler = token_logprobs(previous, batch, config.temperature)
     metrics = train_step(trainer, second, config)
     push_weights(client, trainer, "drain")
     assert sampled_versions(second) <= {start, start + 1}

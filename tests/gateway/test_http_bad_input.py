@@ -94,7 +94,9 @@ def test_oversized_body_is_413(admin: httpx.Client) -> None:
 
 def test_unknown_route_and_wrong_method_get_openai_shaped_errors(admin: httpx.Client) -> None:
     assert_error(admin.get("/v1/nowhere"), 404, "Not Found")
-    assert_error(admin.get("/v1/rollouts/x/chat/completions"), 405, "Method Not Allowed")
+    wrong_method = admin.get("/v1/rollouts/x/chat/completions")
+    assert_error(wrong_method, 405, "Method Not Allowed")
+    assert wrong_method.headers["allow"] == "POST"  # RFC 9110: a 405 names what is allowed
 
 
 def test_registering_twice_is_409(admin: httpx.Client) -> None:
@@ -105,6 +107,36 @@ def test_registering_twice_is_409(admin: httpx.Client) -> None:
 def test_register_with_bad_limits_is_422(admin: httpx.Client) -> None:
     response = admin.post("/v1/rollouts/limits/register", json={"max_turns": 0})
     assert_error(response, 422, "max_turns")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("seed", True), ("max_tokens", True), ("temperature", "0.5"), ("max_turns", True),
+     ("max_seq_len", 64.0), ("stop_token_ids", [True]), ("top_k", "5")],
+)  # fmt: skip
+def test_register_refuses_values_of_the_wrong_json_type_naming_the_field(
+    admin: httpx.Client, field: str, value: Any
+) -> None:
+    response = admin.post(f"/v1/rollouts/loose-{field}/register", json={field: value})
+    assert_error(response, 422, field)
+    assert response.json()["error"]["param"].split(".")[0] == field  # stop_token_ids.0
+
+
+def test_json_numbers_of_either_kind_are_accepted_where_a_float_is_due(
+    admin: httpx.Client,
+) -> None:
+    rid, key = new_rollout(admin, temperature=1, top_p=1.0, seed=3, max_tokens=4)
+    body = {"messages": [{"role": "user", "content": "x"}], "temperature": 0, "top_p": 0.5}
+    assert post_chat(admin, rid, key, json=body).status_code == 200
+
+
+@pytest.mark.parametrize(("field", "value"), [("stream", "true"), ("logprobs", 1), ("n", 1.0)])
+def test_chat_refuses_values_of_the_wrong_json_type_naming_the_field(
+    admin: httpx.Client, field: str, value: Any
+) -> None:
+    rid, key = new_rollout(admin)
+    body = {"messages": [{"role": "user", "content": "x"}], field: value}
+    assert_error(post_chat(admin, rid, key, json=body), 422, field)
 
 
 def test_a_reuse_flag_that_is_not_a_boolean_is_422(admin: httpx.Client) -> None:

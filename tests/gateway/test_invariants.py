@@ -1,4 +1,5 @@
-"""The three invariants of DESIGN.md on real multi-turn conversations with the embedded model."""
+"""The three invariants of docs/architecture.md, on real multi-turn conversations with the
+embedded model."""
 
 from __future__ import annotations
 
@@ -31,10 +32,12 @@ async def run_tool_conversation(gateway: Gateway, rollout_id: str, turns: int) -
     return await gateway.trajectory(rollout_id)
 
 
-def forward_logprobs(engine: EmbeddedEngine, ids: list[int]) -> torch.Tensor:
+def forward_logprobs(
+    engine: EmbeddedEngine, ids: list[int], temperature: float = 1.0
+) -> torch.Tensor:
     with torch.inference_mode():
         logits = engine.model(torch.tensor([ids], device=engine.device)).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)
+    return torch.log_softmax(logits / temperature, dim=-1)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -75,14 +78,25 @@ def test_loss_mask_is_one_exactly_on_sampled_tokens(trajectory: Trajectory) -> N
 def test_logprobs_equal_a_fresh_forward_pass_over_the_recorded_ids(
     trajectory: Trajectory, engine: EmbeddedEngine
 ) -> None:
+    # Sampled at 0.7: the logprobs are the sampling distribution's, what a trainer recomputes
+    # at its temperature; the temperature-1 ones stand beside them.
     (sample,) = trajectory.samples
+    assert {turn.logprob_kind for turn in trajectory.turns} == {"processed_logprobs"}
+    assert sample.raw_logprobs is not None and len(sample.raw_logprobs) == len(sample.logprobs)
     ids = sample.prompt_ids + sample.response_ids
-    table = forward_logprobs(engine, ids)
+    scaled, raw = forward_logprobs(engine, ids, 0.7), forward_logprobs(engine, ids)
     offset = len(sample.prompt_ids)
     for i, (token, mask) in enumerate(zip(sample.response_ids, sample.loss_mask, strict=True)):
         if mask:
-            expected = table[offset + i - 1, token].item()
-            assert sample.logprobs[i] == pytest.approx(expected, abs=2e-3)
+            assert sample.logprobs[i] == pytest.approx(
+                scaled[offset + i - 1, token].item(), abs=2e-3
+            )
+            assert sample.raw_logprobs[i] == pytest.approx(
+                raw[offset + i - 1, token].item(), abs=2e-3
+            )
+        else:
+            assert sample.raw_logprobs[i] == 0.0
+    assert sample.kept_mass is None  # nothing cut: no top-p, no top-k
 
 
 def test_trajectory_reports_drift_against_a_fresh_render(trajectory: Trajectory) -> None:
@@ -105,7 +119,7 @@ async def test_a_history_rewrite_starts_a_second_exact_segment(
     assert second.prompt_ids == trajectory.turns[-1].prompt_ids
     assert second.response_ids == trajectory.turns[-1].completion_ids
     assert all(second.loss_mask)
-    table = forward_logprobs(engine, second.prompt_ids + second.response_ids)
+    table = forward_logprobs(engine, second.prompt_ids + second.response_ids, 0.7)
     offset = len(second.prompt_ids) - 1
     expected = [table[offset + i, t].item() for i, t in enumerate(second.response_ids)]
     assert second.logprobs == pytest.approx(expected, abs=2e-3)

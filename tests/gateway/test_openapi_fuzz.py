@@ -40,6 +40,19 @@ def test_the_document_lists_every_route_with_its_body_schema(sim_served: Served)
     assert chat["security"] == [{"rolloutKey": []}] and "422" in chat["responses"]
 
 
+def test_the_document_types_the_metrics_text_and_the_stream_events(sim_served: Served) -> None:
+    document = httpx.get(f"{sim_served.url}/openapi.json").json()
+    metrics = httpx.get(f"{sim_served.url}/metrics", headers=sim_served.admin_headers)
+    documented = document["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(documented) == [metrics.headers["content-type"]]
+    assert documented[metrics.headers["content-type"]]["schema"] == {"type": "string"}
+    chat = document["paths"]["/v1/rollouts/{rollout_id}/chat/completions"]["post"]
+    events = chat["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    assert events["type"] == "array"
+    event = document["components"]["schemas"][events["items"]["$ref"].rsplit("/", 1)[1]]
+    assert set(event["properties"]) == {"event", "data"} and event["required"] == ["data"]
+
+
 @pytest.mark.timeout(240)
 def test_fuzzing_the_gateway_finds_no_server_error(sim_served: Served) -> None:
     def prepare(case: Case, coin: bool) -> None:
@@ -49,7 +62,7 @@ def test_fuzzing_the_gateway_finds_no_server_error(sim_served: Served) -> None:
             case.path_parameters = {"rollout_id": rollout_id}
             case.headers = {**(case.headers or {}), "Authorization": f"Bearer {key}"}
         elif "adminKey" in security:
-            if coin and case.path_parameters:  # half the time, a rollout that exists
+            if coin and "rollout_id" in (case.path_parameters or {}):  # a rollout that exists
                 case.path_parameters = {"rollout_id": register(admin)[0]}
             case.headers = {**(case.headers or {}), **sim_served.admin_headers}
 

@@ -4,6 +4,7 @@ begins."""
 
 from __future__ import annotations
 
+from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.tool_calls import parse_tool_calls
 from rollway.gateway.turn_stream import TurnText
@@ -70,3 +71,18 @@ def test_with_tools_leading_whitespace_goes_out_with_the_text_after_it(
     call = '<tool_call>{"name": "add", "arguments": {}}</tool_call>'
     assert "".join(shown(renderer, f"\n  {call}", [], tools=True)) == ""
     assert parse_tool_calls(f"\n  hello\n{call}").content == "\n  hello"
+
+
+async def test_a_stop_string_of_a_replacement_character_leaves_emoji_whole(
+    gateway: Gateway,
+) -> None:
+    # Greedy, the model answers with emoji of three tokens each; their first tokens decode to
+    # U+FFFD. Matched there, the turn ended after one token, empty and drifting.
+    gateway.register("emoji", {"temperature": 0, "max_tokens": 12, "stop": ["\ufffd"]})
+    messages = [{"role": "user", "content": "Reply with only an emoji: \U0001f600"}]
+    result = await gateway.chat("emoji", {"messages": messages})
+    assert (result.finish_reason, result.completion_tokens) == ("length", 12)
+    assert result.message["content"] and "\ufffd" not in result.message["content"]
+    trajectory = await gateway.trajectory("emoji")
+    assert trajectory.turns[0].content == result.message["content"]
+    assert trajectory.drift is not None and trajectory.drift.differing_tokens == 0

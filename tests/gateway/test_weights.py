@@ -5,18 +5,25 @@ the admin routes check what they are given."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.errors import EngineError, InvalidFieldsError, RequestError, RolloutClosedError
+from rollway.errors import (
+    ConfigError,
+    EngineError,
+    InvalidFieldsError,
+    RequestError,
+    RolloutClosedError,
+)
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
 USER = [{"role": "user", "content": "hi"}]
@@ -138,6 +145,25 @@ async def test_an_engine_that_aborts_forever_fails_the_turn_after_max_reissues(
     assert (await gateway.trajectory("r5")).engine_errors
 
 
+async def test_an_abort_mode_pause_lets_a_protected_turn_finish_first(
+    renderer: ChatRenderer,
+) -> None:
+    # Protected from its first send (the default protects after two): the caller's own pause
+    # in abort mode waits for it, and it keeps the version that sampled it.
+    engine = CountingSim(SimConfig(latency_s=0.3, output_len=3))
+    gateway = Gateway(engine, renderer, model_name="sim", protect_after_reissues=0)
+    turn = await start_turn(gateway, engine, "r7")
+    await gateway.weights.pause("abort")
+    await gateway.weights.update("ckpt")  # within the pause: loads only
+    await gateway.weights.resume()
+    await turn
+    (recorded,) = (await gateway.trajectory("r7")).turns
+    assert recorded.reissued == 0 and recorded.policy_versions == [0, 0, 0]
+    assert engine.sent == {"r7-1": 1} and engine.policy_version == 1
+    with pytest.raises(ConfigError, match="protect_after must be a whole number"):
+        Gateway(engine, renderer, model_name="sim", protect_after_reissues=-1)
+
+
 async def test_versions_that_do_not_match_the_tokens_are_an_engine_error(
     renderer: ChatRenderer,
 ) -> None:
@@ -241,7 +267,6 @@ def test_the_admin_routes_update_pause_and_report_the_version(
 
 async def test_what_the_engine_refuses_is_a_request_error(renderer: ChatRenderer) -> None:
     # A vLLM server without VLLM_SERVER_DEV_MODE, say: the caller's to fix, not a 500.
-    from rollway.errors import ConfigError
 
     class NoDevMode(SimEngine):
         async def pause(self, mode: str = "abort") -> None:  # type: ignore[override]
@@ -255,3 +280,80 @@ async def test_what_the_engine_refuses_is_a_request_error(renderer: ChatRenderer
     with pytest.raises(InvalidFieldsError, match="not 5"):
         await gateway.weights.update(5)  # type: ignore[arg-type]
     assert gateway.weights.paused is None
+
+
+class StampingSim(SimEngine):
+    """The simulated engine, keeping the versions it stamped on each request's tokens."""
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.stamped: dict[str, list[int]] = {}
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> GenerationResult:
+        result = await super().generate(input_ids, sampling, request_id)
+        self.stamped[request_id] = list(result.policy_versions or [])
+        return result
+
+    async def generate_stream(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> AsyncIterator[GenerationChunk]:
+        stamped = self.stamped.setdefault(request_id, [])
+        async with contextlib.aclosing(
+            super().generate_stream(input_ids, sampling, request_id)
+        ) as chunks:
+            async for chunk in chunks:
+                stamped += chunk.policy_versions or []
+                yield chunk
+
+
+async def update_while(gateway: Gateway, turns: list[asyncio.Task], every_s: float) -> int:
+    """Abort-mode updates every ``every_s`` seconds until the turns end; how many were made."""
+    made = 0
+    while not all(turn.done() for turn in turns):
+        await asyncio.sleep(every_s)  # the trainer's pace, not a synchronisation
+        await gateway.weights.update(f"ckpt-{made}", mode="abort")
+        made += 1
+    return made
+
+
+async def streamed_turn(gateway: Gateway, rollout_id: str) -> ChatResult:
+    pieces = [p async for p in gateway.chat_stream(rollout_id, {"messages": USER})]
+    assert isinstance(pieces[-1], ChatResult)
+    return pieces[-1]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_updates_faster_than_a_turn_never_starve_it(
+    renderer: ChatRenderer, stream: bool
+) -> None:
+    # Updates every 0.2 s, turns of 0.8 s, the gateway's defaults (max_reissues 16): each turn
+    # is aborted at most twice, then the next update lets it finish on its weights.
+    engine = StampingSim(SimConfig(latency_s=0.8, per_token_s=0.01, output_len=4))
+    gateway = gateway_over(engine, renderer)
+    ids = [f"u{i}" for i in range(4)]
+    for rollout_id in ids:
+        gateway.register(rollout_id, {})
+    turn = streamed_turn if stream else lambda g, r: g.chat(r, {"messages": USER})
+    turns = [asyncio.create_task(turn(gateway, rollout_id)) for rollout_id in ids]
+    made = await update_while(gateway, turns, every_s=0.2)
+    answers = await asyncio.gather(*turns)
+    assert made >= 3 and engine.policy_version == made
+    assert [len(a.completion_ids or []) for a in answers] == [4] * 4
+    reissued = []
+    for rollout_id in ids:
+        trajectory = await gateway.trajectory(rollout_id)
+        (recorded,) = trajectory.turns
+        assert trajectory.engine_errors == [] and not trajectory.is_cancelled
+        # Every token carries the version the engine stamped when it sampled it, and one turn
+        # spans no update: what its weights were when it started is what sampled it all.
+        sent = [f"{rollout_id}-1"] + [
+            f"{rollout_id}-1.{n}" for n in range(1, recorded.reissued + 1)
+        ]
+        assert recorded.policy_versions == [v for s in sent for v in engine.stamped[s]]
+        assert len(set(recorded.policy_versions)) == 1
+        reissued.append(recorded.reissued)
+    assert max(reissued) == 2  # the default bound, reached: the updates did abort them
+    assert gateway.metrics.engine_errors._value.get() == 0

@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -28,14 +29,13 @@ def make(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Mak
     return NamespaceSandbox if request.param.startswith("namespace") else LocalSandbox
 
 
-def lock_is_free(path: Path) -> bool:
-    """Whether no process holds an exclusive ``flock`` on ``path`` any more."""
-    with path.open("a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
+def lock_is_free(lock: IO[str]) -> bool:
+    """Whether no process holds an exclusive ``flock`` on the open file ``lock`` any more."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 async def test_the_sandbox_waits_for_the_program_not_for_its_background_children(
@@ -75,18 +75,19 @@ if then == "hang":
 
 
 @pytest.mark.parametrize("then", ["exit", "hang"])
-async def test_a_detached_daemon_does_not_survive_teardown(
-    make: MakeSandbox, tmp_path: Path, then: str
-) -> None:
-    lock, pid_file = tmp_path / "lock", tmp_path / "pid"
+async def test_a_detached_daemon_does_not_survive_teardown(make: MakeSandbox, then: str) -> None:
+    # In the working directory: the one folder both sides see (a namespace sandbox hides /tmp).
     async with make(SandboxLimits(wall_timeout_s=3)) as box:
-        await box.start([PY, "-c", DAEMON, str(lock), str(pid_file), then], ENV)
+        await box.start([PY, "-c", DAEMON, "lock", "pid", then], ENV)
         result = await box.wait()
+        pid = (box.workdir / "pid").read_text()
+        lock = (box.workdir / "lock").open("a")  # kept open past the folder's removal
     assert result.timed_out == (then == "hang"), result.stderr
-    assert pid_file.read_text().isdigit()  # the daemon did start
-    assert lock_is_free(lock)  # and no process holds its lock any more
+    assert pid.isdigit()  # the daemon did start
+    with lock:
+        assert lock_is_free(lock)  # and no process holds its lock any more
     if make is LocalSandbox:
-        assert is_gone(int(pid_file.read_text()))
+        assert is_gone(int(pid))
 
 
 # Starts up to 60 children that each sleep (bounded: never a fork bomb); prints how many started.

@@ -110,3 +110,58 @@ def test_rows_carry_the_agents_finish_reason(tmp_path: Path) -> None:
         for row in map(orjson.loads, jsonl.read_bytes().splitlines())
     }
     assert from_parquet == from_jsonl == {"capped.0": "max_steps", "plain.0": None}
+
+
+def test_rows_carry_raw_logprobs_kept_mass_and_sampling(tmp_path: Path) -> None:
+    # Turn 0 sampled at 0.7 under top-p (processed logprobs, raw ones beside, a mass kept);
+    # turn 1 at temperature 1 with nothing cut: its raw logprobs are its logprobs.
+    scaled = turn(0, [1, 2], [3, 4], [1, 1], "processed_logprobs").model_copy(
+        update={"raw_logprobs": [-0.7, -0.8], "kept_mass": [0.9, 0.95],
+                "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 0}}
+    )  # fmt: skip
+    plain = turn(1, [1, 2, 3, 4, 9], [5], [1])
+    task = {"task_id": "t-7", "question": "?"}
+    rec = record("tis.0", [scaled, plain]).model_copy(update={"task": task})
+    path = tmp_path / "rows.parquet"
+    assert export_records([rec], path, "parquet") == 1
+    (row,) = pq.read_table(path).to_pylist()
+    assert row["logprobs"] == [-0.5, -0.5, 0.0, -0.5]
+    assert row["raw_logprobs"] == [-0.7, -0.8, 0.0, -0.5]
+    assert row["kept_mass"] == [0.9, 0.95, 1.0, 1.0]
+    assert (row["temperature"], row["top_p"], row["top_k"]) == (0.7, 0.9, 0)
+    assert (row["turns"], row["task_id"], row["logprob_kind"]) == (2, "t-7", "mixed")
+
+
+def test_a_scaled_turn_without_raw_logprobs_leaves_the_sample_without_them() -> None:
+    # SGLang at T != 1 gives processed logprobs only: no raw column is made up.
+    (sample,) = build_samples([turn(0, [1], [2, 3], None, "processed_logprobs")])
+    assert sample.raw_logprobs is None and sample.kept_mass is None
+
+
+def test_flat_groups_are_dropped_when_asked_and_counted(tmp_path: Path) -> None:
+    def member(key: str, group: str, reward: float | None) -> RolloutRecord:
+        return record(key, [turn(0, [1], [2], None)]).model_copy(
+            update={"group_id": group, "reward": reward}
+        )
+
+    records = [
+        member("a.0", "e:a", 1.0), member("a.1", "e:a", 0.0),  # signal
+        member("b.0", "e:b", 0.5), member("b.1", "e:b", 0.5),  # all equal
+        member("c.0", "e:c", 1.0), member("c.1", "e:c", None),  # one scored
+        member("d.0", "e:d", 1.0), member("d.1", "e:d", None), member("d.2", "e:d", 0.0),
+    ]  # fmt: skip
+    path = tmp_path / "rows.jsonl"
+    assert export_records(records, path, "jsonl") == 9
+    assert export_records(records, path, "jsonl", drop_flat_groups=True) == 5
+    kept = [orjson.loads(line)["rollout_key"] for line in path.read_bytes().splitlines()]
+    assert kept == ["a.0", "a.1", "d.0", "d.1", "d.2"]
+    store = FileStore(tmp_path / "runs", "e")
+    for item in records:
+        store.write(item)
+    out = tmp_path / "cli.jsonl"
+    result = CliRunner().invoke(
+        app, ["export", str(tmp_path / "runs" / "e"), "--format", "jsonl", "--output", str(out),
+              "--drop-flat-groups"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "wrote 5 rows" in result.output and "2 flat groups dropped" in result.output

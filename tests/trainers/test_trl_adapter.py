@@ -1,5 +1,6 @@
-"""TRL's GRPOTrainer trains on rollway's rollouts: two real steps on the embedded model, with
-the trainer's weights pushed into rollway's engine before each generation round."""
+"""TRL's GRPOTrainer trains on rollway's rollouts: two real steps on the embedded model at
+temperature 0.7, with the trainer's weights pushed into rollway's engine before each generation
+round, and TRL's own logprobs equal to the recorded ones."""
 
 from __future__ import annotations
 
@@ -53,6 +54,21 @@ class Seen:
 
     rows: list[Row] = field(default_factory=list)
     in_sync: list[bool] = field(default_factory=list)
+    #: Per step: max |trainer's logprob - recorded logprob| on the sampled tokens.
+    logprob_gaps: list[float] = field(default_factory=list)
+
+
+def logprob_gap(trainer: Any, model: Any, inputs: dict[str, Any]) -> float:
+    """The largest gap between TRL's own logprobs of the sampled tokens (its forward pass, at
+    its temperature) and the ones rollway recorded, which TRL holds as the sampling logprobs."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    with torch.no_grad():
+        ours, _, _ = trainer._get_per_token_logps_and_entropies(
+            model, ids, mask, inputs["completion_ids"].size(1)
+        )
+    sampled = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+    return float((ours - inputs["sampling_per_token_logps"])[sampled].abs().max())
 
 
 def train_two_steps(client: RolloutClient, out: Path) -> tuple[Any, Seen]:
@@ -60,7 +76,8 @@ def train_two_steps(client: RolloutClient, out: Path) -> tuple[Any, Seen]:
     args = trl.GRPOConfig(
         output_dir=str(out), per_device_train_batch_size=2, num_generations=2, max_steps=2,
         learning_rate=1e-4, beta=0.0, logging_steps=1, report_to="none", use_cpu=True,
-        bf16=False, save_strategy="no", seed=0, disable_tqdm=True,
+        bf16=False, save_strategy="no", seed=0, disable_tqdm=True, temperature=0.7,
+        max_completion_length=6,
     )  # fmt: skip
     prompts = [[{"role": "user", "content": f"Count from {i}."}] for i in range(4)]
     trainer = trl.GRPOTrainer(
@@ -84,6 +101,7 @@ def train_two_steps(client: RolloutClient, out: Path) -> tuple[Any, Seen]:
             ))  # fmt: skip
         theirs = engine.model.state_dict()
         seen.in_sync.append(all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items()))
+        seen.logprob_gaps.append(logprob_gap(trainer, model, inputs))
         return compute_loss(model, inputs, *args, **kwargs)
 
     trainer.compute_loss = consume  # type: ignore[method-assign]
@@ -99,7 +117,7 @@ def test_grpo_trainer_trains_on_rollway_samples_and_pushes_its_weights(
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental"
     torch.manual_seed(0)
     store = str(tmp_path / "runs")
-    with RolloutClient(TwoTurnAgent, engine="embedded", store=store, max_tokens=6) as client:
+    with RolloutClient(TwoTurnAgent, engine="embedded", store=store) as client:
         engine = client.gateway.gateway.engine
         initial = {k: v.clone() for k, v in engine.model.state_dict().items()}
         trainer, seen = train_two_steps(client, tmp_path / "out")
@@ -123,4 +141,8 @@ def test_grpo_trainer_trains_on_rollway_samples_and_pushes_its_weights(
     assert versions == (2, 2)
     # The engine held the trainer's weights at each loss, and the first step changed them.
     assert seen.in_sync == [True, True]
+    # Sampled at the trainer's temperature (0.7), and the recorded logprobs are the ones TRL
+    # computes at it: on-policy ratios of exactly 1, not exp(logprob at 1 - logprob at 0.7).
+    assert all(t.sampling["temperature"] == 0.7 for r in records for t in r.trajectory.turns)
+    assert max(seen.logprob_gaps) < 1e-3
     assert not all(torch.equal(v, final[k]) for k, v in initial.items())

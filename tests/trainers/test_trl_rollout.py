@@ -14,7 +14,12 @@ import torch
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
-from rollway.trainers.trl import PromptAgent, rollway_reward, rollway_rollout_func
+from rollway.trainers.trl import (
+    PromptAgent,
+    rollway_reward,
+    rollway_rollout_func,
+    trainer_sampling,
+)
 from rollway.types import AgentResult
 
 
@@ -33,10 +38,15 @@ class PickyAgent(AgentLoop):
         return ctx.complete([reply.message], reward=float(len(prompt)))
 
 
-def fake_trainer(generations: int = 2, eval_generations: int = 1) -> Any:
-    """The parts of a ``GRPOTrainer`` the rollout function reads."""
+def fake_trainer(generations: int = 2, eval_generations: int = 1, **config: Any) -> Any:
+    """The parts of a ``GRPOTrainer`` the rollout function reads; ``config`` sets its
+    ``GRPOConfig`` sampling fields (TRL's defaults otherwise)."""
     model = torch.nn.Linear(2, 2)
+    args = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": None,
+            "max_completion_length": None, "repetition_penalty": 1.0,
+            "generation_kwargs": None}  # fmt: skip
     return SimpleNamespace(
+        args=SimpleNamespace(**{**args, **config}),
         state=SimpleNamespace(global_step=0),
         model=model,
         accelerator=SimpleNamespace(unwrap_model=lambda m: m),
@@ -112,3 +122,46 @@ def test_weights_are_pushed_before_the_first_round_and_each_new_step(tmp_path: P
         (source, _) = engine.updates[-1]
         assert source.keys() == trainer.model.state_dict().keys()
         assert out["rollway_policy_version"] == [2]
+
+
+def test_rounds_sample_with_the_trainers_temperature_top_p_top_k_and_length(
+    client: RolloutClient,
+) -> None:
+    func = rollway_rollout_func(client, sync_weights=False)
+    trainer = fake_trainer(temperature=0.7, top_p=0.9, top_k=20, max_completion_length=5)
+    out = func(["a", "a"], trainer)
+    records = {r.rollout_id: r for r in client.store.records()}
+    for rollout_id in out["rollway_rollout_id"]:
+        (turn,) = records[rollout_id].trajectory.turns
+        assert (turn.sampling["temperature"], turn.sampling["top_p"]) == (0.7, 0.9)
+        assert (turn.sampling["top_k"], turn.sampling["max_tokens"]) == (20, 5)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("repetition_penalty", 1.1), ("min_p", 0.05), ("generation_kwargs", {"typical_p": 0.9})],
+)
+def test_sampling_rollway_cannot_do_is_refused_naming_the_field(
+    client: RolloutClient, field: str, value: Any
+) -> None:
+    func = rollway_rollout_func(client, sync_weights=False)
+    with pytest.raises(ConfigError, match=f"GRPOConfig.{field}"):
+        func(["a", "a"], fake_trainer(**{field: value}))
+    assert list(client.store.records()) == []  # refused before any rollout ran
+
+
+# A deprecated transformers name that TRL 1.16 still sets; not ours to fix.
+@pytest.mark.filterwarnings(r"ignore:`(is_)?gradient_checkpointing\w*` is deprecated:FutureWarning")
+def test_the_real_grpo_config_fields_are_the_ones_read(tmp_path: Path) -> None:
+    trl = pytest.importorskip("trl")  # a dev dependency: installed wherever the suite runs
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        temperature=0.7,
+        top_k=5,
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+    )
+    assert trainer_sampling(args) == {
+        "temperature": 0.7, "top_p": 1.0, "top_k": 5, "max_tokens": args.max_completion_length
+    }  # fmt: skip

@@ -14,7 +14,7 @@ from typing import Any
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
-from rollway.errors import error_kind
+from rollway.errors import AgentError, error_kind, is_failure
 from rollway.types import AgentResult, ErrorKind, Status
 
 
@@ -41,7 +41,7 @@ async def run_agent(
     ``ctx.cleanup_errors``. ``ctx.metrics.total_latency_ms`` gets the run's wall time, stop
     included."""
     started = time.perf_counter()
-    agent_task = asyncio.create_task(agent.run(ctx), name=ctx.rollout_id)
+    agent_task = asyncio.create_task(_run(agent, ctx), name=ctx.rollout_id)
     cancel_wait = asyncio.create_task(cancel.wait())
     try:
         done, _ = await asyncio.wait(
@@ -71,6 +71,19 @@ async def run_agent(
     if result.error is not None:
         return AgentOutcome("error", "agent", result.error, result)
     return AgentOutcome("completed", result=result)
+
+
+async def _run(agent: AgentLoop, ctx: RolloutContext) -> Any:
+    """``agent.run``, whose ``sys.exit()`` becomes an ``AgentError``: a ``SystemExit`` that
+    left its task would stop the event loop of every rollout."""
+    try:
+        return await agent.run(ctx)
+    except Exception:
+        raise
+    except BaseException as exc:
+        if not is_failure(exc):
+            raise
+        raise AgentError(f"run raised {type(exc).__name__}: {exc}") from exc
 
 
 def result_problem(result: AgentResult) -> str | None:
@@ -110,7 +123,9 @@ async def _stop(
             ctx.cleanup_failed("abort", exc)
     try:
         await agent.stop(ctx)
-    except Exception as exc:
+    except BaseException as exc:  # the agent's own code: its sys.exit() too
+        if not is_failure(exc):
+            raise
         ctx.cleanup_failed("stop", exc)
     await asyncio.wait({agent_task}, timeout=grace_s)
     if not agent_task.done():

@@ -121,8 +121,10 @@ async def _tear_down(box: Sandbox, ctx: RolloutContext) -> None:
 
 
 def _absolute_if_file(word: str) -> str:
+    # Not ``resolve()``: a venv's ``bin/python`` is a symlink to the base interpreter, which
+    # run by its own path would not see the venv's packages.
     path = Path(word)
-    return str(path.resolve()) if not path.is_absolute() and path.is_file() else word
+    return os.path.abspath(word) if not path.is_absolute() and path.is_file() else word
 
 
 def _read_result(path: Any) -> dict[str, Any]:

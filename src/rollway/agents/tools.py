@@ -15,7 +15,7 @@ from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from rollway.errors import AgentError
+from rollway.errors import AgentError, is_failure
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,9 @@ async def _run_one(by_name: dict[str, Tool], name: Any, raw: Any) -> str:
             f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors()
         )
         return f"error: invalid arguments for {name!r}: {problems}"
-    except Exception as exc:  # the model reads the failure and may try again
+    except BaseException as exc:  # the model reads the failure and may try again
+        if not is_failure(exc):
+            raise
         return f"error: {name} raised {type(exc).__name__}: {exc}"
     return result if isinstance(result, str) else json.dumps(result, default=str)
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from rollway.errors import ConfigError
-from rollway.store.export import ExportFormat, export_records
+from rollway.store.export import ExportFormat, export_records, flat_groups
 from rollway.store.factory import store_from_uri
 
 
@@ -27,6 +27,10 @@ def export(
         int | None,
         typer.Option(min=0, help="The version staleness counts from (default: the newest seen)."),
     ] = None,
+    drop_flat_groups: Annotated[
+        bool,
+        typer.Option(help="Drop groups whose rewards are all equal (no GRPO signal)."),
+    ] = False,
 ) -> None:
     """Write one row per sample: ids, loss mask, logprobs, reward, group id, status."""
     if format not in ("parquet", "jsonl"):
@@ -37,7 +41,10 @@ def export(
         raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
     store = store_from_uri(root or ".", exp_id)
     target = output or Path(f"{exp_id}.{format}")
+    records = list(store.records())
     rows = export_records(
-        store.records(), target, fmt, latest_version=latest_version, max_staleness=max_staleness
-    )
-    typer.echo(f"wrote {rows} rows to {target}")
+        records, target, fmt, latest_version=latest_version, max_staleness=max_staleness,
+        drop_flat_groups=drop_flat_groups,
+    )  # fmt: skip
+    dropped = f" ({len(flat_groups(records))} flat groups dropped)" if drop_flat_groups else ""
+    typer.echo(f"wrote {rows} rows to {target}{dropped}")

@@ -21,6 +21,7 @@ from rollway.errors import (
     AuthError,
     ConfigError,
     EngineError,
+    ExperimentInUseError,
     InfrastructureError,
     RequestError,
     RewardError,
@@ -41,6 +42,8 @@ HINTS: dict[type[RollwayError], str] = {
     AuthError: "check the key (ROLLWAY_ADMIN_KEY for a gateway, ROLLWAY_AGENT_KEY for an agent)",
     UnknownRolloutError: f"the server no longer knows that rollout; {_DEBUG}",
     RolloutClosedError: f"that rollout was cancelled or already registered; {_DEBUG}",
+    ExperimentInUseError: "one client per experiment: give this run another --exp-id, or stop "
+    "the other client first",
     EngineError: "is the engine up and reachable? check --engine (or --gateway)",
     AgentError: "`rollway validate AGENT` lists what is wrong with the agent",
     RewardError: "fix the reward function (--reward)",

@@ -25,7 +25,7 @@ class BatchProgress:
     """Counts outcomes as they arrive; draws a bar when ``show`` is set. A status line comes
     every ``status_interval_s`` whether or not anything finished (the batch's loop waits at most
     ``until_status()`` and then calls ``tick``), so a stuck batch still reports; ``stuck`` says
-    how many rollouts the watchdog finds stuck now."""
+    how many rollouts the watchdog finds stuck now, ``outages`` what rollouts wait for."""
 
     def __init__(
         self,
@@ -34,12 +34,14 @@ class BatchProgress:
         show: bool,
         status_interval_s: float = DEFAULT_STATUS_INTERVAL_S,
         stuck: Callable[[], int] = lambda: 0,
+        outages: Callable[[], list[str]] = list,
     ) -> None:
         self.console = Console(stderr=True)
         self.counts: Counter[str] = Counter()
         self.rewards: list[float] = []
         self._interval = status_interval_s
         self._stuck = stuck
+        self._outages = outages
         self._started = self._last_status = time.monotonic()
         self._progress = Progress(
             TextColumn("[bold]rollouts"),
@@ -88,6 +90,8 @@ class BatchProgress:
         line = f"batch status: {done}/{self.total} done after {elapsed:.0f} s; {self.describe()}"
         if stuck := self._stuck():
             line += f" | {stuck} stuck"
+        for outage in self._outages():
+            line += f" | {outage}"
         if self._progress.disable:
             log.info(line)
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import math
 import time
@@ -21,6 +22,7 @@ from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
+from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
@@ -44,6 +46,7 @@ from rollway.rollouts import (
 from rollway.rollouts.config import config_object
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
+from rollway.sandbox import remove_leftovers
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 from rollway.types import RolloutRecord, SamplingParams
@@ -131,6 +134,7 @@ class RolloutClient:
             options=options,
         )  # fmt: skip
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
+        remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
         self.reward_fn = reward
         self.show_progress = show_progress
         self.status_interval = status_interval
@@ -158,6 +162,10 @@ class RolloutClient:
             events=self._events.bus,
             trace=tracing.enabled(),
         )
+        # Batches hold the experiment: another live client's batch would run, cancel and
+        # unregister the same rollouts. Made before the executor ships the gateway to workers.
+        shared = engine if isinstance(engine, RemoteGateway) else None
+        self._lease = LeaseKeeper(self.exp_id, self.store, shared)
         self._loop = LoopThread()
         try:
             self.executor.start(setup, self._loop)
@@ -199,8 +207,11 @@ class RolloutClient:
             raise ConfigError(f"task must be a dict, not {type(task).__name__}", "task")
         settings = self.settings.with_options(overrides)
         run = uuid.uuid4().hex
-        key = f"{task_key(task)}-{run[:8]}"
-        spec = RolloutSpec(task, 0, key, f"{self.exp_id}:{key}", 0, 0, run_id=run)
+        stable = task_key(task)
+        key = f"{stable}-{run[:8]}"
+        spec = RolloutSpec(
+            task, 0, key, f"{self.exp_id}:{key}", 0, 0, run_id=run, seed_key=f"{stable}.0"
+        )
         return self._submit(spec, settings)
 
     async def invoke_async(
@@ -279,7 +290,7 @@ class RolloutClient:
         (``last_summary["interrupted"]``), and is raised again."""
         # Refused now, not at the first item.
         settings, tasks = self._batch_args(tasks, group_size, overrides)
-        return self._run_batch(tasks, group_size, resume, settings)
+        return self._leased(self._run_batch(tasks, group_size, resume, settings))
 
     def run_batch_async(
         self,
@@ -291,7 +302,7 @@ class RolloutClient:
     ) -> AsyncIterator[BatchItem]:
         """``run_batch`` as an async iterator."""
         settings, tasks = self._batch_args(tasks, group_size, overrides)
-        return self._run_batch_async(tasks, group_size, resume, settings)
+        return self._leased_async(self._run_batch_async(tasks, group_size, resume, settings))
 
     def _batch_args(
         self, tasks: Iterable[dict[str, Any]], group_size: int, overrides: Mapping[str, Any]
@@ -307,6 +318,17 @@ class RolloutClient:
                     f"tasks[{index}] must be a dict, not {type(task).__name__}", "tasks"
                 )
         return settings, listed
+
+    def _leased(self, items: Iterator[BatchItem]) -> Iterator[BatchItem]:
+        """A batch under the experiment's lease, taken before it plans anything."""
+        with self._lease.held(self._loop), contextlib.closing(items):
+            yield from items
+
+    async def _leased_async(self, items: AsyncIterator[BatchItem]) -> AsyncIterator[BatchItem]:
+        with self._lease.held(self._loop):
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
 
     def _run_batch(
         self,
@@ -385,8 +407,14 @@ class RolloutClient:
     def _progress(self, total: int) -> BatchProgress:
         return BatchProgress(
             total, show=self.show_progress, status_interval_s=self.status_interval,
-            stuck=lambda: self._watchdog.stuck,
+            stuck=lambda: self._watchdog.stuck, outages=self._outages,
         )  # fmt: skip
+
+    def _outages(self) -> list[str]:
+        """What this process's rollouts wait for (Ray workers keep their own)."""
+        if isinstance(self.executor, LocalExecutor):
+            return self.executor.availability.status()
+        return []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -398,6 +426,7 @@ class RolloutClient:
             self._following.cancel()
         self._watching.cancel()
         self._cancel_and_wait(list(self._live))
+        self._lease.close(self._loop)  # every rollout has ended
         try:
             self.executor.close(self._loop)
         finally:

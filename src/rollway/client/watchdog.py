@@ -73,4 +73,9 @@ def describe(event: RolloutStuck) -> str:
         "gateway": "queued at the gateway (its model call has not reached the engine)",
         "agent": "in its agent (no model call pending)",
     }[event.waiting_in]
-    return f"stuck: no progress for {event.idle_s:.0f} s, {where}"
+    return f"stuck: no progress for {_seconds(event.idle_s)} s, {where}"
+
+
+def _seconds(value: float) -> str:
+    """Whole seconds, but tenths under ten: a limit of 0.5 s must not read as 1 s (nor 0)."""
+    return f"{value:.1f}" if value < 10 else f"{value:.0f}"

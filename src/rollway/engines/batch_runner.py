@@ -25,7 +25,8 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 
 from rollway.engines.decode_batch import DecodeBatch, Reuse, extend_prefix
 from rollway.engines.kv_cache import CachedPrefix, PrefixCache, common_prefix_length
-from rollway.engines.sampling import choose_token
+from rollway.engines.sampling import choose_token, cuts, logprob_kind
+from rollway.engines.whole_text import WholeText
 from rollway.errors import ConfigError, EngineError
 from rollway.types import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 
@@ -54,6 +55,10 @@ class Request:
     prompt: torch.Tensor = field(init=False)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    #: The temperature-1 logprobs, kept where ``logprobs`` are the temperature's.
+    raw_logprobs: list[float] = field(default_factory=list)
+    #: The mass top-p/top-k kept for each output id (filled only where the sampling cuts).
+    kept_mass: list[float] = field(default_factory=list)
     #: The weights version that sampled each output id.
     versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -65,6 +70,8 @@ class Request:
     error: BaseException | None = None
     #: The weights version that prefilled this row's KV (-1: not prefilled).
     kv_version: int = -1
+    #: The output's text in whole characters, for its stop strings (made when first needed).
+    text: WholeText | None = None
 
     def __post_init__(self) -> None:
         self.prompt = torch.tensor(self.input_ids, dtype=torch.long)
@@ -95,26 +102,35 @@ class Request:
             if error is not None:
                 future.set_exception(error)
             else:
-                result = GenerationResult(
-                    self.output_ids,
-                    self.logprobs,
-                    self.finish_reason,
-                    policy_versions=self.versions,
-                    logprob_kind="raw_logprobs",
-                )
-                future.set_result(result)
+                future.set_result(self._result())
 
         self._call_soon(settle)
+
+    def _result(self) -> GenerationResult:
+        assert self.finish_reason is not None
+        kind = logprob_kind(self.sampling)
+        return GenerationResult(
+            self.output_ids,
+            self.logprobs,
+            self.finish_reason,
+            policy_versions=self.versions,
+            logprob_kind=kind,
+            raw_logprobs=self.raw_logprobs if kind != "raw_logprobs" else None,
+            kept_mass=self.kept_mass if cuts(self.sampling) else None,
+        )
 
     def _next_chunk(self, finish_reason: FinishReason | None) -> GenerationChunk:
         start = self.streamed
         self.streamed = len(self.output_ids)
+        kind = logprob_kind(self.sampling)
         return GenerationChunk(
             self.output_ids[start:],
             self.logprobs[start:],
             finish_reason,
             policy_versions=self.versions[start:],
-            logprob_kind="raw_logprobs",
+            logprob_kind=kind,
+            raw_logprobs=self.raw_logprobs[start:] if kind != "raw_logprobs" else None,
+            kept_mass=self.kept_mass[start:] if cuts(self.sampling) else None,
         )
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
@@ -232,7 +248,6 @@ class BatchRunner:
 
     def _sample(self, rows: list[Request], logits: torch.Tensor, version: int) -> torch.Tensor:
         """Each row's next token from its logits row; returns the ids each row feeds next."""
-        logprobs = torch.log_softmax(logits, dim=-1)
         next_ids = torch.full((len(rows),), self.pad_id, dtype=torch.long)
         for row, request in enumerate(rows):
             if request.done:
@@ -241,12 +256,15 @@ class BatchRunner:
                 request.finish("abort")
                 continue
             try:
-                token = choose_token(logits[row], request.sampling, request.generator)
+                sampled = choose_token(logits[row], request.sampling, request.generator)
             except Exception as exc:  # this row's failure, not its neighbours'
                 request.error = EngineError(f"sampling failed: {exc}")
                 continue
+            token = sampled.token
             request.output_ids.append(token)
-            request.logprobs.append(float(logprobs[row, token].item()))
+            request.logprobs.append(sampled.logprob)
+            request.raw_logprobs.append(sampled.raw_logprob)
+            request.kept_mass.append(sampled.kept_mass)
             # Weights change only while no forward pass runs, so these logits are this version's.
             request.versions.append(version)
             next_ids[row] = token
@@ -265,11 +283,21 @@ class BatchRunner:
         return None
 
     def _ends_in_stop_string(self, request: Request) -> bool:
-        # Each token decodes to at least one character, so this window holds any stop string
-        # that the newest token completed.
-        window = max(len(s) for s in request.sampling.stop) + 2
-        tail = self.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
-        return any(s in tail for s in request.sampling.stop)
+        """Whether the newest token completed a stop string, in whole characters: the first
+        token of an emoji decodes to U+FFFD, which the answer does not contain."""
+        if request.text is None:
+            request.text = WholeText(self._decode)
+            for token in request.output_ids[:-1]:
+                request.text.push(token)
+        added = request.text.push(request.output_ids[-1])
+        if not added:
+            return False
+        stops = request.sampling.stop
+        tail = request.text.text[-(len(added) + max(map(len, stops)) - 1) :]
+        return any(s in tail for s in stops)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def _check_full_attention(model: Any) -> None:

@@ -408,14 +408,7 @@ def _join_waiting(first: GenerationChunk | BaseException, chunks: _ChunkQueue) -
         if item.finish_reason is not None or chunks.empty():
             break
         item = chunks.get_nowait()
-    if len(parts) == 1:
-        return parts[0]
-    return GenerationChunk(
-        [token for part in parts for token in part.output_ids],
-        [logprob for part in parts for logprob in part.logprobs],
-        parts[-1].finish_reason,
-        [version for part in parts for version in part.policy_versions or ()],
-    )
+    return parts[0] if len(parts) == 1 else GenerationChunk.join(parts)
 
 
 async def _until_answered(chunks: _ChunkQueue) -> None:

@@ -14,7 +14,9 @@ Options follow the hosts, for every host: ``?api_key=KEY`` for servers started w
 ``--api-key`` (else ``ROLLWAY_ENGINE_API_KEY``; the environment keeps a key out of specs, which
 get copied around; a spec in an error message shows ``api_key=***``); for ``sglang://`` also
 ``context_length=N``, ``default_max_tokens=N`` and ``original_logprobs=1`` (the server runs with
-``SGLANG_RETURN_ORIGINAL_LOGPROB=1``), see ``engines/sglang.py``.
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``), see ``engines/sglang.py``; for ``vllm://`` also
+``context_length=N``, ``default_max_tokens=N`` and ``logprobs_mode=raw_logprobs|processed_logprobs``
+(the server's ``--logprobs-mode``), see ``engines/vllm.py``.
 """
 
 from __future__ import annotations
@@ -55,7 +57,12 @@ _REMOTE_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
         "default_max_tokens": int,
         "original_logprobs": _flag,
     },
-    "vllm": {"api_key": str},
+    "vllm": {
+        "api_key": str,
+        "context_length": int,
+        "default_max_tokens": int,
+        "logprobs_mode": str,
+    },
 }
 
 

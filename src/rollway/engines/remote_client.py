@@ -7,7 +7,8 @@ exactly once with the same request id, then fails as an ``EngineConnectError``; 
 sets ``connect_attempts=1`` and sends it to another server instead (``engines/router.py``). A
 request that may have reached the server (disconnect mid-request, timeout, HTTP 5xx, a garbled
 body) is never retried: it is aborted by its request id and fails as an ``EngineError``.
-Cancellation aborts too.
+Cancellation aborts too. Control calls that are safe to repeat (``call(..., repeatable=True)``:
+health, resume, weight info, models) go once more on a connection the server had closed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ IDLE_CLOSE_S = 3.0
 _ABORT_TIMEOUT_S = 5.0
 #: Failures that prove nothing was sent: the TCP connection was never made.
 _NOT_SENT = ENGINE_CONNECT.retry_on
+#: A pooled connection the server had closed: uvicorn (vLLM, SGLang) closes one after an
+#: unhandled error's 500 without ``Connection: close``, so the next call on it is cut.
+_CLOSED = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -136,34 +140,56 @@ class RemoteClient:
         *,
         timeout_s: float | None = None,
         retry_connect: bool = True,
+        repeatable: bool = False,
     ) -> Answer:
         """One control call (a probe, a pause, a weight load). Any HTTP status comes back as an
         ``Answer``; a connect failure is retried once (unless ``retry_connect`` is false: a
         probe ahead of a request that retries on its own) and then is an
         ``EngineConnectError``; a failure after sending (timeout, cut connection) is an
-        ``EngineError``."""
+        ``EngineError``. A ``repeatable`` call (health, resume, weight info, models: safe to
+        run twice) is tried once more on a connection the server closed."""
         data = None if payload is None else orjson.dumps(payload)
         timeout = self.timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
-            if not retry_connect:
-                return await self._call(method, url, data, limits=timeout)
-            async for attempt in self._connect_retries():
-                with attempt:
-                    return await self._call(method, url, data, limits=timeout)
+            try:
+                return await self._call_retrying_connect(method, url, data, timeout, retry_connect)
+            except _CLOSED as exc:
+                if not repeatable or isinstance(exc, _NOT_SENT):
+                    raise
+                log.info(
+                    "%s %s: the server had closed the connection (%r); again", method, url, exc
+                )
+            return await self._call_retrying_connect(method, url, data, timeout, retry_connect)
         except _NOT_SENT as exc:
             raise EngineConnectError(f"cannot connect to {url}: {exc}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineError(f"{method} {url} failed: {exc!r}") from exc
+
+    async def _call_retrying_connect(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        limits: aiohttp.ClientTimeout,
+        retry_connect: bool,
+    ) -> Answer:
+        if not retry_connect:
+            return await self._call(method, url, data, limits=limits)
+        async for attempt in self._connect_retries():
+            with attempt:
+                return await self._call(method, url, data, limits=limits)
         raise AssertionError("unreachable")
 
     async def get_ok(self, url: str, timeout_s: float = 5.0) -> bool:
-        """True when ``url`` answers 2xx within ``timeout_s`` (health checks)."""
+        """True when ``url`` answers 2xx within ``timeout_s`` (health checks; tried once more
+        on a connection the server had closed)."""
         try:
-            timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self.session().get(url, timeout=timeout, headers=self._headers) as response:
-                return 200 <= response.status < 300
-        except (aiohttp.ClientError, TimeoutError):
+            answer = await self.call(
+                "GET", url, timeout_s=timeout_s, retry_connect=False, repeatable=True
+            )
+        except EngineError:  # EngineConnectError included
             return False
+        return answer.ok
 
     async def open_stream(self, url: str, data: bytes) -> aiohttp.ClientResponse:
         """POST ``data`` and return the response unread (a stream's events), its connection

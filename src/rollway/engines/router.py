@@ -10,8 +10,19 @@ it fails only when none is left (``generate_stream`` does the same until its fir
 streams the endpoint's answer). Endpoints should not retry connects themselves
 (``RemoteClient(connect_attempts=1)``, as ``engine_from_spec`` builds them). A request that may
 have reached its server (any other error) is never sent elsewhere. An endpoint is also ejected
-after ``eject_after`` failed health checks in a row; an ejected one is re-admitted after
-``readmit_after`` good checks. Ejections and re-admissions are logged and counted.
+after ``eject_after`` failed health checks in a row (a round every ``health_interval_s``, however
+long the last one took: a hung server's checks wait out their timeout); an ejected one is
+re-admitted after ``readmit_after`` good checks. Ejections and re-admissions are logged and
+counted.
+
+A request still running on an endpoint that its health checks eject (a hung or stopped server
+answers nothing, and would hold the turn until the rollout's timeout) is cancelled there, which
+aborts it on that server by its id, and ends with finish ``abort``, as when a pause in abort mode
+drops it: the caller re-issues it under a new id (the gateway does, ``gateway.engine_calls``),
+and the router sends that to a healthy endpoint. That is exact for the trajectory: a whole
+answer that never came was seen by nobody, and a stream keeps the tokens it gave (the abort
+chunk carries none) and goes on from them elsewhere. Other ejections leave running requests be:
+a refused connect or a restart cuts their connections, which is their answer.
 
 The rollout a request belongs to is read from its id: the gateway names requests
 ``<rollout_id>-<turn>`` (``.<n>`` after it when a turn is re-issued).
@@ -32,19 +43,23 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.engines.base import Engine, HealthChecked, PauseMode, WeightSource, WeightSync
 from rollway.engines.streaming import stream_generation
 from rollway.errors import ConfigError, EngineConnectError, EngineError
-from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+from rollway.types import GenerationChunk, GenerationResult, LogprobKind, SamplingParams
 
 log = logging.getLogger(__name__)
 
 
 def rollout_of(request_id: str) -> str:
     return request_id.rsplit("-", 1)[0]
+
+
+class _CutOff(Exception):
+    """The endpoint a request was waiting on failed its health checks meanwhile."""
 
 
 @dataclass
@@ -62,6 +77,10 @@ class Endpoint:
     readmissions: int = 0
     #: Missed the fleet's last weight update: replay it before re-admission.
     stale: bool = False
+    #: The waits of the requests running here, cut short when health checks eject it.
+    waits: set[asyncio.Timeout] = field(default_factory=set)
+    #: How many times that happened (a stream checks it between its chunks).
+    cuts: int = 0
 
     @property
     def load(self) -> tuple[int, int]:
@@ -113,34 +132,73 @@ class RoutedEngine:
         while True:
             try:
                 with self._serving(endpoint, input_ids, request_id):
-                    return await endpoint.engine.generate(input_ids, sampling, request_id)
+                    async with self._unless_cut_off(endpoint, endpoint.cuts):
+                        return await endpoint.engine.generate(input_ids, sampling, request_id)
             except EngineConnectError as exc:
                 endpoint = self._after_refusal(endpoint, rollout, request_id, tried, exc)
+            except _CutOff:
+                return GenerationResult([], [], "abort")
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> AsyncIterator[GenerationChunk]:
         """``generate``'s endpoint, accounting and fail-over, its answer streamed
         (``engines.streaming.stream_generation``: an endpoint that cannot stream gives one
-        chunk). Only a request refused before its first chunk goes to another endpoint."""
+        chunk). Only a request refused before its first chunk goes to another endpoint; one
+        whose endpoint health checks eject while it runs ends with an empty ``abort`` chunk."""
         self._start_health_checks()
         rollout = self._affinity(request_id)
         endpoint = self._choose(rollout)
         tried: list[Endpoint] = []
         while True:
-            sent = False
+            kind: LogprobKind | None = None  # of the chunks sent, once one is
+            cuts = endpoint.cuts
             try:
                 with self._serving(endpoint, input_ids, request_id):
                     stream = stream_generation(endpoint.engine, input_ids, sampling, request_id)
                     async with contextlib.aclosing(stream):
-                        async for chunk in stream:
-                            sent = True
+                        while (chunk := await self._next_chunk(endpoint, cuts, stream)) is not None:
+                            kind = chunk.logprob_kind
                             yield chunk
                 return
             except EngineConnectError as exc:
-                if sent:
+                if kind is not None:
                     raise
                 endpoint = self._after_refusal(endpoint, rollout, request_id, tried, exc)
+            except _CutOff:
+                # The same kind as the tokens sent: the caller's record of the turn takes it.
+                yield GenerationChunk([], [], "abort", None, kind or "raw_logprobs")
+                return
+
+    async def _next_chunk(
+        self, endpoint: Endpoint, cuts: int, stream: AsyncIterator[GenerationChunk]
+    ) -> GenerationChunk | None:
+        """The stream's next chunk (None at its end) unless ``endpoint`` is cut off first.
+        Watched one chunk at a time: the caller's work between chunks is not the engine's."""
+        async with self._unless_cut_off(endpoint, cuts):
+            return await anext(stream, None)
+
+    @contextlib.asynccontextmanager
+    async def _unless_cut_off(self, endpoint: Endpoint, cuts: int) -> AsyncIterator[None]:
+        """Run the block unless health checks eject ``endpoint`` (or did, since it had
+        ``cuts``): that cancels the block (a remote engine aborts a cancelled request on its
+        server) and raises ``_CutOff``. A timeout that ``_cut_off`` sets to now: it tells its
+        cancel from any other, as ``asyncio.timeout`` does."""
+        if endpoint.cuts != cuts:
+            raise _CutOff
+        wait = asyncio.timeout(None)
+        try:
+            async with wait:
+                endpoint.waits.add(wait)
+                try:
+                    yield
+                finally:
+                    endpoint.waits.discard(wait)
+        except Exception as exc:
+            # A TimeoutError, or what the engine made of its cancel.
+            if wait.expired():
+                raise _CutOff from exc
+            raise
 
     @contextlib.contextmanager
     def _serving(self, endpoint: Endpoint, input_ids: list[int], request_id: str) -> Iterator[None]:
@@ -252,8 +310,10 @@ class RoutedEngine:
             engine = endpoint.engine
             if isinstance(engine, WeightSync) and engine.policy_version != self.policy_version:
                 endpoint.stale = True
-                endpoint.successes = 0
+                # Only when it goes out: one already out counts its good checks towards the
+                # catch-up, which alone can end the mismatch.
                 if endpoint.healthy:
+                    endpoint.successes = 0
                     self._take_out(endpoint, f"it serves weights version {engine.policy_version}, "
                                    f"not the fleet's {self.policy_version}")  # fmt: skip
 
@@ -283,6 +343,12 @@ class RoutedEngine:
             if returning and endpoint.successes + 1 >= self.readmit_after and endpoint.stale:
                 ok = await self._catch_up(endpoint)
             self._record_check(endpoint, ok)
+
+    async def health(self) -> bool:
+        """Whether the fleet serves: some endpoint is in rotation. Rollouts wait while none is
+        (``rollouts.availability``); the router's own checks bring endpoints back."""
+        self._start_health_checks()
+        return any(endpoint.healthy for endpoint in self.endpoints)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -364,6 +430,7 @@ class RoutedEngine:
         endpoint.failures += 1
         if endpoint.healthy and endpoint.failures >= self.eject_after:
             self._take_out(endpoint, f"{endpoint.failures} failed health checks")
+            self._cut_off(endpoint)
 
     @staticmethod
     def _take_out(endpoint: Endpoint, why: str) -> None:
@@ -371,13 +438,31 @@ class RoutedEngine:
         endpoint.ejections += 1
         log.warning("engine endpoint %s ejected: %s", endpoint.name, why)
 
+    @staticmethod
+    def _cut_off(endpoint: Endpoint) -> None:
+        """End the waits of the requests running on ``endpoint``: they are re-issued elsewhere
+        rather than held until their rollout's timeout."""
+        endpoint.cuts += 1
+        waits, endpoint.waits = endpoint.waits, set()
+        if waits:
+            log.warning("aborting %d requests running on %s", len(waits), endpoint.name)
+            now = asyncio.get_running_loop().time()
+            for wait in waits:
+                if not wait.expired():
+                    wait.reschedule(now)
+
     def _start_health_checks(self) -> None:
         if self._checker is None or self._checker.done():
             self._checker = asyncio.create_task(self._check_forever())
 
     async def _check_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        next_round = loop.time() + self.health_interval_s
         while True:
-            await asyncio.sleep(self.health_interval_s)
+            await asyncio.sleep(max(0.0, next_round - loop.time()))
+            # A round every interval, counted from the start of the last: a hung endpoint's
+            # checks take their whole timeout, which must not slow its ejection down.
+            next_round = loop.time() + self.health_interval_s
             await self.check_health()
 
 

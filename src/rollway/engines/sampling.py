@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass
 
 import torch
 
 from rollway.errors import EngineError, InvalidFieldsError
-from rollway.types import SamplingParams
+from rollway.types import LogprobKind, SamplingParams
 
 #: A temperature or top_p below this samples like its limit: greedy, the top token. Dividing
 #: fp32 logits by a smaller temperature overflows to inf, and a smaller top_p rounds to 0 in
@@ -31,21 +32,63 @@ def check_sampling(sampling: SamplingParams) -> None:
         raise InvalidFieldsError(f"top_p {sampling.top_p} is not in (0, 1]", "top_p")
 
 
-def choose_token(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> int:
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """One sampled token and what a trainer needs of it: its logprob under the distribution it
+    was drawn from before any cut (``log_softmax(logits / T)``: see ``logprob_kind``), the
+    temperature-1 logprob, and the mass top-p/top-k kept (1.0: no cut)."""
+
+    token: int
+    logprob: float
+    raw_logprob: float
+    kept_mass: float = 1.0
+
+
+def is_greedy(sampling: SamplingParams) -> bool:
+    return sampling.temperature < SAMPLING_EPS or sampling.top_p < SAMPLING_EPS
+
+
+def logprob_kind(sampling: SamplingParams) -> LogprobKind:
+    """What ``choose_token``'s logprobs are under ``sampling``: the temperature's distribution,
+    which is the raw one at temperature 1 and when greedy (sampled as the argmax)."""
+    raw = is_greedy(sampling) or sampling.temperature == 1.0
+    return "raw_logprobs" if raw else "processed_logprobs"
+
+
+def cuts(sampling: SamplingParams) -> bool:
+    """Whether top-p or top-k may leave fewer tokens to sample from than the vocabulary."""
+    return not is_greedy(sampling) and (sampling.top_k > 0 or sampling.top_p < 1.0)
+
+
+def choose_token(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+) -> SampledToken:
     """Sample one token id from a 1-D fp32 ``logits`` row under ``sampling``; raises
     ``EngineError`` when the row holds NaN (it would yield an arbitrary token)."""
     if bool(torch.isnan(logits).any()):
         raise EngineError("the model's logits hold NaN")
-    if sampling.temperature < SAMPLING_EPS or sampling.top_p < SAMPLING_EPS:
-        return int(torch.argmax(logits).item())
-    scaled = logits / sampling.temperature
+    raw = torch.log_softmax(logits, dim=-1)
+    if is_greedy(sampling):
+        token = int(torch.argmax(logits).item())
+        logprob = float(raw[token].item())
+        return SampledToken(token, logprob, logprob)
+    scaled, scaled_logprobs = logits, raw
+    if logprob_kind(sampling) == "processed_logprobs":
+        scaled = logits / sampling.temperature
+        scaled_logprobs = torch.log_softmax(scaled, dim=-1)
+    filtered = scaled
     if 0 < sampling.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, sampling.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        filtered = filtered.masked_fill(filtered < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        scaled = _filter_top_p(scaled, sampling.top_p)
-    probs = torch.softmax(scaled, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+        filtered = _filter_top_p(filtered, sampling.top_p)
+    kept = 1.0
+    if filtered is not scaled:
+        kept = float(scaled_logprobs.exp()[torch.isfinite(filtered)].sum().item())
+    probs = torch.softmax(filtered, dim=-1)
+    token = int(torch.multinomial(probs, 1, generator=generator).item())
+    logprob = float(scaled_logprobs[token].item())
+    return SampledToken(token, logprob, float(raw[token].item()), min(kept, 1.0))
 
 
 def _filter_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -24,6 +24,8 @@ async def stream_generation(
             result.finish_reason,
             result.policy_versions,
             result.logprob_kind,
+            result.raw_logprobs,
+            result.kept_mass,
         )
         return
     stream = engine.generate_stream(input_ids, sampling, request_id)
@@ -39,26 +41,29 @@ async def stream_generation(
 
 def collect(chunks: Iterable[GenerationChunk]) -> GenerationResult:
     """The chunks of one request as one result; the last chunk must have finished it."""
-    ids: list[int] = []
-    logprobs: list[float] = []
-    versions: list[int] | None = None
-    finish = None
-    kind = "raw_logprobs"
-    for chunk in chunks:
-        if len(chunk.logprobs) != len(chunk.output_ids):
-            raise EngineError(
-                f"a chunk has {len(chunk.logprobs)} logprobs for {len(chunk.output_ids)} tokens"
-            )
-        ids.extend(chunk.output_ids)
-        logprobs.extend(chunk.logprobs)
-        if chunk.policy_versions is not None:
-            # All chunks of a request have versions or none do: a mix fails the check below.
-            versions = versions if versions is not None else []
-            versions.extend(chunk.policy_versions)
-        finish = chunk.finish_reason or finish
-        kind = chunk.logprob_kind
-    if finish is None:
+    parts = list(chunks)
+    for chunk in parts:
+        for name in ("logprobs", "policy_versions", "raw_logprobs", "kept_mass"):
+            values = getattr(chunk, name)
+            if values is not None and len(values) != len(chunk.output_ids):
+                raise EngineError(
+                    f"a chunk has {len(values)} {name} for {len(chunk.output_ids)} tokens"
+                )
+    if not parts or parts[-1].finish_reason is None:
         raise EngineError("a stream ended without a finish reason")
-    if versions is not None and len(versions) != len(ids):
-        raise EngineError(f"the stream gave {len(versions)} policy versions for {len(ids)} tokens")
-    return GenerationResult(ids, logprobs, finish, versions, kind)  # type: ignore[arg-type]
+    whole = GenerationChunk.join(parts)
+    versions = [part.policy_versions for part in parts if part.policy_versions is not None]
+    given = sum(map(len, versions))
+    if versions and given != len(whole.output_ids):  # all chunks have versions or none do
+        raise EngineError(
+            f"the stream gave {given} policy versions for {len(whole.output_ids)} tokens"
+        )
+    return GenerationResult(
+        whole.output_ids,
+        whole.logprobs,
+        parts[-1].finish_reason,
+        whole.policy_versions,
+        whole.logprob_kind,
+        whole.raw_logprobs,
+        whole.kept_mass,
+    )

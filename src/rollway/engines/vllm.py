@@ -33,18 +33,23 @@ would be ignored); 0.32.0 ``v1/engine/core.py`` (paused servers queue new reques
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
 
 from rollway.engines.base import PauseMode, WeightSource
+from rollway.engines.pause_gate import PauseGate
 from rollway.engines.remote_client import DisconnectAbort, RemoteClient
 from rollway.engines.sse import EventStream, StreamCuts
 from rollway.engines.vllm_stream import CompletionDelta, CompletionStream
 from rollway.engines.vllm_wire import (
     PAUSED_REFUSAL,
     VLLM_PAUSE_MODES,
+    WEIGHT_INFO_SINCE,
     WEIGHT_LABELS_SINCE,
     WEIGHT_SYNC_SINCE,
     VLLMServer,
@@ -55,9 +60,11 @@ from rollway.engines.vllm_wire import (
     no_token_ids,
     parse_completion,
     pause_modes_of,
+    root_of,
     versions_of,
     vllm_payload,
 )
+from rollway.engines.weight_folders import check_weights_folder
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import (
     GenerationChunk,
@@ -65,7 +72,11 @@ from rollway.types import (
     SamplingParams,
 )
 
+log = logging.getLogger(__name__)
+
 _DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-sync routes are dev routes)"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_clock = time.monotonic  # a module name, so that a test can move it on
 
 
 class VLLMEngine:
@@ -78,7 +89,17 @@ class VLLMEngine:
     ``pause_modes`` is abort and drain until the server is known (``await server()``), then
     exactly what it supports: none before 0.16, keep from 0.33 (whose labels tell a frozen
     request's tokens apart). Generate calls made while paused wait for ``resume``.
+
+    What the server said of itself is asked again after ``SERVER_INFO_TTL_S`` and after a
+    failed request (a server restarted with another ``--max-model-len``). Once weights were
+    pushed, each request first asks ``/weight_info`` (one call shared by concurrent requests):
+    a server that restarted serves its start-up weights (label ``default``) and is given the
+    last update again before the request goes, so no token is stamped with weights that did
+    not sample it.
     """
+
+    #: How long the server's version and context length are trusted without asking again.
+    SERVER_INFO_TTL_S = 10.0
 
     # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
     model_name: str | None = None
@@ -101,6 +122,7 @@ class VLLMEngine:
         self.model = model
         self.http = http or RemoteClient(timeout_s=timeout_s)
         self.context_length = context_length
+        self._given_context_length = context_length
         self.default_max_tokens = default_max_tokens
         self.logprob_kind = logprob_kind_of(logprobs_mode)
         self.health_timeout_s = health_timeout_s
@@ -108,19 +130,20 @@ class VLLMEngine:
         self.pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain"})
         self._calls = DisconnectAbort()
         self._streams = StreamCuts()
-        self._gate = _Gate()
+        self._gate = PauseGate()
         self._pauses = 0  # pauses begun so far: tells a refusal by our own pause
         self._sampling_version = 0  # the weights sampling now: during a pause, the old ones
         self._server: VLLMServer | None = None
+        self._server_at = -float("inf")  # _clock() of the last answer to server()
         self._probing = asyncio.Lock()
+        self._last_load: str | None = None  # the folder of the last update (a restart's replay)
+        self._loading = asyncio.Lock()  # a weight load and a restart check, one at a time
+        self._checking: asyncio.Future[None] | None = None
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
     ) -> GenerationResult:
-        try:
-            server = await self.server()
-        except EngineConnectError:
-            server = VLLMServer()  # the send below fails (or succeeds) under the usual rules
+        server = await self._known_server()
         max_tokens = self._max_tokens(len(input_ids), sampling.max_tokens, server)
         if max_tokens <= 0:  # the prompt fills the context: nothing can be sampled
             return GenerationResult([], [], "length", [], self.logprob_kind)
@@ -129,10 +152,12 @@ class VLLMEngine:
             payload["return_weight_versions"] = True
         url = f"{self.base_url}/v1/completions"
         while await self._gate.passed(request_id):
+            await self._caught_up(server)
             pauses = self._pauses
             try:
                 body = await self._calls.send(self.http, url, payload, request_id)
             except EngineError as exc:
+                self._server_at = -float("inf")  # ask the server what it is again next time
                 self._raise_unless_our_refusal(exc, pauses)
                 continue  # our pause refused it before it ran: send it again after resume
             if body is None:
@@ -154,10 +179,7 @@ class VLLMEngine:
         (vLLM's abort); an aborted stream ends with an empty ``abort`` chunk. Tokens are
         stamped with the weights sampling when they arrive; the last chunk's with the server's
         spans where it labels them (vLLM sends spans with the last chunk only)."""
-        try:
-            server = await self.server()
-        except EngineConnectError:
-            server = VLLMServer()
+        server = await self._known_server()
         max_tokens = self._max_tokens(len(input_ids), sampling.max_tokens, server)
         if max_tokens <= 0:  # the prompt fills the context: nothing can be sampled
             yield GenerationChunk([], [], "length", [], self.logprob_kind)
@@ -169,6 +191,7 @@ class VLLMEngine:
         url = f"{self.base_url}/v1/completions"
         missing_ids = no_token_ids(server.version)
         while await self._gate.passed(request_id):
+            await self._caught_up(server)
             pauses = self._pauses
             reader = CompletionStream(missing_ids)
             try:
@@ -176,6 +199,7 @@ class VLLMEngine:
                     yield chunk
                 return
             except EngineError as exc:
+                self._server_at = -float("inf")
                 if reader.seen:
                     raise
                 self._raise_unless_our_refusal(exc, pauses)
@@ -239,25 +263,41 @@ class VLLMEngine:
 
     async def close(self) -> None:
         self._gate.release_all()
+        if self._checking is not None:
+            self._checking.cancel()
         await self.http.close()
 
     async def server(self) -> VLLMServer:
-        """The server's version and context length, asked once; sets ``pause_modes`` and,
-        unless given, ``context_length``. ``EngineConnectError`` when it does not answer."""
-        if self._server is not None:
+        """The server's version, context length and model folder, asked again once
+        ``SERVER_INFO_TTL_S`` passed or a request failed; sets ``pause_modes`` and, unless
+        given, ``context_length``. ``EngineConnectError`` when it does not answer."""
+        if self._server is not None and not self._server_stale():
             return self._server
         async with self._probing:
-            if self._server is None:
+            if self._server is None or self._server_stale():
                 version = await self._get_json("/version")
                 models = await self._get_json("/v1/models")
                 self._server = VLLMServer(
                     version=str(version["version"]) if isinstance(version, dict) else None,
                     max_model_len=max_model_len_of(models, self.model),
+                    root=root_of(models, self.model),
                 )
+                self._server_at = _clock()
                 self.pause_modes = pause_modes_of(self._server)
-                if self.context_length is None:
+                if self._given_context_length is None:
                     self.context_length = self._server.max_model_len
         return self._server
+
+    def _server_stale(self) -> bool:
+        return _clock() - self._server_at >= self.SERVER_INFO_TTL_S
+
+    async def _known_server(self) -> VLLMServer:
+        """``server()``, or what was last known (else nothing) when it does not answer: the
+        request then fails, or succeeds, under the usual connection rules."""
+        try:
+            return await self.server()
+        except EngineConnectError:
+            return self._server or VLLMServer()
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         await self._check_weight_sync()
@@ -276,12 +316,15 @@ class VLLMEngine:
     async def resume(self) -> None:
         # Before the server resumes: whatever it samples from now on is the new weights'.
         self._sampling_version = self.policy_version
-        await self._control("/resume")
+        await self._control("/resume", repeatable=True)
         self._gate.open()
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
         """Load the checkpoint folder ``source`` (a path on the server) as ``version``. A
-        failure leaves the engine paused and the version unchanged: call it again."""
+        folder that is missing, holds no weights or weights of other shapes than the served
+        model's is refused first (``ConfigError``) where it can be seen: the server is on this
+        machine, or the folder is. A failure leaves the version unchanged and the engine paused
+        only if its caller paused it."""
         if version <= self.policy_version:
             raise ConfigError(
                 f"weights version {version} does not follow {self.policy_version}", "version"
@@ -293,10 +336,29 @@ class VLLMEngine:
                 "source",
             )
         server = await self._check_weight_sync()
+        path = os.fspath(source)
+        await asyncio.to_thread(self._check_folder, path, server)
         pausing = not self._gate.closed
         if pausing:
             await self.pause("drain")
-        path = os.fspath(source)
+        try:
+            async with self._loading:
+                await self._load(path, version, server)
+        except BaseException:
+            if pausing:
+                await self._resume_after_failure()
+            raise
+        if pausing:
+            await self.resume()
+
+    async def _resume_after_failure(self) -> None:
+        """Resume the pause a failed update made; the update's error is the one to raise."""
+        try:
+            await self.resume()
+        except Exception as exc:
+            log.error("vLLM at %s stays paused after a failed update: %s", self.base_url, exc)
+
+    async def _load(self, path: str, version: int, server: VLLMServer) -> None:
         rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
         await self._control("/collective_rpc", payload=rpc)
         reset = await self._control("/reset_prefix_cache", params={"reset_running_requests": 1})
@@ -305,11 +367,45 @@ class VLLMEngine:
                 f"vLLM loaded {path} but could not reset its prefix cache (blocks still held); "
                 "call update_weights again"
             )
-        if server.since(WEIGHT_LABELS_SINCE):
+        if server.since(WEIGHT_INFO_SINCE):
             await self._control("/update_weight_version", payload={"new_version": str(version)})
         self.policy_version = version
-        if pausing:
-            await self.resume()
+        self._last_load = path
+
+    def _check_folder(self, path: str, server: VLLMServer) -> None:
+        """The folder as the server will see it, when this machine sees the same one."""
+        folder = Path(path)
+        if urlsplit(self.base_url).hostname in _LOOPBACK or folder.exists():
+            check_weights_folder(folder, Path(server.root) if server.root else None)
+
+    async def _caught_up(self, server: VLLMServer) -> None:
+        """Once weights were pushed: the server still serves them, or is given them again
+        (it restarted). One check runs at a time; concurrent requests share it."""
+        if self._last_load is None or not server.since(WEIGHT_INFO_SINCE):
+            return
+        if self._checking is None or self._checking.done():
+            self._checking = asyncio.ensure_future(self._check_restart(server))
+        await asyncio.shield(self._checking)
+
+    async def _check_restart(self, server: VLLMServer) -> None:
+        async with self._loading:
+            info = await self._get_json("/weight_info")
+            label = info.get("weight_version") if isinstance(info, dict) else None
+            if label is None or label == str(self.policy_version) or self._last_load is None:
+                return  # caught up, or it does not say
+            log.warning(
+                "vLLM at %s serves weights %r, not version %d (it restarted): loading %s again",
+                self.base_url, label, self.policy_version, self._last_load,
+                extra={"stage": "weights", "version": self.policy_version},
+            )  # fmt: skip
+            self._server_at = -float("inf")  # it may have restarted with other settings too
+            try:
+                await self._load(self._last_load, self.policy_version, server)
+            except EngineError as exc:
+                raise EngineError(
+                    f"vLLM at {self.base_url} restarted with its start-up weights; loading "
+                    f"version {self.policy_version} from {self._last_load} again failed: {exc}"
+                ) from exc
 
     def _max_tokens(self, prompt_len: int, wanted: int | None, server: VLLMServer) -> int:
         context = self.context_length or server.max_model_len
@@ -343,7 +439,7 @@ class VLLMEngine:
         url = f"{self.base_url}{path}"
         try:
             answer = await self.http.call(
-                "GET", url, timeout_s=self.health_timeout_s, retry_connect=False
+                "GET", url, timeout_s=self.health_timeout_s, retry_connect=False, repeatable=True
             )
         except EngineConnectError:
             raise
@@ -352,60 +448,21 @@ class VLLMEngine:
         return answer.body if answer.status == 200 else None
 
     async def _control(
-        self, path: str, *, params: dict[str, Any] | None = None, payload: Any = None
+        self,
+        path: str,
+        *,
+        params: dict[str, Any] | None = None,
+        payload: Any = None,
+        repeatable: bool = False,
     ) -> Any:
         """POST a control route; its JSON answer, None for an empty body."""
         url = f"{self.base_url}{path}" + (f"?{urlencode(params)}" if params else "")
-        answer = await self.http.call("POST", url, payload)
+        answer = await self.http.call("POST", url, payload, repeatable=repeatable)
         if answer.status == 404:
             raise ConfigError(f"{url} answered 404: {_DEV_MODE}", "engine")
         if answer.status >= 400:
             raise EngineError(f"vLLM {path} failed: HTTP {answer.status} {answer.text!r}")
         return answer.body
-
-
-class _Gate:
-    """Holds generate calls while the engine is paused; ``release`` lets one go unsent."""
-
-    def __init__(self) -> None:
-        self._open = asyncio.Event()
-        self._open.set()
-        self._held: dict[str, asyncio.Event] = {}
-        self._released: set[str] = set()
-
-    @property
-    def closed(self) -> bool:
-        return not self._open.is_set()
-
-    def close(self) -> None:
-        self._open.clear()
-
-    def open(self) -> None:
-        self._open.set()
-        for wake in self._held.values():
-            wake.set()
-
-    async def passed(self, request_id: str) -> bool:
-        """True once the gate is open; False when ``release(request_id)`` came first."""
-        while not self._open.is_set() and request_id not in self._released:
-            wake = self._held[request_id] = asyncio.Event()
-            try:
-                await wake.wait()
-            finally:
-                del self._held[request_id]
-        if request_id in self._released:
-            self._released.discard(request_id)
-            return False
-        return True
-
-    def release(self, request_id: str) -> None:
-        if request_id in self._held:
-            self._released.add(request_id)
-            self._held[request_id].set()
-
-    def release_all(self) -> None:
-        for request_id in list(self._held):
-            self.release(request_id)
 
 
 async def _already_disconnected() -> None:

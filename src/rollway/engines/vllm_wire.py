@@ -15,6 +15,7 @@ from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingP
 #: First vLLM releases with what this engine relies on.
 TOKEN_IDS_SINCE = (0, 10, 2)  # return_token_ids
 WEIGHT_SYNC_SINCE = (0, 16, 0)  # /pause?mode=..., reload_weights(weights_path=...)
+WEIGHT_INFO_SINCE = (0, 27, 0)  # /update_weight_version, /weight_info ("default" at start)
 WEIGHT_LABELS_SINCE = (0, 33, 0)  # return_weight_versions; paused servers refuse new requests
 #: rollway's pause modes as vLLM names them (vLLM's ``wait`` is rollway's ``drain``).
 VLLM_PAUSE_MODES: dict[PauseMode, str] = {"abort": "abort", "drain": "wait", "keep": "keep"}
@@ -45,10 +46,12 @@ def named(release: tuple[int, ...]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class VLLMServer:
-    """What the engine learned of its server: ``GET /version`` and ``GET /v1/models``."""
+    """What the engine learned of its server: ``GET /version`` and ``GET /v1/models`` (the
+    served model's ``root``: the folder it was started on)."""
 
     version: str | None = None
     max_model_len: int | None = None
+    root: str | None = None
 
     def since(self, release: tuple[int, ...]) -> bool:
         """True when the server is known to be ``release`` or newer."""
@@ -178,12 +181,22 @@ def versions_of(spans: Any, length: int) -> list[int]:
 
 def max_model_len_of(models: Any, model: str | None) -> int | None:
     """``max_model_len`` of the served model's card in a ``/v1/models`` answer."""
+    length = _card_field(models, model, "max_model_len")
+    return length if isinstance(length, int) else None
+
+
+def root_of(models: Any, model: str | None) -> str | None:
+    """``root`` of the served model's card: the model folder the server was started on."""
+    root = _card_field(models, model, "root")
+    return root if isinstance(root, str) else None
+
+
+def _card_field(models: Any, model: str | None, name: str) -> Any:
     cards = models.get("data") if isinstance(models, dict) else None
     for card in cards if isinstance(cards, list) else []:
-        if isinstance(card, dict) and (model is None or card.get("id") == model):
-            length = card.get("max_model_len")
-            if isinstance(length, int):
-                return length
+        mine = isinstance(card, dict) and (model is None or card.get("id") == model)
+        if mine and card.get(name) is not None:
+            return card[name]
     return None
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 from starlette.applications import Starlette
 
+from rollway.agents.base import AgentLoop
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.server.remote_agent import RemoteAgent
+from rollway.engines.base import HealthChecked
 from rollway.executors.base import WorkerSetup
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
@@ -18,6 +20,7 @@ from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
+from rollway.rollouts.availability import Availability, Component
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.runner import RunningAttempts
 from rollway.types import RolloutRecord
@@ -37,6 +40,8 @@ class LocalExecutor:
         self._inbox: CallbackInbox | None = None
         self._http: LoopServer | None = None
         self._runner: RolloutRunner | None = None
+        #: What the rollouts wait for while it is down (the status lines show it).
+        self.availability = Availability()
 
     @property
     def gateway(self) -> GatewayHandle:
@@ -66,9 +71,10 @@ class LocalExecutor:
         if isinstance(agent, RemoteAgent):
             self._inbox = CallbackInbox() if setup.serving.callback else None
             agent.bind(setup.store, self._inbox, setup.settings)
+        self.availability = Availability(components(self._gateway, agent))
         self._runner = RolloutRunner(
             agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events,
-            RunningAttempts(),
+            RunningAttempts(), self.availability,
         )  # fmt: skip
 
     async def serve(self, advertise_host: str | None = None) -> None:
@@ -117,7 +123,7 @@ class LocalExecutor:
         if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
                 runner.agent, runner.gateway, runner.store, settings, runner.reward_fn,
-                runner.events, runner.attempts,
+                runner.events, runner.attempts, runner.availability,
             )  # fmt: skip
         return await runner.run(spec, cancel)
 
@@ -140,6 +146,7 @@ class LocalExecutor:
         if setup is None:
             return
         self._setup = None
+        await self.availability.aclose()
         if isinstance(self._gateway, LocalGateway):  # it may outlive this client
             self._gateway.gateway.events.unsubscribe(setup.events)
         if self._http is not None:
@@ -153,3 +160,21 @@ class LocalExecutor:
 
     def describe(self) -> dict[str, Any]:
         return {"executor": "local"}
+
+
+def components(gateway: GatewayHandle, agent: AgentLoop) -> list[Component]:
+    """What this executor's rollouts need up, each with its health probe: a shared gateway,
+    else the in-process gateway's engine when it can say whether it serves; an agent server."""
+    found = []
+    if isinstance(gateway, RemoteGateway):
+        found.append(Component(f"the shared gateway at {gateway.url}", "infrastructure",
+                               gateway.health))  # fmt: skip
+    elif isinstance(gateway, LocalGateway) and isinstance(gateway.gateway.engine, HealthChecked):
+        engine = gateway.gateway.engine
+        where = getattr(engine, "base_url", None)
+        name = f"the engine at {where}" if where else "the engine"
+        found.append(Component(name, "engine", engine.health))
+    if isinstance(agent, RemoteAgent):
+        found.append(Component(f"the agent server at {agent.url}", "infrastructure",
+                               agent.health))  # fmt: skip
+    return found

@@ -27,6 +27,7 @@ from rollway.gateway.chat_answer import Registration, length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
+from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_messages import read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
@@ -54,7 +55,9 @@ class Gateway:
 
     ``weights`` pauses, updates and resumes the engine for a training loop. A turn the engine
     aborted while its rollout was not cancelled (a pause in ``abort`` mode) is sent again,
-    under a new request id, up to ``max_reissues`` times: the agent sees a slower turn.
+    under a new request id, up to ``max_reissues`` times: the agent sees a slower turn. Once
+    sent again ``protect_after_reissues`` times, it is protected: the gateway's next abort-mode
+    pause lets it finish first, so updates faster than a turn never starve it.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class Gateway:
         context_length: int | None = None,
         rollout_ttl_s: float | None = 3600.0,
         max_reissues: int = 16,
+        protect_after_reissues: int = 2,
     ) -> None:
         self.engine = engine
         self.renderer = renderer
@@ -75,8 +79,8 @@ class Gateway:
         self.max_reissues = max_reissues
         self.metrics = GatewayMetrics()
         self.events = EventBus()
-        self.weights = WeightControl(engine)
-        calls = EngineCalls(self.metrics, max_reissues)
+        self.weights = WeightControl(engine, protect_after_reissues)
+        calls = EngineCalls(self.metrics, max_reissues, self.weights.protected)
         self._turns: TokenTurns | ChatTurns = (
             ChatTurns(engine, calls, self.metrics)
             if isinstance(engine, ChatEngine)
@@ -84,6 +88,8 @@ class Gateway:
         )
         self._rollouts: dict[str, RolloutState] = {}
         self._decoy_key = _new_key()
+        #: Which client holds each experiment here (clients sharing this gateway).
+        self.leases = ExperimentLeases()
 
     def register(
         self,
@@ -91,12 +97,16 @@ class Gateway:
         request: RegisterRequest | dict[str, Any],
         *,
         reuse: bool = False,
+        client: str | None = None,
     ) -> Registration:
         """Open a rollout and return its key. An id already open is an error, unless ``reuse``:
-        then its existing key comes back (a restarted client re-attaching to its rollout)."""
+        then its existing key comes back (a restarted client re-attaching to its rollout).
+        A rollout of an experiment that a client holds here (``leases``) opens only for that
+        client (``client``: its lease holder id)."""
         if isinstance(request, dict):
-            request = parse_model(RegisterRequest, request)
+            request = parse_model(RegisterRequest, request, strict=False)
         check_id(rollout_id, "rollout_id")
+        self.leases.check_register(rollout_id, client)
         if rollout_id in self._rollouts:
             if reuse:
                 return Registration(rollout_id, self._rollouts[rollout_id].api_key)
@@ -173,7 +183,7 @@ class Gateway:
     ) -> tuple[RolloutState, ChatCompletionRequest]:
         state = self._get(rollout_id)
         if isinstance(request, dict):
-            request = parse_model(ChatCompletionRequest, request)
+            request = parse_model(ChatCompletionRequest, request, strict=False)
         if state.cancelled:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")

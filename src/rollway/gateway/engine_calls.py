@@ -18,6 +18,7 @@ from rollway.engines.streaming import collect, stream_generation
 from rollway.errors import EngineError, RequestError
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.rollout_state import RolloutState
+from rollway.gateway.weight_control import ProtectedTurns
 from rollway.types import GenerationChunk, GenerationResult, SamplingParams
 
 
@@ -33,9 +34,15 @@ class Sampled:
 
 
 class EngineCalls:
-    def __init__(self, metrics: GatewayMetrics, max_reissues: int) -> None:
+    """``protected``: the weight control's count of turns an abort-mode pause must let finish;
+    ``max_reissues`` still bounds aborts from elsewhere (a pause made on the server itself)."""
+
+    def __init__(
+        self, metrics: GatewayMetrics, max_reissues: int, protected: ProtectedTurns
+    ) -> None:
         self.metrics = metrics
         self.max_reissues = max_reissues
+        self.protected = protected
 
     @contextlib.asynccontextmanager
     async def track(self, state: RolloutState, request_id: str) -> AsyncIterator[None]:
@@ -72,7 +79,8 @@ class EngineCalls:
         (a pause in abort mode for a weight update): the agent sees a slower turn."""
         sent_as, spent = request_id, 0.0
         for reissued in range(self.max_reissues + 1):
-            result, latency = await self._generate(engine, state, sent_as, prompt_ids, sampling)
+            with self.protected.hold(reissued):
+                result, latency = await self._generate(engine, state, sent_as, prompt_ids, sampling)
             spent += latency
             versions = result.policy_versions
             if versions is not None and len(versions) != len(result.output_ids):
@@ -113,7 +121,10 @@ class EngineCalls:
             chunks = stream_generation(
                 engine, prompt_ids + so_far, sampling.replace(max_tokens=left), sent_as
             )
-            async with self._streaming(engine, state, sent_as), contextlib.aclosing(chunks):
+            async with (
+                self._streaming(engine, state, sent_as, reissued),
+                contextlib.aclosing(chunks),
+            ):
                 async for chunk in chunks:
                     given += len(chunk.output_ids)
                     aborted = chunk.finish_reason == "abort" and not state.cancelled
@@ -139,14 +150,15 @@ class EngineCalls:
 
     @contextlib.asynccontextmanager
     async def _streaming(
-        self, engine: Engine, state: RolloutState, request_id: str
+        self, engine: Engine, state: RolloutState, request_id: str, reissued: int
     ) -> AsyncIterator[None]:
-        """``track``, and an abort for a stream its reader left (a client that went away):
-        shielded, since an HTTP server cancels the reader."""
+        """``track`` (protected after ``reissued`` aborts), and an abort for a stream its reader
+        left (a client that went away): shielded, since an HTTP server cancels the reader."""
         finished = False
         try:
-            async with self.track(state, request_id):
-                yield
+            with self.protected.hold(reissued):
+                async with self.track(state, request_id):
+                    yield
             finished = True
         finally:
             if not finished:

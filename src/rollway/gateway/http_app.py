@@ -23,6 +23,8 @@ from rollway.gateway.anthropic import error_event as anthropic_error_event
 from rollway.gateway.anthropic import sse_events as anthropic_sse_events
 from rollway.gateway.chat_bodies import completion_body, error_event, logprobs_body, sse_events
 from rollway.gateway.core import Gateway
+from rollway.gateway.lease_routes import lease_endpoints
+from rollway.gateway.metrics import PROMETHEUS_TEXT
 from rollway.gateway.request_messages import ChatCompletionBody
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
@@ -71,7 +73,8 @@ def create_app(
         rollout_id = request.path_params["rollout_id"]
         body = parse_model(RegisterRequest, await read_body(request))
         reuse = _flag(request.query_params.get("reuse", ""), "reuse")
-        registration = gateway.register(rollout_id, body, reuse=reuse)
+        client = request.query_params.get("client")
+        registration = gateway.register(rollout_id, body, reuse=reuse, client=client)
         base_url = f"{str(request.base_url).rstrip('/')}/v1/rollouts/{rollout_id}"
         return JSONResponse(
             {"rollout_id": rollout_id, "base_url": base_url, "api_key": registration.api_key}
@@ -179,7 +182,7 @@ def create_app(
     async def metrics(request: Request) -> Response:
         require_admin(request)
         gateway.metrics.observe_engine(gateway.engine)
-        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(gateway.metrics.render(), media_type=PROMETHEUS_TEXT)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -207,7 +210,10 @@ def create_app(
             auth="adminKey",
             path_types=ids,
             errors=(400, 409, 413, 422),
-            params=(Param("reuse", "query", bool, "Return the key of an open rollout"),),
+            params=(
+                Param("reuse", "query", bool, "Return the key of an open rollout"),
+                Param("client", "query", str, "The registering client's lease holder id"),
+            ),
         ),
         Endpoint(
             "POST",
@@ -301,8 +307,16 @@ def create_app(
             "POST", "/admin/resume", resume, "Resume generation", auth="adminKey", errors=(400,)
         ),
         Endpoint("GET", "/admin/policy", policy, "Policy version and pause state", auth="adminKey"),
+        *lease_endpoints(gateway, require_admin, read_body),
         Endpoint("GET", "/health", health, "Liveness"),
-        Endpoint("GET", "/metrics", metrics, "Prometheus metrics", auth="adminKey"),
+        Endpoint(
+            "GET",
+            "/metrics",
+            metrics,
+            "Prometheus metrics",
+            auth="adminKey",
+            media_type=PROMETHEUS_TEXT,
+        ),
     ]
     routes = routes_and_document(
         endpoints,

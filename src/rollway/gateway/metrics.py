@@ -8,6 +8,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from rollway.engines.base import ReportsStats, WeightSync
 
+#: The media type of ``render``'s text: the format ``generate_latest`` writes.
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
 log = logging.getLogger(__name__)
 
 
@@ -95,4 +98,5 @@ class GatewayMetrics:
         log.info("rollout truncated", extra={"rollout_id": rollout_id, "stage": reason})
 
     def render(self) -> bytes:
+        """The metrics in Prometheus' text format (``PROMETHEUS_TEXT``)."""
         return generate_latest(self.registry)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import httpx
@@ -17,8 +18,9 @@ import httpx
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.leases import LeaseHolder
 from rollway.types import ChatResult, Trajectory
-from rollway.web.http_client import new_session, request_json
+from rollway.web.http_client import HEALTH_TIMEOUT_S, new_session, request_json
 
 
 def _asking_for_ids(request: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +68,9 @@ class RemoteGateway:
         self.socket_path: str | None = None
         self._keys: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
+        #: The lease holder id of the client using it (``rollway.leases``): sent with every
+        #: registration, and shipped to Ray workers with the rest.
+        self.lease_holder: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to Ray workers: the address and key, not this process's connections.
@@ -77,7 +82,12 @@ class RemoteGateway:
     async def register(
         self, rollout_id: str, params: RegisterRequest, *, reuse: bool = False
     ) -> Registration:
-        url = f"{self.base_url(rollout_id)}/register" + ("?reuse=true" if reuse else "")
+        query = {"reuse": "true"} if reuse else {}
+        if self.lease_holder is not None:
+            query["client"] = self.lease_holder
+        url = f"{self.base_url(rollout_id)}/register"
+        if query:
+            url += f"?{urlencode(query)}"
         body = params.model_dump(mode="json", exclude_unset=True)
         answer = await self._admin("POST", url, body)
         self._keys[rollout_id] = answer["api_key"]
@@ -102,6 +112,16 @@ class RemoteGateway:
         await self._admin("POST", f"{self.base_url(rollout_id)}/unregister")
         self._keys.pop(rollout_id, None)
 
+    async def take_lease(self, exp_id: str, holder: LeaseHolder, ttl_s: float) -> None:
+        """Hold ``exp_id`` here for ``holder``, or renew its hold; ``ExperimentInUseError``
+        naming the holder while another client holds it."""
+        body = {"holder": holder.model_dump(mode="json"), "ttl_s": ttl_s}
+        await self._admin("POST", f"{self.url}/v1/experiments/{exp_id}/lease", body)
+
+    async def release_lease(self, exp_id: str, holder: LeaseHolder) -> None:
+        body = {"holder_id": holder.id}
+        await self._admin("POST", f"{self.url}/v1/experiments/{exp_id}/release", body)
+
     async def update_weights(
         self, source: Any, version: int | None = None, mode: str = "abort"
     ) -> dict[str, Any]:
@@ -125,6 +145,12 @@ class RemoteGateway:
     async def policy(self) -> dict[str, Any]:
         """The engine's policy version (None: no versions), pause state and pause modes."""
         return await self._admin("GET", f"{self.url}/admin/policy")
+
+    async def health(self) -> bool:
+        """Whether the gateway answers its liveness route (rollouts wait while it does not)."""
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with self.session().get(f"{self.url}/health", timeout=timeout) as response:
+            return response.status == 200
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

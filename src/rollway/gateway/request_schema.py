@@ -7,9 +7,9 @@ objects ignore extra keys: agents echo back whole SDK message objects (``refusal
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from rollway.types import SamplingParams
 
@@ -60,6 +60,10 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
+#: An empty stop string would end every answer before it began.
+StopString = Annotated[str, Field(min_length=1)]
+
+
 class SamplingFields(_Strict):
     """Sampling fields shared by the register body and chat requests."""
 
@@ -67,17 +71,10 @@ class SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
+    stop: StopString | list[StopString] | None = None
     stop_token_ids: list[int] | None = None
     #: A 64-bit seed: what engines (torch, SGLang, vLLM) accept.
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_strings_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
-        if value is not None and any(not s for s in ([value] if isinstance(value, str) else value)):
-            raise ValueError("stop strings must not be empty")
-        return value
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The fields that were set, as SamplingParams keyword arguments."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import Engine
+from rollway.engines.whole_text import first_stop
 from rollway.errors import RequestError, RolloutClosedError
 from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.chat_template import ChatRenderer, Message, TokenBudgetExceeded
@@ -179,10 +180,10 @@ class TokenTurns:
         if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
             ids = ids[:-1]
         text = self.renderer.decode(ids)
-        cuts = [(at, stop) for stop in sampling.stop if (at := text.find(stop)) >= 0]
+        cut = first_stop(text, sampling.stop)
         stop = None
-        if cuts:
-            at, stop = min(cuts, key=lambda cut: cut[0])
+        if cut is not None:
+            at, stop = cut
             text = text[:at]
         return (parse_tool_calls(text) if use_tools else ParsedToolCalls(text)), stop
 
@@ -219,6 +220,8 @@ class TokenTurns:
             prompt_hash=digest,
             policy_versions=result.policy_versions,
             logprob_kind=result.logprob_kind,
+            raw_logprobs=result.raw_logprobs,
+            kept_mass=result.kept_mass,
             reissued=sampled.reissued,
         )
         state.turns.append(turn)

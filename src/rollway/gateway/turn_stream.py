@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from rollway.engines.whole_text import WholeText
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.tool_calls import OPEN_TAG
 from rollway.types import ChatResult
@@ -66,18 +67,12 @@ class TurnText:
         tools: bool,
         special_ids: frozenset[int],
     ) -> None:
-        self._renderer = renderer
         self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
         self._tools = tools
         self._special_ids = special_ids
-        self._ids: list[int] = []
         self._held_special: int | None = None
-        # Incremental decoding as vLLM and tokenizers' DecodeStream do it (the text of the ids
-        # from ``_prefix`` on, less that of those before ``_read``, is what they add), but with
-        # the renderer's own decode: the text the recorded turn is parsed from.
-        self._prefix = 0
-        self._read = 0
-        self._text = ""  # decoded so far (complete characters only)
+        # With the renderer's own decode: the text the recorded turn is parsed from.
+        self._whole = WholeText(renderer.decode)
         self._closed = False  # a stop string or a tool call began: nothing more is shown
         self.sent = ""
 
@@ -85,24 +80,16 @@ class TurnText:
         for token_id in ids:
             # A special token is held: if it ends the answer the parse strips it.
             if self._held_special is not None:
-                self._decode(self._held_special)
+                self._whole.push(self._held_special)
             self._held_special = None
             if token_id in self._special_ids:
                 self._held_special = token_id
             else:
-                self._decode(token_id)
+                self._whole.push(token_id)
         return self._release()
 
-    def _decode(self, token_id: int) -> None:
-        self._ids.append(token_id)
-        before = self._renderer.decode(self._ids[self._prefix : self._read])
-        after = self._renderer.decode(self._ids[self._prefix :])
-        if len(after) > len(before) and not after.endswith("\ufffd"):
-            self._text += after[len(before) :]
-            self._prefix, self._read = self._read, len(self._ids)
-
     def _release(self) -> str:
-        text = self._text
+        text = self._whole.text
         if self._closed:
             return ""
         starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)

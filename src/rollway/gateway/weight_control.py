@@ -3,16 +3,20 @@
 A training loop calls ``update`` (in process, or over ``POST /admin/weights``): the engine pauses
 in the chosen mode, loads the new weights, and resumes. Turns that the pause aborted come back
 to the gateway finished ``abort`` while their rollout is not cancelled; the gateway sends them
-again, under a new request id, and they wait in the engine until it resumes.
+again, under a new request id, and they wait in the engine until it resumes. A turn already sent
+again ``protect_after`` times is protected: the next pause in abort mode waits for it to finish
+(drains it) first, so updates faster than a turn never starve it, and its tokens keep the
+version whose weights sampled them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -42,12 +46,48 @@ class WeightUpdate:
         }
 
 
-class WeightControl:
-    """The gateway's handle on its engine's weights; refuses what the engine cannot do."""
+class ProtectedTurns:
+    """The engine calls of turns that abort-mode pauses already sent back ``after`` times:
+    a pause in abort mode waits for them to finish before it aborts the others."""
 
-    def __init__(self, engine: object) -> None:
+    def __init__(self, after: int) -> None:
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ConfigError(f"protect_after must be a whole number >= 0, not {after!r}")
+        self.after = after
+        self._running = 0
+        self._none_running = asyncio.Event()
+        self._none_running.set()
+
+    @contextlib.contextmanager
+    def hold(self, reissued: int) -> Iterator[None]:
+        """Around one engine call of a turn sent ``reissued`` times before. Entered before the
+        request is sent, so a pause that starts later sees it."""
+        if reissued < self.after:
+            yield
+            return
+        self._running += 1
+        self._none_running.clear()
+        try:
+            yield
+        finally:
+            self._running -= 1
+            if not self._running:
+                self._none_running.set()
+
+    async def finished(self) -> None:
+        # Counted again after each wake: a protected call may start between the set and here.
+        while self._running:
+            await self._none_running.wait()
+
+
+class WeightControl:
+    """The gateway's handle on its engine's weights; refuses what the engine cannot do.
+    ``protect_after``: how many times an update may abort one turn (see ``ProtectedTurns``)."""
+
+    def __init__(self, engine: object, protect_after: int = 2) -> None:
         self.engine = engine
         self.paused: PauseMode | None = None
+        self.protected = ProtectedTurns(protect_after)
         self._lock = asyncio.Lock()
 
     @property
@@ -82,13 +122,15 @@ class WeightControl:
             own_pause = self.paused is None
             started = time.perf_counter()
             if own_pause:
-                await _engine_side(engine.pause(mode))
+                await self._pause_engine(engine, mode)
             paused = time.perf_counter()
             try:
                 await _load(engine, source, version)
-            finally:
-                if own_pause:
-                    await engine.resume()
+            except BaseException as exc:
+                await self._after_failed_load(engine, exc, version, mode if own_pause else None)
+                raise
+            if own_pause:
+                await engine.resume()
             done = time.perf_counter()
         log.info("weights updated", extra={"stage": "weights", "version": version})
         return WeightUpdate(version, mode if own_pause else self.paused, paused - started,
@@ -98,7 +140,7 @@ class WeightControl:
         engine = self._engine()
         self._check_mode(engine, mode)
         async with self._lock:
-            await _engine_side(engine.pause(mode))
+            await self._pause_engine(engine, mode)
             self.paused = mode
 
     async def resume(self) -> None:
@@ -106,6 +148,30 @@ class WeightControl:
         async with self._lock:
             await _engine_side(engine.resume())
             self.paused = None
+
+    async def _pause_engine(self, engine: WeightSync, mode: PauseMode) -> None:
+        """In abort mode, protected turns finish first; not within a pause the caller made,
+        where they may be waiting in the engine for its resume."""
+        if mode == "abort" and self.paused is None:
+            await self.protected.finished()
+        await _engine_side(engine.pause(mode))
+
+    async def _after_failed_load(
+        self, engine: WeightSync, error: BaseException, version: int, own_pause: PauseMode | None
+    ) -> None:
+        """Log the failure with its cause and resume the pause the update made. Should the
+        resume fail too, the pause stays on record (``describe`` agrees with the engine) and
+        the load's error, not the resume's, is what the caller sees."""
+        log.warning("weight update to version %d failed: %s", version, error,
+                    extra={"stage": "weights", "version": version})  # fmt: skip
+        if own_pause is None:
+            return
+        try:
+            await engine.resume()
+        except Exception as exc:
+            self.paused = own_pause
+            log.error("resume after the failed update failed, still paused (POST "
+                      "/admin/resume): %s", exc, extra={"stage": "weights"})  # fmt: skip
 
     def _engine(self) -> WeightSync:
         if not isinstance(self.engine, WeightSync):

@@ -210,7 +210,7 @@ def sampling_fields(sampling: SamplingParams | Mapping[str, Any]) -> dict[str, A
             "sampling",
         )
     _refuse_loose_numbers(given)
-    return parse_model(SamplingFields, given).sampling_overrides()
+    return parse_model(SamplingFields, given, strict=False).sampling_overrides()
 
 
 #: Sampling fields that hold numbers: pydantic's lax mode would turn "0.5" into 0.5 and True

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from rollway.errors import RewardError
+from rollway.errors import RewardError, is_failure
 from rollway.types import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
@@ -20,18 +20,27 @@ async def score(
 ) -> tuple[float, dict[str, Any]]:
     """The reward and its extra fields; ``RewardError`` on failure, bad value or timeout."""
     try:
-        if inspect.iscoroutinefunction(reward_fn):
-            value = await asyncio.wait_for(reward_fn(task, trajectory), limit_s)
-        else:
-            # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
-            value = await asyncio.wait_for(asyncio.to_thread(reward_fn, task, trajectory), limit_s)
+        value = await asyncio.wait_for(_call(reward_fn, task, trajectory), limit_s)
     except TimeoutError:
         raise RewardError(f"reward function timed out after {limit_s:g} s") from None
+    return _as_reward(value)
+
+
+async def _call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
+    """What the function returns. What it raises, ``sys.exit()`` included, becomes a
+    ``RewardError`` here, inside the task ``wait_for`` runs this in: a ``SystemExit`` that
+    left a task would stop the event loop of every rollout."""
+    try:
+        if inspect.iscoroutinefunction(reward_fn):
+            return await reward_fn(task, trajectory)
+        # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
+        return await asyncio.to_thread(reward_fn, task, trajectory)
     except RewardError:
         raise
-    except Exception as exc:
+    except BaseException as exc:
+        if not is_failure(exc):
+            raise
         raise RewardError(f"reward function raised {type(exc).__name__}: {exc}") from exc
-    return _as_reward(value)
 
 
 def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hashlib
 import itertools
 import logging
 import time
@@ -29,6 +28,7 @@ from rollway.gateway.core import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
+from rollway.rollouts.availability import Availability, Outage, OutageWaits
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
@@ -83,6 +83,7 @@ class RolloutRunner:
         reward_fn: RewardFn | None = None,
         events: EventBus | None = None,
         attempts: RunningAttempts | None = None,
+        availability: Availability | None = None,
     ) -> None:
         self.agent, self.gateway, self.store = agent, gateway, store
         self.settings, self.reward_fn = settings, reward_fn
@@ -90,6 +91,8 @@ class RolloutRunner:
         # outcome from the client, which has the final record.
         self.events = events if events is not None else EventBus()
         self.attempts = attempts if attempts is not None else RunningAttempts()
+        #: The components rollouts wait for while they are down (shared by a client's runners).
+        self.availability = availability if availability is not None else Availability()
 
     async def run(self, spec: RolloutSpec, cancel: asyncio.Event) -> RolloutRecord:
         """Exactly one outcome for ``spec``, written to the store and returned."""
@@ -117,7 +120,26 @@ class RolloutRunner:
                 _end_span(span, record)
             return record
 
-        record = await policy.retrying(give_up=cancel.is_set)(attempt)
+        outages = OutageWaits(self.availability, self.settings.limits.timeout)
+        lost: RolloutRecord | None = None  # the last attempt that failed
+
+        async def attempt_through_outages() -> RolloutRecord:
+            # A component that is down costs no try: the rollout waits for it (no attempt
+            # starts meanwhile) and an attempt it ended goes again, uncounted.
+            nonlocal lost
+            while True:
+                outage = await outages.wait(cancel)
+                if outage is not None:
+                    count = max(spec.first_attempt, len(opened))
+                    return _outage_record(spec, self.settings, outage, lost, count, started_at)
+                epoch = self.availability.epoch
+                record = lost = await attempt()
+                if not await outages.lost(record, epoch, cancel):
+                    return record
+                log_stage(log, "outage", record.rollout_id, reason=record.reason)
+
+        retries = policy.retrying(give_up=lambda: cancel.is_set() or outages.ended)
+        record = await retries(attempt_through_outages)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
         await asyncio.to_thread(self.store.write, record)
         # Only now: a client that dies before the write finds the rollout still on a shared
@@ -182,6 +204,10 @@ class RolloutRunner:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
             if trajectory is None and outcome.status != "cancelled":
                 outcome = _unrecorded(outcome, cleanup_errors[-1])
+            elif trajectory is not None and trajectory.is_cancelled and outcome.status in (
+                "error", "completed",
+            ):  # fmt: skip
+                outcome = _cancelled_at_gateway(outcome)
             elif trajectory is not None and outcome.kind == "agent" and trajectory.engine_errors:
                 # A program agent exits on the gateway's 502: the engine failed, not the agent.
                 reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
@@ -223,8 +249,7 @@ class RolloutRunner:
         same rollout draws the same tokens."""
         settings, sampling = self.settings, self.settings.sampling
         if sampling.seed is not None:
-            digest = hashlib.sha256(f"{sampling.seed}:{spec.rollout_key}".encode()).digest()
-            sampling = sampling.replace(seed=int.from_bytes(digest[:4], "little"))
+            sampling = sampling.replace(seed=spec.seed(sampling.seed))
         return RegisterRequest(
             **settings.fixed_sampling(sampling),
             max_turns=settings.limits.max_turns,
@@ -298,6 +323,35 @@ def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
 def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:
     log_stage(log, stage, rollout_id, level=logging.WARNING, error=repr(exc))
     return f"{stage}: {type(exc).__name__}: {exc}"
+
+
+def _outage_record(
+    spec: RolloutSpec,
+    settings: RolloutSettings,
+    outage: Outage,
+    lost: RolloutRecord | None,
+    attempts: int,
+    started_at: float,
+) -> RolloutRecord:
+    """The record of a rollout whose wait for a component ran out: the attempt the outage
+    ended, if one did, now blamed on the component."""
+    kind, reason = outage.component.kind, outage.reason()
+    if lost is None:
+        return make_record(
+            spec, settings, "error", kind, f"{reason}; no attempt had started",
+            attempts=attempts, started_at=started_at,
+        )  # fmt: skip
+    update = {"error_kind": kind, "reason": f"{reason}; its last attempt ended: {lost.reason}"}
+    return lost.model_copy(update=update)
+
+
+def _cancelled_at_gateway(outcome: AgentOutcome) -> AgentOutcome:
+    """The outcome of an attempt that a cancel made at the gateway cut short (its admin
+    route: an operator, a script): cancelled, whoever cancelled, so resume runs it again.
+    What the agent made of its refused call says nothing about the policy."""
+    said = outcome.status + (f": {outcome.reason}" if outcome.reason else "")
+    reason = f"cancelled at the gateway; the agent said {said}"
+    return AgentOutcome("cancelled", reason=reason, result=outcome.result)
 
 
 def _unrecorded(outcome: AgentOutcome, fetch_error: str) -> AgentOutcome:

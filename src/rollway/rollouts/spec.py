@@ -27,10 +27,21 @@ class RolloutSpec:
     first_attempt: int = 1
     #: The batch (or single invoke) it belongs to; its record says so.
     run_id: str | None = None
+    #: What its seed derives from, where that is not ``rollout_key``: a single invoke's key
+    #: carries a unique suffix, its seed must not (the same task and seed draw the same tokens).
+    seed_key: str | None = None
 
     @property
     def rollout_key(self) -> str:
         return f"{self.task_key}.{self.sample_index}"
+
+    def seed(self, run_seed: int) -> int:
+        """This rollout's engine seed: the first 4 bytes (little-endian) of
+        ``sha256(f"{run_seed}:{task key}.{sample index}")``, so a group's samples differ and a
+        rerun (or an invoke of the same task) draws the same tokens."""
+        key = self.seed_key if self.seed_key is not None else self.rollout_key
+        digest = hashlib.sha256(f"{run_seed}:{key}".encode()).digest()
+        return int.from_bytes(digest[:4], "little")
 
 
 def task_key(task: dict[str, Any]) -> str:

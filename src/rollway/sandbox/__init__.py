@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 from rollway.errors import ConfigError
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
+from rollway.sandbox.leftovers import remove_leftovers
 from rollway.sandbox.local_sandbox import LocalSandbox
 from rollway.sandbox.namespace import NamespaceSandbox, namespaces_available
 
@@ -25,5 +26,6 @@ __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "namespaces_available",
+    "remove_leftovers",
     "sandbox_factory",
 ]

@@ -5,7 +5,9 @@ it forked or detached, so teardown can kill them all.
 The leaf is made under this process's own cgroup: in cgroup v2 where that cgroup already
 delegates the pids controller to its children, else in cgroup v1's pids hierarchy. Making one
 needs write access there (root, or a delegated subtree); where there is none, ``create``
-returns None and the sandbox relies on its supervisor and rlimits alone.
+returns None and the sandbox relies on its supervisor and rlimits alone. A leaf is named for
+its owner (``rollway-<owner token>-<hex>``, see ``rollway.tempdirs``), so that the empty leaves a
+killed client left are removed by the next one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import signal
 import uuid
 from pathlib import Path
+
+from rollway.tempdirs import PREFIX, is_abandoned, owner_token
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,7 @@ class PidsCgroup:
     @classmethod
     def create(cls, max_pids: int | None) -> PidsCgroup | None:
         """A fresh leaf with ``pids.max`` set, or None where no hierarchy lets us make one."""
-        name = f"rollway-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        name = f"{PREFIX}{owner_token()}-{uuid.uuid4().hex[:12]}"
         for parent in pids_parents():
             try:
                 (parent / name).mkdir()
@@ -98,3 +102,18 @@ class PidsCgroup:
             pass
         except OSError as error:
             log.warning("could not remove the sandbox's cgroup %s: %s", self.path, error)
+
+
+def remove_abandoned_cgroups() -> list[Path]:
+    """Remove the empty leaves whose owners have ended (a killed client's); those removed. One
+    that still holds a process stays (rmdir refuses it): it is not ours to kill blindly."""
+    removed = []
+    for parent in pids_parents():
+        with contextlib.suppress(OSError):
+            for leaf in parent.iterdir():
+                token = leaf.name.removeprefix(PREFIX).rpartition("-")[0]
+                if leaf.name.startswith(PREFIX) and is_abandoned(token):
+                    with contextlib.suppress(OSError):
+                        leaf.rmdir()
+                        removed.append(leaf)
+    return removed

@@ -9,14 +9,24 @@ file system is writable the sandbox also gets a pids cgroup (``cgroup.py``): a p
 binds root too, and a list of every process for the final kill. As root without one, the process
 limit is only ``RLIMIT_NPROC``, which root ignores: that is logged once as a warning.
 
+Nothing of it outlives the client, however the client ends: the supervisor watches a pipe
+whose write end only the client holds (its end of file is a SIGTERM, see ``supervisor.py``), and
+gets a SIGTERM (``_ORPHAN_SIGNAL``) as the parent-death signal as well. That signal comes when
+the *thread* that forked it ends: the event loop's thread, which outlives its sandboxes; the pipe
+covers the rest, and the signal covers a forked copy of the client that keeps the pipe open. The
+working directory is marked as the client's (``rollway.tempdirs``): one a killed client left is
+removed by the next client that opens (``rollway.sandbox.remove_leftovers``).
+
 What it isolates: resources, the working directory, the process tree. What it does not:
-the file system outside the working directory, the network, the user (it runs as the caller).
+the file system outside the working directory, the network, Unix sockets, other processes and
+their environments (admin keys included), the user (it runs as the caller).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import functools
 import logging
 import os
@@ -31,6 +41,7 @@ from pathlib import Path
 
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from rollway.sandbox.cgroup import PidsCgroup
+from rollway.tempdirs import make_owned_tempdir
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +50,20 @@ _TERM_REPEAT_S = 0.25
 _KILL_POLL_S = 0.02
 _STATUS_FILE = ".rollway-exit-code"
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
+_PR_SET_PDEATHSIG = 1
 
 
 class LocalSandbox(Sandbox):
+    #: What the first process (the supervisor) gets when the client dies: SIGTERM, so that it
+    #: ends its tree in order.
+    _ORPHAN_SIGNAL = signal.SIGTERM
+
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self.workdir = Path(tempfile.mkdtemp(prefix="rollway-sandbox-"))
+        self.workdir = make_owned_tempdir("rollway-sandbox-")
         self._process: asyncio.subprocess.Process | None = None
+        self._lifeline: int | None = None  # the write end; the supervisor watches the other
+        self._client_pid = 0
         self._cgroup: PidsCgroup | None = None
         self._pipes: list[asyncio.ReadTransport] = []
         self._readers: list[asyncio.Task[tuple[bytes, bool]]] = []
@@ -62,20 +80,24 @@ class LocalSandbox(Sandbox):
         if self._cgroup is None and self.limits.processes is not None and os.geteuid() == 0:
             _warn_process_limit_does_not_bind()
         self._started = time.monotonic()
+        _libc()  # loaded here, for the child to use between fork and exec
+        self._client_pid = os.getpid()
         # Output through pipes of our own, stdin from a file: asyncio then waits for the
         # process's exit alone, and a program that never reads its stdin cannot block us.
         (out, out_w), (err, err_w) = os.pipe(), os.pipe()
+        lifeline, self._lifeline = os.pipe()  # both close on exec: only what we pass is passed
         try:
             with tempfile.TemporaryFile() as stdin_file:
                 stdin_file.write(stdin)
                 stdin_file.seek(0)
                 self._process = await asyncio.create_subprocess_exec(
-                    *self._wrap(command, env),
+                    *self._wrap(command, env, lifeline),
                     cwd=self.workdir,
                     env=dict(env),
                     stdin=stdin_file,
                     stdout=out_w,
                     stderr=err_w,
+                    pass_fds=(lifeline,),
                     start_new_session=True,  # its own session and process group
                     preexec_fn=self._prepare_child,
                 )
@@ -86,6 +108,7 @@ class LocalSandbox(Sandbox):
         finally:
             os.close(out_w)
             os.close(err_w)
+            os.close(lifeline)
         for fd in (out, err):
             reader, pipe = await _open_pipe(fd)
             self._pipes.append(pipe)
@@ -132,15 +155,18 @@ class LocalSandbox(Sandbox):
             if self._cgroup is not None:
                 self._cgroup.remove()
                 self._cgroup = None
+            if self._lifeline is not None:
+                os.close(self._lifeline)
+                self._lifeline = None
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    def _wrap(self, command: Sequence[str], env: Mapping[str, str], lifeline: int) -> list[str]:
         """The command line that runs ``command`` under its supervisor."""
         status = str(self.workdir / _STATUS_FILE)
         # Isolated mode: the program's PYTHONPATH and such do not reach the supervisor.
         supervisor = [sys.executable, "-I", "-S", str(_SUPERVISOR), "--status", status]
-        options = ["--grace", str(_TERM_GRACE_S), *self._supervisor_options(env)]
-        return [*supervisor, *options, "--", *command]
+        options = ["--grace", str(_TERM_GRACE_S), "--lifeline", str(lifeline)]
+        return [*supervisor, *options, *self._supervisor_options(env), "--", *command]
 
     def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
         return []
@@ -190,6 +216,7 @@ class LocalSandbox(Sandbox):
         # Kept pending until the supervisor is ready to act on it (through unshare, which
         # passes its mask on): a sandbox destroyed as it starts still ends in order.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+        _set_parent_death_signal(self._ORPHAN_SIGNAL, self._client_pid)
         limits = self.limits
         for kind, value in (
             (resource.RLIMIT_CPU, limits.cpu_seconds),
@@ -202,6 +229,22 @@ class LocalSandbox(Sandbox):
                 # CPU: SIGXCPU at the soft limit (a clear cause), SIGKILL a second later.
                 hard = value + 1 if kind == resource.RLIMIT_CPU else value
                 resource.setrlimit(kind, (value, hard))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """Loaded before any fork: loading it between fork and exec could wait on a lock that
+    another thread of the client held when it forked."""
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _set_parent_death_signal(signum: int, parent: int) -> None:
+    """``signum`` when the forking thread ends (in the child, between fork and exec; exec keeps
+    it). If the client died before this, the signal would never come: send it now."""
+    if _libc().prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)
 
 
 @functools.cache

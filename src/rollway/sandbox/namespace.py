@@ -5,18 +5,26 @@ What it adds: its own network namespace whose only way out is a relay from
 ``127.0.0.1:<gateway port>`` to the gateway's Unix socket (so ``OPENAI_BASE_URL`` works
 unchanged and nothing else is reachable: no internet, no other local service); its own PID
 namespace (it cannot see or signal other processes, and when its first process dies every
-process in it dies); its own IPC and hostname. What it does not: the file system (shared with
-the caller apart from a private ``/proc``; use a container runtime for that), CPU and memory
-beyond the rlimits, kernel attack surface. The process limit is the local sandbox's: to the kernel
-the program is still the caller (root stays root), so as root only a pids cgroup binds it.
+process in it dies); its own IPC and hostname; its own view of the places where Unix sockets
+and shared memory live (a fresh tmpfs over ``/tmp``, ``/run``, ``/dev/shm``, ``/var/tmp``, with
+its working directory and the gateway's socket folder bound back: ``filesystem.py``), and its
+abstract Unix sockets are its network namespace's. What it does not: the rest of the file system
+(shared with the caller; use a container runtime for that), CPU and memory beyond the rlimits,
+kernel attack surface. A program (or interpreter) under those places is not visible inside.
+The process limit is the local sandbox's: to the kernel the program is still the caller (root
+stays root), so as root only a pids cgroup binds it.
 
 Inside: unshare, then the supervisor as the namespaces' first process, running the relay.
+When the client dies, unshare gets SIGKILL (its parent-death signal) and takes the supervisor,
+and so the whole PID namespace, with it (``--kill-child``).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
@@ -29,6 +37,8 @@ _UNSHARE = [
     "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",
     "--ipc", "--uts", "--kill-child",
 ]  # fmt: skip
+#: Where programs find other programs' Unix sockets and shared memory: a fresh tmpfs over each.
+HIDDEN_PLACES = ("/tmp", "/run", "/dev/shm", "/var/tmp")
 
 
 @functools.cache
@@ -41,6 +51,9 @@ def namespaces_available() -> bool:
 
 
 class NamespaceSandbox(LocalSandbox):
+    # unshare ignores SIGTERM; its death kills the namespace, and every process in it, at once.
+    _ORPHAN_SIGNAL = signal.SIGKILL
+
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         if not namespaces_available():
             raise ConfigError(
@@ -48,13 +61,23 @@ class NamespaceSandbox(LocalSandbox):
             )
         super().__init__(limits)
 
-    def _wrap(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        return [*_UNSHARE, *super()._wrap(command, env)]
+    def _wrap(self, command: Sequence[str], env: Mapping[str, str], lifeline: int) -> list[str]:
+        return [*_UNSHARE, *super()._wrap(command, env, lifeline)]
 
     def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
-        """The relay: from ``127.0.0.1:<port of OPENAI_BASE_URL>`` to the gateway's socket."""
+        """The relay, from ``127.0.0.1:<port of OPENAI_BASE_URL>`` to the gateway's socket; the
+        socket places hidden, but for the working directory and the socket's folder."""
         socket_path = env.get("ROLLWAY_GATEWAY_SOCKET")
         port = urlparse(env.get("OPENAI_BASE_URL", "")).port
-        if socket_path and port:
-            return ["--relay", "--port", str(port), "--unix", socket_path]
-        return ["--relay"]
+        relay = (
+            ["--relay", "--port", str(port), "--unix", socket_path]
+            if socket_path and port
+            else ["--relay"]
+        )
+        keep = [str(self.workdir), *([os.path.dirname(socket_path)] if socket_path else [])]
+        hide = [f"--hide={place}" for place in HIDDEN_PLACES]
+        # A tmpfs is memory: each one is held to the memory limit (files there are not counted
+        # in RLIMIT_AS), so /tmp cannot fill the machine's memory.
+        size = self.limits.memory_bytes
+        hide += [f"--tmpfs-size={size}"] if size is not None else []
+        return [*relay, *hide, *(f"--keep={path}" for path in keep)]

@@ -1,7 +1,8 @@
 """The first process of every sandbox's command: a child subreaper that runs the command and,
 when it ends (or on SIGTERM/SIGINT), ends every process below it before it exits itself.
 
-    python -I -S supervisor.py --status FILE --grace SECONDS [--relay [--port P --unix S]]
+    python -I -S supervisor.py --status FILE --grace SECONDS [--lifeline FD]
+        [--relay [--port P --unix S]] [--hide DIR ... --keep DIR ... [--tmpfs-size B]]
         -- COMMAND ...
 
 As a subreaper it inherits every orphan below it (a double-forked daemon, a ``setsid`` child)
@@ -11,7 +12,12 @@ and exits only once none is alive: whatever held the sandbox's output pipes is g
 command runs in a process group of its own, so each descendant gets one SIGTERM (this one's)
 however the sandbox was signalled. The command's exit code (negative: the signal that killed it)
 is left in FILE. In a namespace sandbox it is the namespaces' first process and, with
-``--relay``, also runs ``relay.py`` (loopback up, ``127.0.0.1:P`` relayed to the socket S).
+``--relay``, also runs ``relay.py`` (loopback up, ``127.0.0.1:P`` relayed to the socket S),
+and with ``--hide``, ``filesystem.py`` (a fresh tmpfs over each DIR, each kept DIR bound back).
+
+Its life is tied to the client's: FD is the read end of a pipe whose write end only the client
+holds, so its end of file means the client is gone (killed, however): that is a SIGTERM, and the
+sandbox ends as it would on a teardown.
 
 Standard library only, run by path in isolated mode: nothing in the program's environment
 (``PYTHONPATH``...) changes how it runs, and it starts in milliseconds.
@@ -26,6 +32,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -144,14 +151,27 @@ def end_descendants(deadline: float, signalled: bool) -> None:
     reap()
 
 
-def load_relay() -> ModuleType:
-    """``relay.py`` from beside this file (run by path in isolated mode, there is no package
+def load_sibling(name: str) -> ModuleType:
+    """``<name>.py`` from beside this file (run by path in isolated mode, there is no package
     to import it from)."""
-    spec = importlib.util.spec_from_file_location("relay", Path(__file__).with_name("relay.py"))
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
-    relay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(relay)
-    return relay
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def watch_lifeline(fd: int) -> None:
+    """SIGTERM this process when the pipe ``fd`` reaches its end (the client died). Kept from
+    the command. The signal is blocked in every thread, so it waits for ``sigwaitinfo``."""
+    os.set_inheritable(fd, False)
+
+    def watch() -> None:
+        while os.read(fd, 1):  # nobody writes: only the end of file comes
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def supervise(command: Sequence[str], grace: float) -> int:
@@ -168,6 +188,16 @@ def supervise(command: Sequence[str], grace: float) -> int:
     return code
 
 
+def prepare_namespaces(args: argparse.Namespace) -> None:
+    """In a namespace sandbox, before the command: its file-system view, then the relay."""
+    if args.hide:
+        filesystem = load_sibling("filesystem")
+        filesystem.hide(args.hide, args.keep, args.tmpfs_size)
+        filesystem.drop_capability_bounding_set()
+    if args.relay:
+        load_sibling("relay").start(args.port, args.unix)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="supervisor.py")
     parser.add_argument("--status", required=True)
@@ -175,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--relay", action="store_true", help="in a new network namespace")
     parser.add_argument("--port", type=int)
     parser.add_argument("--unix")
+    parser.add_argument("--lifeline", type=int, help="a pipe's read end: its end is ours")
+    parser.add_argument("--hide", action="append", default=[], help="a fresh tmpfs over it")
+    parser.add_argument("--keep", action="append", default=[], help="bound back if hidden")
+    parser.add_argument("--tmpfs-size", type=int, help="bytes, for each tmpfs over a --hide")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -182,8 +216,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     # it alone). Blocked, they also stay pending where this is the namespaces' first process,
     # which would drop a signal it has no handler for.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    if args.relay:
-        load_relay().start(args.port, args.unix)
+    if args.lifeline is not None:
+        watch_lifeline(args.lifeline)
+    try:
+        prepare_namespaces(args)
+    except OSError as error:  # never run the command less isolated than asked
+        print(f"rollway sandbox: cannot isolate: {error}", file=sys.stderr)
+        os._exit(125)
     code = supervise(command, args.grace)
     with open(args.status, "w") as out:
         out.write(str(code))

@@ -17,7 +17,15 @@ unless a version is named), so that a client that gets vLLM wrong fails a test:
   without dev mode, and their ``/pause`` knew only ``wait_for_inflight_requests``; ``mode`` came
   in 0.16.0), ``/collective_rpc`` (``reload_weights``; ``weights_path`` from 0.16.0),
   ``/reset_prefix_cache`` (answers ``{"success": bool}`` from 0.33, false while requests hold
-  blocks), ``/update_weight_version`` and ``/weight_info`` (from 0.27).
+  blocks), ``/update_weight_version`` and ``/weight_info`` (from 0.27; ``"default"`` until a
+  label is set, so again after a restart).
+- A folder without weights makes ``reload_weights`` raise (0.32.0 ``model_executor/
+  model_loader/default_loader.py``: "Cannot find any model weights with `DIR`"); the route's
+  exception reaches the catch-all handler (``serve/exception_handling/register.py``), whose
+  500 Starlette's ``ServerErrorMiddleware`` sends before raising the exception again, and
+  uvicorn then closes the connection, without ``Connection: close``, once it has logged the
+  traceback: a request the client sent on that kept-alive connection meanwhile is cut
+  (seen 5 times in 5 on vLLM 0.32.0). ``/v1/models`` names the folder served as ``root``.
 - ``"stream": true`` (``completion/serving.py`` ``completion_stream_generator``): one
   ``data: <json>`` chunk per engine step (one token each here) with only the new ``token_ids``
   and their ``logprobs``, ``prompt_token_ids`` on the first chunk only, the finish reason with
@@ -37,11 +45,13 @@ unless a version is named), so that a client that gets vLLM wrong fails a test:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
@@ -49,6 +59,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig
@@ -70,6 +81,7 @@ from rollway.types import GenerationResult, SamplingParams
 
 _SIM_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "drain", "keep": "keep"}
 _TRUE = ("true", "1", "yes", "on")  # what FastAPI reads as a true bool query parameter
+_NEXT_REQUEST_S = 1.0  # how long a connection closing after an error waits for a request
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +98,7 @@ class VLLMSimOptions:
     errors: int = 0
     race_pause: bool = False
     model: str = "sim"
+    root: str | None = None
 
 
 class VLLMSim:
@@ -144,6 +157,7 @@ class VLLMSim:
 
     async def models(self, request: Request) -> Response:
         card: dict[str, Any] = {"id": self.options.model, "object": "model", "owned_by": "vllm"}
+        card["root"] = self.options.root or self.options.model
         if self.options.max_model_len is not None:
             card["max_model_len"] = self.options.max_model_len
         return JSONResponse({"object": "list", "data": [card]})
@@ -208,7 +222,10 @@ class VLLMSim:
         kwargs = body.get("kwargs") or {}
         if kwargs and not self.since(0, 16):
             return Response("reload_weights() takes no keyword arguments", status_code=500)
-        self.loaded.append(kwargs.get("weights_path") or self.options.model)
+        path = kwargs.get("weights_path") or self.options.root or self.options.model
+        if not await asyncio.to_thread(_holds_weights, path):
+            raise RuntimeError(f"Cannot find any model weights with `{path}`")
+        self.loaded.append(path)
         return JSONResponse({"results": [None]})
 
     async def reset_prefix_cache(self, request: Request) -> Response:
@@ -352,14 +369,54 @@ def create_vllm_sim_app(
     *,
     fault: Fault = "none",
     fault_count: int = 1 << 30,
-) -> Starlette:
+) -> VLLMSimApp:
     """A simulated vLLM server; ``app.state.vllm`` is its ``VLLMSim``."""
     sim = Simulator(config or SimConfig(), fault, fault_count)
     server = VLLMSim(sim, options or VLLMSimOptions())
-    app = Starlette(routes=server.routes() + test_routes(sim))
+    handlers = {Exception: _internal_error}
+    app = Starlette(routes=server.routes() + test_routes(sim), exception_handlers=handlers)
     app.state.sim = sim.state
     app.state.vllm = server
-    return app
+    return VLLMSimApp(app)
+
+
+class VLLMSimApp:
+    """The simulated server's app. When a route raised, the exception goes on to uvicorn after
+    the 500 is sent, and uvicorn then closes the connection; on the real server that lands
+    while the client's next request on the kept-alive connection runs (seen 5 times in 5 on
+    vLLM 0.32.0), so here it waits for that request (a second at most) and cuts it."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.state = app.state
+        self._closing: dict[Any, asyncio.Event] = {}  # connection -> its next request came
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        connection = scope.get("client")
+        if scope["type"] == "http" and connection in self._closing:
+            self._closing[connection].set()
+            while (await receive())["type"] != "http.disconnect":
+                pass  # cut by the close
+            return
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            next_request = self._closing[connection] = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(next_request.wait(), _NEXT_REQUEST_S)
+            del self._closing[connection]
+            raise
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """vLLM's catch-all handler: the exception's message as an ``ErrorResponse``."""
+    return _error(500, "InternalServerError", str(exc))
+
+
+def _holds_weights(path: str) -> bool:
+    folder = Path(path)
+    patterns = ("*.safetensors", "*.bin", "*.pt")
+    return folder.is_dir() and any(next(folder.glob(p), None) for p in patterns)
 
 
 def routes(sim: Simulator, options: VLLMSimOptions | None = None) -> list[Route]:

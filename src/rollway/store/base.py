@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from rollway.leases import Lease, LeaseHolder
 from rollway.types import AgentReport, RolloutRecord
 
 
@@ -43,3 +44,14 @@ class Store(Protocol):
     def report_exists(self, run_key: str) -> bool: ...
 
     def get_report(self, run_key: str) -> AgentReport | None: ...
+
+    # The experiment's lease (``rollway.leases``): one live client at a time runs its rollouts.
+
+    def take_lease(self, lease: Lease) -> None:
+        """Hold the experiment for ``lease.holder``, or renew its hold, atomically; an
+        ``ExperimentInUseError`` naming the holder while another client's lease is live."""
+        ...
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        """Give the lease back, if ``holder`` still has it."""
+        ...

@@ -6,11 +6,17 @@ finished one), reward, prompt_ids, response_ids, loss_mask, logprobs, policy_ver
 with response_ids, -1 off the mask; null without versions), policy_version (the oldest version
 that sampled a token of the sample), staleness (the latest version minus that one) and
 logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns differ:
-never train on those as if they were one kind). The record's final messages are not a column
+never train on those as if they were one kind), raw_logprobs (the temperature-1 ones, aligned,
+where ``logprobs`` are not raw; null otherwise), kept_mass (aligned: the mass top-p/top-k kept
+for each sampled token, 1.0 where nothing was cut; null when no turn cut), temperature, top_p
+and top_k (the segment's first turn's sampling), turns (the segment's turn count) and task_id
+(the task's ``task_id``, else ``id``, else null). The record's final messages are not a column
 (text, repeated on every segment's row): they stay on the record. Records without token data
 (a rollout that failed before its first turn) have no rows. ``max_staleness`` drops samples
 more than that many versions behind the latest (the newest version in the records unless
-``latest_version`` is given).
+``latest_version`` is given). ``drop_flat_groups`` drops every row of a group whose rewards
+hold fewer than two different values among its scored rollouts (zero variance: no GRPO
+signal); ``flat_groups`` names them.
 """
 
 from __future__ import annotations
@@ -27,13 +33,28 @@ from rollway.types import RolloutRecord
 ExportFormat = Literal["jsonl", "parquet"]
 
 
+def flat_groups(records: Iterable[RolloutRecord]) -> set[str]:
+    """The groups whose rewards carry no signal: fewer than two different rewards among their
+    scored rollouts (all equal, one scored, or none)."""
+    rewards: dict[str, set[float]] = {}
+    for record in records:
+        scored = rewards.setdefault(record.group_id, set())
+        if record.reward is not None:
+            scored.add(record.reward)
+    return {group for group, values in rewards.items() if len(values) < 2}
+
+
 def sample_rows(
     records: Iterable[RolloutRecord],
     *,
     latest_version: int | None = None,
     max_staleness: int | None = None,
+    drop_flat_groups: bool = False,
 ) -> Iterator[dict[str, Any]]:
     records = [r for r in records if r.trajectory is not None]
+    if drop_flat_groups:
+        flat = flat_groups(records)
+        records = [r for r in records if r.group_id not in flat]
     newest = max((max(t.policy_versions) for r in records if r.trajectory
                   for t in r.trajectory.turns if t.policy_versions), default=None)  # fmt: skip
     if latest_version is None:
@@ -53,7 +74,9 @@ def sample_rows(
             )
             if max_staleness is not None and staleness is not None and staleness > max_staleness:
                 continue
-            kinds = {t.logprob_kind for t in trajectory.turns if t.segment == sample.segment}
+            turns = [t for t in trajectory.turns if t.segment == sample.segment]
+            kinds = {t.logprob_kind for t in turns}
+            sampling = turns[0].sampling if turns else trajectory.sampling
             yield {
                 "rollout_id": record.rollout_id,
                 "rollout_key": record.rollout_key,
@@ -72,7 +95,19 @@ def sample_rows(
                 "policy_version": oldest,
                 "staleness": staleness,
                 "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
+                "raw_logprobs": sample.raw_logprobs,
+                "kept_mass": sample.kept_mass,
+                "temperature": sampling.get("temperature"),
+                "top_p": sampling.get("top_p"),
+                "top_k": sampling.get("top_k"),
+                "turns": len(turns),
+                "task_id": _task_id(record.task),
             }
+
+
+def _task_id(task: dict[str, Any]) -> str | None:
+    found = task.get("task_id", task.get("id"))
+    return None if found is None else str(found)
 
 
 def _oldest(versions: list[int] | None, mask: list[int]) -> int | None:
@@ -88,9 +123,17 @@ def export_records(
     *,
     latest_version: int | None = None,
     max_staleness: int | None = None,
+    drop_flat_groups: bool = False,
 ) -> int:
     """Write the sample rows of ``records`` to ``path``; return how many rows."""
-    rows = list(sample_rows(records, latest_version=latest_version, max_staleness=max_staleness))
+    rows = list(
+        sample_rows(
+            records,
+            latest_version=latest_version,
+            max_staleness=max_staleness,
+            drop_flat_groups=drop_flat_groups,
+        )
+    )
     if fmt == "jsonl":
         path.write_bytes(b"".join(orjson.dumps(row) + b"\n" for row in rows))
     elif fmt == "parquet":
@@ -125,6 +168,13 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("policy_version", pa.int64()),
             ("staleness", pa.int64()),
             ("logprob_kind", pa.string()),
+            ("raw_logprobs", pa.list_(pa.float64())),
+            ("kept_mass", pa.list_(pa.float64())),
+            ("temperature", pa.float64()),
+            ("top_p", pa.float64()),
+            ("top_k", pa.int64()),
+            ("turns", pa.int64()),
+            ("task_id", pa.string()),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

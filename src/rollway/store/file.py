@@ -7,6 +7,9 @@
     <root>/<exp_id>/<name>.json                 summaries (groups, run)
     <root>/<exp_id>/debug/<rollout_id>.jsonl    per-rollout debug events, when enabled
     <root>/<exp_id>/agent-reports/<run_key>.json  what remote agent servers reported
+    <root>/<exp_id>/lease.json                  the client running the experiment now
+                                                (``rollway.leases``), taken under a flock
+                                                of ``.lease.lock``
 
 The trajectory files are the source of truth. The index is a fast listing, appended to on
 every write (appends need no lock among workers): a rollout written again (rerun after a cancel
@@ -35,6 +38,7 @@ from typing import Any
 import orjson
 
 from rollway.errors import ConfigError
+from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.types import AgentReport, RolloutRecord, Status
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -109,6 +113,38 @@ class FileStore:
         if not path.is_file():
             return None
         return AgentReport.model_validate_json(path.read_bytes())
+
+    def take_lease(self, lease: Lease) -> None:
+        with self._lease_lock():
+            check_free(self._current_lease(), lease.holder, f"lease at {self._lease}")
+            _atomic_write(self._lease, lease.model_dump_json().encode())
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        with self._lease_lock():
+            current = self._current_lease()
+            if current is not None and current.holder.id == holder.id:
+                self._lease.unlink(missing_ok=True)
+
+    @property
+    def _lease(self) -> Path:
+        return self.path / "lease.json"
+
+    def _current_lease(self) -> Lease | None:
+        try:
+            return Lease.model_validate_json(self._lease.read_bytes())
+        except FileNotFoundError:
+            return None
+
+    @contextmanager
+    def _lease_lock(self) -> Iterator[None]:
+        """Read, decide and write the lease as one step among clients (held for milliseconds;
+        the flock goes with the process, so a killed client leaves nothing locked)."""
+        path = self.path / ".lease.lock"
+        with _named_in_errors(path):
+            lock = path.open("ab")
+        with lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            yield
 
     def _report_path(self, run_key: str) -> Path:
         check_name(run_key, "run key")

@@ -5,9 +5,10 @@ for S3, GCS and Azure with the same calls, configured from the standard ``AWS_*`
 environment variables, and fast for many small objects.
 
 Layout as in ``file.py``, under ``<uri>/<exp_id>/``: ``config.json``, ``trajectories/<key>.json``,
-``agent-reports/<run_key>.json``, summaries. Each record is one PUT, which object stores make
-visible all at once (never half written). There is no append, so no ``index.jsonl``: listing
-``trajectories/`` serves resume.
+``agent-reports/<run_key>.json``, summaries, ``lease.json`` (``rollway.leases``: taken and
+renewed by conditional PUTs, so two clients cannot both take it). Each record is one PUT, which
+object stores make visible all at once (never half written). There is no append, so no
+``index.jsonl``: listing ``trajectories/`` serves resume.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from typing import Any
 
 import orjson
 
-from rollway.errors import ConfigError
+from rollway.errors import ConfigError, InfrastructureError
+from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.store.file import check_name
 from rollway.types import AgentReport, RolloutRecord
 
 #: Environment variables that configure object stores (endpoint, region, credentials).
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
+_LEASE = "lease.json"
+#: Conditional writes of the lease lost to other clients' before giving up.
+_LEASE_TRIES = 5
 
 
 class ObjectStore:
@@ -96,6 +101,35 @@ class ObjectStore:
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         self._put(f"{name}.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+    def take_lease(self, lease: Lease) -> None:
+        from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+        for _ in range(_LEASE_TRIES):
+            current, mode = self._current_lease()
+            check_free(current, lease.holder, f"lease at {self.uri}/{_LEASE}")
+            try:
+                self._obstore.put(self._store, _LEASE, lease.model_dump_json().encode(), mode=mode)
+                return
+            except (AlreadyExistsError, PreconditionError):
+                continue
+        raise InfrastructureError(f"{self.uri}/{_LEASE} changed under every try to take it")
+
+    def release_lease(self, holder: LeaseHolder) -> None:
+        current, _ = self._current_lease()
+        if current is not None and current.holder.id == holder.id:
+            self._obstore.delete(self._store, _LEASE)
+
+    def _current_lease(self) -> tuple[Lease | None, Any]:
+        """The lease, and the PUT mode that replaces exactly it: a client that wrote it since
+        wins, and the next look names that client."""
+        try:
+            found = self._obstore.get(self._store, _LEASE)
+        except FileNotFoundError:
+            return None, "create"
+        e_tag = found.meta.get("e_tag")
+        mode = {"e_tag": e_tag} if e_tag else "overwrite"  # a store without ETags: last wins
+        return Lease.model_validate_json(bytes(found.bytes())), mode
 
     def _put(self, path: str, data: bytes) -> None:
         self._obstore.put(self._store, path, data)

@@ -74,6 +74,10 @@ def rollway_rollout_func(
     ``rollway_status``, ``rollway_rollout_id``, ``rollway_policy_version``. A rollout that
     failed becomes a one-token placeholder with mask 0 and reward None.
 
+    Each round samples with the trainer's ``GRPOConfig`` (temperature, top-p, top-k, and
+    ``max_completion_length`` as each call's ``max_tokens``: ``trainer_sampling``), and the
+    ``logprobs`` are that temperature's, as TRL recomputes them.
+
     With ``sync_weights``, before a round whose trainer step differs from the last synced one
     (the first round included, as TRL does for vLLM), the trainer's model weights go into
     every engine with ``client.update_weights(state_dict, mode=weights_mode)``.
@@ -100,11 +104,14 @@ class _RolloutFunc:
         generations = trainer.num_generations if trainer.model.training else (
             trainer.num_generations_eval
         )  # fmt: skip
-        records = self.run_round(prompts, generations)
+        records = self.run_round(prompts, generations, **trainer_sampling(trainer.args))
         return trl_columns(records, _eos_id(trainer.processing_class))
 
-    def run_round(self, prompts: Sequence[Prompt], generations: int) -> list[RolloutRecord]:
-        """One record per prompt, in the prompts' order."""
+    def run_round(
+        self, prompts: Sequence[Prompt], generations: int, **sampling: Any
+    ) -> list[RolloutRecord]:
+        """One record per prompt, in the prompts' order; ``sampling`` overrides the client's
+        for this round (``trainer_sampling``)."""
         group = generations if _grouped(prompts, generations) else 1
         round_id, self.rounds = self.rounds, self.rounds + 1
         tasks = []
@@ -113,7 +120,7 @@ class _RolloutFunc:
             # an older round's record for a new sample of the same prompt.
             tasks.append({"task_id": f"trl-{round_id}-{index}", **self.task_from_prompt(prompt)})
         records: list[RolloutRecord | None] = [None] * len(prompts)
-        for item in self.client.run_batch(tasks, group_size=group, resume=False):
+        for item in self.client.run_batch(tasks, group_size=group, resume=False, **sampling):
             records[item.index] = self._full(item.result)
         assert all(r is not None for r in records)
         return records  # type: ignore[return-value]
@@ -123,6 +130,34 @@ class _RolloutFunc:
         if record.trajectory is None and record.trajectory_stats is not None:
             return self.client.store.get(record.rollout_key) or record
         return record
+
+
+def trainer_sampling(args: Any) -> dict[str, Any]:
+    """The sampling a ``GRPOConfig`` asks for, as rollway options: ``temperature``, ``top_p``,
+    ``top_k`` and ``max_completion_length`` (each model call's ``max_tokens``). TRL recomputes
+    logprobs at its temperature, so rollouts must be sampled at it. What rollway's engines
+    cannot sample with (``repetition_penalty``, ``min_p``, ``generation_kwargs``) is refused,
+    naming the field, instead of being silently ignored."""
+    unsupported = {
+        "repetition_penalty": getattr(args, "repetition_penalty", 1.0) not in (None, 1.0),
+        "min_p": getattr(args, "min_p", None) not in (None, 0.0),
+        "generation_kwargs": bool(getattr(args, "generation_kwargs", None)),
+    }
+    for name, asked in unsupported.items():
+        if asked:
+            raise ConfigError(
+                f"GRPOConfig.{name}={getattr(args, name)!r}: rollway's engines do not sample "
+                "with it, and TRL would score completions as if they had; leave it unset",
+                name,
+            )
+    options: dict[str, Any] = {
+        "temperature": float(args.temperature),
+        "top_p": float(getattr(args, "top_p", 1.0) or 1.0),
+        "top_k": int(getattr(args, "top_k", 0) or 0),
+    }
+    if getattr(args, "max_completion_length", None) is not None:
+        options["max_tokens"] = int(args.max_completion_length)
+    return options
 
 
 def trl_columns(records: Sequence[RolloutRecord], eos_id: int) -> dict[str, list[Any]]:

@@ -8,7 +8,6 @@ import asyncio
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
 from types import TracebackType
@@ -16,6 +15,7 @@ from types import TracebackType
 import uvicorn
 from starlette.types import ASGIApp
 
+from rollway.tempdirs import make_owned_tempdir
 from rollway.web.uvicorn_server import ServerLimits, uvicorn_config
 
 
@@ -92,7 +92,8 @@ class LoopServer:
         #: ``stop``): the way out of network-isolated sandboxes.
         self.unix_path: str | None = None
         if unix_socket:
-            self.unix_path = os.path.join(tempfile.mkdtemp(prefix="rollway-gw-"), "gateway.sock")
+            # Marked as ours: a killed client's is removed by the next (rollway.tempdirs).
+            self.unix_path = str(make_owned_tempdir("rollway-gw-") / "gateway.sock")
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             unix.bind(self.unix_path)
             self._sockets.append(unix)

@@ -101,7 +101,8 @@ async def route_error(request: Request, exc: Exception) -> Response:
     """Unknown paths and wrong methods answer in the same error shape as everything else."""
     assert isinstance(exc, HTTPException)
     error = {"message": exc.detail, "type": "invalid_request_error", "param": None, "code": None}
-    return JSONResponse({"error": error}, status_code=exc.status_code)
+    # Starlette's own headers (a 405's ``Allow``) go with it.
+    return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
 
 
 # How pydantic labels the branches of a union in an error's location (``content.str``,
@@ -113,11 +114,16 @@ def _is_union_label(part: str | int) -> bool:
     return isinstance(part, str) and (part in _TYPE_LABELS or not part.isidentifier())
 
 
-def parse_model(model: type[ModelT], data: Any) -> ModelT:
+def parse_model(model: type[ModelT], data: Any, *, strict: bool = True) -> ModelT:
     """Validate ``data`` as ``model``, turning pydantic's error into one that names the field.
-    The deepest error is named: for a union that is the branch that got furthest."""
+    The deepest error is named: for a union that is the branch that got furthest.
+
+    Strict by default, for data read off the wire: JSON has real numbers and booleans, so
+    ``"0.5"`` for a float or ``true`` for an int is the caller's mistake, not something to
+    coerce (an int for a float is still a number). ``strict=False`` is for Python callers,
+    whose tuples stand for lists."""
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict)
     except ValidationError as exc:
         first = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
         where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"

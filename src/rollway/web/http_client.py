@@ -13,6 +13,9 @@ import orjson
 from rollway import tracing
 from rollway.errors import InfrastructureError, OverloadedError, error_from_body
 
+#: A liveness call that takes longer than this finds its server down (or hung).
+HEALTH_TIMEOUT_S = 5.0
+
 
 def new_session(total_s: float | None = None) -> aiohttp.ClientSession:
     """A pooled session (open it on the loop that will use it); ``total_s`` bounds each call

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import models_json_schema
 from starlette.requests import Request
 from starlette.responses import Response
@@ -46,6 +46,22 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class ServerSentEvent(BaseModel):
+    """One event of a streamed answer (``text/event-stream``), in the shape OpenAPI 3.2's
+    ``itemSchema`` gives server-sent events: an ``event:`` line and a ``data:`` line."""
+
+    event: str | None = Field(
+        default=None,
+        description="The event's name, where the API names its events (Anthropic Messages: "
+        "message_start, content_block_delta...; Responses: response.output_text.delta...); "
+        "chat completions name none.",
+    )
+    data: str = Field(
+        description="A JSON object: a chunk of the answer, or the API's error object for an "
+        "error after the stream began. A chat-completions stream ends with [DONE]."
+    )
+
+
 @dataclass(frozen=True)
 class Param:
     """A query or header parameter; ``schema`` is a type pydantic can describe."""
@@ -75,6 +91,8 @@ class Endpoint:
     status: int = 200
     #: Also answers ``text/event-stream`` when the body asks to stream.
     streams: bool = False
+    #: The success answer's media type; anything but JSON is documented as text.
+    media_type: str = "application/json"
 
     def route(self) -> Route:
         return Route(self.path, guarded(self.handler), methods=[self.method])
@@ -101,7 +119,8 @@ def routes_and_document(
 def openapi_document(
     endpoints: Sequence[Endpoint], *, title: str, description: str, security: dict[str, str]
 ) -> dict[str, Any]:
-    models = {ErrorBody, *(e.body for e in endpoints if e.body), *_answers(endpoints)}
+    models = {ErrorBody, ServerSentEvent, *(e.body for e in endpoints if e.body),
+              *_answers(endpoints)}  # fmt: skip
     refs, defs = models_json_schema(
         [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=_REF
     )
@@ -126,12 +145,12 @@ def _answers(endpoints: Iterable[Endpoint]) -> set[type[BaseModel]]:
 
 
 def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
-    answer: dict[str, Any] = (
-        refs[(endpoint.answer, "validation")] if endpoint.answer else {"type": "object"}
-    )
-    content = {"application/json": {"schema": answer}}
+    content = {endpoint.media_type: {"schema": _answer_schema(endpoint, refs)}}
     if endpoint.streams:
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        # OpenAPI 3.1 has no schema for a stream of items (3.2's ``itemSchema``): the events
+        # in order, as an array of them, is the nearest.
+        events = {"type": "array", "items": refs[(ServerSentEvent, "validation")]}
+        content["text/event-stream"] = {"schema": events}
     error = {"application/json": {"schema": refs[(ErrorBody, "validation")]}}
     statuses = sorted({*endpoint.errors, *((401,) if endpoint.auth else ())})
     responses: dict[str, Any] = {str(endpoint.status): {"description": "OK", "content": content}}
@@ -150,6 +169,12 @@ def _operation(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str,
         required = any(f.is_required() for f in endpoint.body.model_fields.values())
         operation["requestBody"] = {"required": required, "content": body}
     return operation
+
+
+def _answer_schema(endpoint: Endpoint, refs: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    if endpoint.answer is not None:
+        return refs[(endpoint.answer, "validation")]
+    return {"type": "object"} if endpoint.media_type == "application/json" else {"type": "string"}
 
 
 def _path_params(endpoint: Endpoint) -> list[dict[str, Any]]:

@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from rollway.agents.server import create_app
+from rollway.agents.server import service as service_module
+from rollway.agents.server.report_sender import deliver_report
 from rollway.errors import AgentError
 from rollway.store.file import FileStore
+from rollway.types import AgentReport
+from rollway.web.http_client import new_session
 from tests.agents.server.agents import NamelessTools, TaskDrivenAgent
 from tests.agents.server.fixtures import AUTH, AgentServer, Receiver
 
@@ -139,6 +143,29 @@ def test_a_receiver_that_is_down_loses_nothing(agent_server: Start, tmp_path: Pa
     assert status["callback"] == "failed"
     stored = FileStore(tmp_path / "reports", "exp").get_report(key)
     assert stored is not None and stored.reward == 1.0
+
+
+async def test_a_callback_url_that_cannot_be_sent_to_is_a_failed_delivery() -> None:
+    # Its host passes a URL parser but not IDNA (the resolver): no ClientError, a UnicodeError.
+    report = AgentReport(run_key="k", rollout_id="r1", agent="a", status="completed",
+                         started_at=0.0)  # fmt: skip
+    async with new_session() as session:
+        delivery = await deliver_report(session, "http://a..b", None, report, wait_s=0.01)
+    assert delivery == "failed"
+
+
+def test_a_run_that_fails_past_its_own_handling_still_ends_recorded(
+    agent_server: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*args: object, **kwargs: object) -> str:
+        raise RuntimeError("delivery bug")
+
+    monkeypatch.setattr(service_module, "deliver_report", broken)
+    server = agent_server()
+    server.init("r1", task={"reward": 1.0}, callback_url="http://127.0.0.1:9")
+    status = server.wait_finished("r1", timeout=5.0)
+    assert status["callback"] == "failed"
+    assert status["report"]["status"] == "completed" and status["report"]["reward"] == 1.0
 
 
 def test_finished_rollouts_expire_but_their_key_still_finds_the_stored_report(

@@ -35,7 +35,11 @@ def test_unsafe_ids_are_422_naming_the_field_and_nothing_is_written(
 @pytest.mark.parametrize(
     ("field", "value"),
     [("base_url", "http://[::1"), ("callback_url", "http://"),
-     ("sampling", {"temperature": "hot"}), ("sampling", {"temperature": 99})],
+     # Hosts that IDNA cannot encode: the resolver would raise UnicodeError on first use.
+     ("callback_url", "http://a..b"), ("base_url", f"http://{'a' * 64}.com/v1/rollouts/r1"),
+     ("sampling", {"temperature": "hot"}), ("sampling", {"temperature": 99}),
+     # JSON of the wrong type is refused, not coerced (true is not 1, "0.5" not 0.5).
+     ("sampling", {"seed": True}), ("sampling", {"temperature": "0.5"}), ("debug", 1)],
 )  # fmt: skip
 def test_urls_and_sampling_are_checked_at_init(
     agent_server: Start, field: str, value: object
@@ -44,6 +48,17 @@ def test_urls_and_sampling_are_checked_at_init(
     answer = server.init("r1", **{field: value})
     assert answer.status_code == 422, answer.text
     assert answer.json()["error"]["param"] == field
+    assert server.service.runs_started == 0
+
+
+@pytest.mark.parametrize(("field", "value"), [("max_turns", True), ("timeout_s", "5")])
+def test_limits_of_the_wrong_json_type_are_422(
+    agent_server: Start, field: str, value: object
+) -> None:
+    server = agent_server()
+    answer = server.init("r1", limits={field: value})
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["param"] == f"limits.{field}"
     assert server.service.runs_started == 0
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
-from urllib.parse import urlsplit
 
+import yarl
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollway.gateway.request_schema import RegisterRequest
@@ -51,11 +52,10 @@ class InitRequest(_Strict):
         if value is None:
             return value
         try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 (raises ValueError when the port is not a number in range)
-        except ValueError as exc:
+            host = _host(value)
+        except ValueError as exc:  # UnicodeError too: a host that IDNA cannot encode
             raise ValueError(f"not a URL: {exc}") from None
-        if not parts.hostname:
+        if not host:
             raise ValueError("the URL names no host")
         return value
 
@@ -64,9 +64,28 @@ class InitRequest(_Strict):
     def _known_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
         """The gateway's own sampling rules, so a bad value fails the init, not every turn."""
         try:
-            RegisterRequest.model_validate(value)
+            RegisterRequest.model_validate(value, strict=True)  # as read off the wire
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             raise ValueError(f"{where}: {first['msg']}") from None
         return value
+
+
+def _host(url: str) -> str | None:
+    """The host as the server's HTTP client will look it up; ``ValueError`` where it would
+    fail before sending anything (a port out of range, a host that IDNA cannot encode)."""
+    parsed = yarl.URL(url)  # as aiohttp parses it: encodes a non-ASCII host
+    parsed.port  # noqa: B018 (raises ValueError when the port is not a number in range)
+    host = parsed.raw_host
+    if host and not _is_ip(host):
+        host.encode("idna")  # as the resolver does: an empty or 64-character label fails
+    return host
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

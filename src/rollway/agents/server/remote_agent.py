@@ -36,7 +36,7 @@ from rollway.errors import (
 from rollway.retry import AGENT_INIT, Backoff
 from rollway.store.base import Store
 from rollway.types import AgentReport, AgentResult
-from rollway.web.http_client import new_session, request_json
+from rollway.web.http_client import HEALTH_TIMEOUT_S, new_session, request_json
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,13 @@ class RemoteAgent(AgentLoop):
             await self._call("POST", f"/v1/rollout/{ctx.rollout_id}/cancel")
         except Exception as exc:
             ctx.cleanup_failed("stop", exc)
+
+    async def health(self) -> bool:
+        """Whether the agent server answers its liveness route (rollouts wait while it does
+        not)."""
+        timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+        async with self._client().get(f"{self.url}/health", timeout=timeout) as response:
+            return response.status == 200
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -206,9 +213,12 @@ class RemoteAgent(AgentLoop):
         return (AgentReport.model_validate(report) if report else None), 0
 
     async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        return await request_json(self._client(), method, f"{self.url}{path}", self.api_key, body)
+
+    def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = new_session(total_s=60)
-        return await request_json(self._session, method, f"{self.url}{path}", self.api_key, body)
+        return self._session
 
 
 def _result(report: AgentReport) -> AgentResult:

@@ -41,7 +41,7 @@ async def deliver_report(
         async for attempt in policy.retrying():
             with attempt:
                 status = await _post(session, url, headers, report.model_dump_json())
-    except InfrastructureError as exc:
+    except Exception as exc:  # unreachable, or a URL the client cannot even send to
         log.warning(
             "callback undeliverable: %r",
             exc,

@@ -7,6 +7,7 @@ The HTTP layer (``app.py``) is a thin shell over ``AgentService``; tests drive e
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -122,6 +123,7 @@ class AgentService:
         self._remember(run)
         self.runs_started += 1
         run.task = asyncio.create_task(self._execute(run), name=f"rollout {init.rollout_id}")
+        run.task.add_done_callback(functools.partial(_record_crash, run))
         return run, True
 
     def get(self, rollout_id: str) -> Run:
@@ -258,6 +260,21 @@ class AgentService:
                 del self._runs[key]
                 if self._latest.get(run.init.rollout_id) == key:
                     del self._latest[run.init.rollout_id]
+
+
+def _record_crash(run: Run, task: asyncio.Task[None]) -> None:
+    """A run whose task failed past its own handling (a bug) still ends, as an infrastructure
+    error: else its status would say running, or its callback pending, for good."""
+    if task.cancelled() or task.exception() is None:
+        return
+    error = task.exception()
+    log.error("agent server run failed: %r", error, extra={"rollout_id": run.init.rollout_id})
+    if run.finished_at is None:
+        update = {"status": "error", "error_kind": "infrastructure",
+                  "reason": f"agent server: {error!r}", "finished_at": time.time()}  # fmt: skip
+        run.report, run.finished_at = run.report.model_copy(update=update), time.monotonic()
+    if run.callback == "pending":
+        run.callback = "failed"
 
 
 def _check_same_rollout(started: InitRequest, init: InitRequest, key: str) -> None:
