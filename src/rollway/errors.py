@@ -29,6 +29,7 @@ Exceptions keep their constructor arguments in ``args`` so that they pickle (the
 from __future__ import annotations
 
 import asyncio
+import threading
 
 
 class RollwayError(Exception):
@@ -169,9 +170,14 @@ def error_kind(error: BaseException) -> str:
 def is_failure(error: BaseException) -> bool:
     """Whether an exception from user code (an agent, a tool, a reward function) is a failure
     to record like any other. ``sys.exit()`` is one: let through, asyncio re-raises it out of
-    the event loop that runs every rollout. Ctrl-C and a cancellation are not: they belong to
-    whoever asked for them."""
-    return not isinstance(error, KeyboardInterrupt | asyncio.CancelledError)
+    the event loop that runs every rollout. A cancellation is not, nor is Ctrl-C: that belongs
+    to whoever pressed it. Ctrl-C lands only on the main thread, so a ``KeyboardInterrupt``
+    raised on another (the client's loop thread, a worker) is user code's own: a failure."""
+    if isinstance(error, asyncio.CancelledError):
+        return False
+    if isinstance(error, KeyboardInterrupt):
+        return threading.current_thread() is not threading.main_thread()
+    return True
 
 
 def error_from_body(status: int, body: object) -> RollwayError:

@@ -260,3 +260,9 @@ def test_a_relative_program_path_keeps_its_symlink(
     monkeypatch.chdir(tmp_path)
     agent = ProgramAgent("venv/bin/python prog.py")
     assert agent.command == [str(tmp_path / "venv" / "bin" / "python"), "prog.py"]
+
+
+def test_a_word_too_long_to_name_a_file_stays_an_argument() -> None:
+    # An inline program whose words pass NAME_MAX: is_file() raised and aborted the run.
+    code = "print(1)#" + "x" * 300
+    assert ProgramAgent(f"python3 -c '{code}'").command == ["python3", "-c", code]

@@ -94,6 +94,32 @@ def exiting_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
     return 1.0
 
 
+def interrupting_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["exit"] == "reward":
+        raise KeyboardInterrupt  # not a Ctrl-C: raised on a worker thread, the scorer's own
+    return 1.0
+
+
+async def interrupting_async_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["exit"] == "reward":
+        raise KeyboardInterrupt  # on the client's loop thread: no Ctrl-C lands there
+    return 1.0
+
+
+@pytest.mark.timeout(60)  # the defect killed the client's loop thread: the batch hung
+@pytest.mark.parametrize("reward", [interrupting_reward, interrupting_async_reward])
+def test_a_keyboard_interrupt_raised_by_a_reward_function_is_a_reward_error(
+    make_client: MakeClient, reward: Callable[..., Any]
+) -> None:
+    client = make_client(agent=Exiting, reward=reward, max_retry_attempts=1, timeout=5.0)
+    items = list(client.run_batch([{"task_id": n, "exit": n} for n in ("reward", "none")]))
+    records = {item.result.task["task_id"]: item.result for item in items}
+    scored = records["reward"]
+    assert (scored.status, scored.error_kind) == ("error", "reward")
+    assert "reward function raised KeyboardInterrupt" in (scored.reason or "")
+    assert records["none"].reward == 1.0
+
+
 async def exiting_async_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
     if task["exit"] == "reward":
         raise SystemExit(3)

@@ -13,6 +13,7 @@ import pytest
 
 from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import RolloutClient
+from rollway.client.batch import should_rerun
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
@@ -195,6 +196,27 @@ def test_an_agent_server_that_dies_for_good_ends_the_wait_as_an_infrastructure_e
     # The attempt its death ended was not counted, and no other started against it.
     assert record.attempts == 1 and record.rollout_id.endswith(".1")
     assert "unreachable" in (record.reason or "")  # how the attempt ended
+
+
+def test_an_agent_server_that_dies_for_good_is_blamed_not_the_policys_timeout(
+    killable_agent_server: tuple[str, subprocess.Popen[bytes]],
+    remote_client: Callable[..., RolloutClient],
+) -> None:
+    # The default poll policy: a dead server is noticed by its status calls only after about a
+    # minute, so the rollout's own 3 s run out first. That timeout is the server's death, not
+    # the policy's: an infrastructure error naming the server, which resume reruns.
+    url, process = killable_agent_server
+    client = remote_client(url, poll=PollPolicy(), max_retry_attempts=2, timeout=3.0)
+    future = client.invoke({"task_id": "orphaned", "sleep": 60})
+    running = {"Authorization": f"Bearer {KEY}"}
+    wait_until(lambda: httpx.get(f"{url}/v1/health", headers=running).json()["running"] == 1)
+    process.kill()
+    process.wait(30)
+    record = future.result(timeout=30)
+    assert (record.status, record.error_kind) == ("error", "infrastructure"), record.reason
+    assert (record.reason or "").startswith(f"the agent server at {url} was down for")
+    assert "timed out" in (record.reason or "")  # how the attempt ended
+    assert should_rerun(record)
 
 
 def test_per_call_overrides_reach_the_agent_servers_init(

@@ -124,7 +124,11 @@ def _absolute_if_file(word: str) -> str:
     # Not ``resolve()``: a venv's ``bin/python`` is a symlink to the base interpreter, which
     # run by its own path would not see the venv's packages.
     path = Path(word)
-    return os.path.abspath(word) if not path.is_absolute() and path.is_file() else word
+    try:
+        is_file = not path.is_absolute() and path.is_file()
+    except OSError:  # a word no file can be named (longer than NAME_MAX): an argument
+        return word
+    return os.path.abspath(word) if is_file else word
 
 
 def _read_result(path: Any) -> dict[str, Any]:

@@ -174,8 +174,12 @@ class OutageWaits:
 
     async def lost(self, record: RolloutRecord, epoch: int, cancel: asyncio.Event) -> bool:
         """Whether the attempt that gave ``record`` (started at ``epoch``) was lost to an
-        outage, and is free to go again without counting as a try."""
-        if cancel.is_set() or not is_transient(record) or self._free <= 0:
+        outage, and is free to go again without counting as a try. A timeout counts too: an
+        agent server that died mid-rollout is noticed by its status calls only after minutes,
+        so its rollouts run out of time first, through no fault of the policy."""
+        if cancel.is_set() or self._free <= 0:
+            return False
+        if not (is_transient(record) or record.status == "timeout"):
             return False
         await self.availability.check()
         if self.availability.epoch == epoch:

@@ -34,13 +34,20 @@ async def _call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajector
         if inspect.iscoroutinefunction(reward_fn):
             return await reward_fn(task, trajectory)
         # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
-        return await asyncio.to_thread(reward_fn, task, trajectory)
+        return await asyncio.to_thread(_on_worker, reward_fn, task, trajectory)
     except RewardError:
         raise
     except BaseException as exc:
         if not is_failure(exc):
             raise
         raise RewardError(f"reward function raised {type(exc).__name__}: {exc}") from exc
+
+
+def _on_worker(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
+    try:
+        return reward_fn(task, trajectory)
+    except KeyboardInterrupt as exc:  # no Ctrl-C lands on a worker thread: the scorer's own
+        raise RewardError(f"reward function raised KeyboardInterrupt: {exc}") from exc
 
 
 def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:

@@ -341,7 +341,11 @@ def _outage_record(
             spec, settings, "error", kind, f"{reason}; no attempt had started",
             attempts=attempts, started_at=started_at,
         )  # fmt: skip
-    update = {"error_kind": kind, "reason": f"{reason}; its last attempt ended: {lost.reason}"}
+    update = {
+        "status": "error",  # a timeout it caused included: the component's fault, rerun
+        "error_kind": kind,
+        "reason": f"{reason}; its last attempt ended: {lost.reason}",
+    }
     return lost.model_copy(update=update)
 
 
