@@ -20,39 +20,24 @@ from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.types import AgentResult, RolloutRecord
-from rollway.web.background_server import BackgroundServer
+from tests.restartable import RestartableServer
 
 ROLLOUTS = 4
 
 
-class ShakyGateway:
+class ShakyGateway(RestartableServer):
     """A ``rollway gateway`` app (sim engine) on a fixed loopback port. ``restart`` serves a
     fresh gateway on the same port: it knows none of the old rollouts, as after a real one."""
 
     def __init__(self, renderer: ChatRenderer) -> None:
         self.renderer = renderer
         self.admin_key = f"ak-{secrets.token_hex(8)}"
-        self.port = 0
-        self._server: BackgroundServer | None = None
         self.gateway: Gateway  # the one serving now
-        self.url = self.start()
+        super().__init__()
 
-    def start(self) -> str:
+    def make_app(self) -> Any:
         self.gateway = Gateway(SimEngine(SimConfig()), self.renderer, model_name="sim")
-        app = create_app(self.gateway, admin_key=self.admin_key, close_engine=False)
-        self._server = BackgroundServer(app, port=self.port)
-        url = self._server.start()
-        self.port = int(url.rsplit(":", 1)[1])
-        return url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
+        return create_app(self.gateway, admin_key=self.admin_key, close_engine=False)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
@@ -27,40 +27,21 @@ from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.simulators import create_sim_server_app
-from rollway.web.background_server import BackgroundServer
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, wait_until
 from tests.client.test_gateway_faults import ROLLOUTS, FaultAgent, ShakyGateway
+from tests.restartable import RestartableServer
 
 #: As long as the outage the issue reports: longer than a rollout's three tries take (0.5 s,
 #: then 1 s of back-off), shorter than its timeout.
 OUTAGE_S = 3.0
 
 
-class Restartable(Protocol):
-    def start(self) -> str: ...
-
-    def stop(self) -> None: ...
-
-
-class ShakyEngineServer:
+class ShakyEngineServer(RestartableServer):
     """A simulated SGLang server on a fixed loopback port; ``start`` serves a fresh one."""
 
-    def __init__(self) -> None:
-        self.port = 0
-        self._server: BackgroundServer | None = None
-        self.url = self.start()
-
-    def start(self) -> str:
-        self._server = BackgroundServer(create_sim_server_app(SimConfig()), port=self.port)
-        url = self._server.start()
-        self.port = int(url.rsplit(":", 1)[1])
-        return url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+    def make_app(self) -> Any:
+        return create_sim_server_app(SimConfig())
 
 
 @dataclass
@@ -68,7 +49,7 @@ class Setup:
     """What goes down (``server``), its name in reasons and status lines, what the client
     is given as its engine."""
 
-    server: Restartable
+    server: RestartableServer
     name: str
     engine: Gateway | RemoteGateway
     kind: str
@@ -184,27 +165,17 @@ def test_an_outage_longer_than_the_timeout_is_an_error_naming_the_component(
     assert first.rollout_id in started and second.rollout_id not in started
 
 
-class ShakyAgentServer:
+class ShakyAgentServer(RestartableServer):
     """An agent server (``TaskDrivenAgent``) on a fixed loopback port; ``start`` serves a
     fresh one."""
 
     def __init__(self, store: Path) -> None:
-        self.store, self.port = store, 0
-        self._server: BackgroundServer | None = None
-        self.url = self.start()
+        self.store = store
+        super().__init__()
 
-    def start(self) -> str:
+    def make_app(self) -> Any:
         config = ServiceConfig(store=str(self.store), callback_wait_s=0.01)
-        app = create_agent_app(TaskDrivenAgent, api_key=KEY, config=config)
-        self._server = BackgroundServer(app, port=self.port)
-        url = self._server.start()
-        self.port = int(url.rsplit(":", 1)[1])
-        return url
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        return create_agent_app(TaskDrivenAgent, api_key=KEY, config=config)
 
 
 def test_an_agent_server_down_for_seconds_costs_no_rollout(

@@ -75,6 +75,7 @@ class Availability:
     def __init__(self, components: Sequence[Component] = (), poll: Backoff = HEALTH_POLL) -> None:
         self._states = [_State(c) for c in components]
         self._poll = poll
+        self._closed = False
         #: Outages seen so far: an attempt that saw it change was hit by one.
         self.epoch = 0
 
@@ -119,6 +120,7 @@ class Availability:
         return None
 
     async def aclose(self) -> None:
+        self._closed = True  # a poll whose cancel was swallowed still stops at its next turn
         tasks = [t for s in self._states for t in (s.probing, s.polling) if t is not None]
         for task in tasks:
             task.cancel()
@@ -142,6 +144,8 @@ class Availability:
     async def _poll_until_back(self, state: _State) -> None:
         for delay in self._poll.delays_s():
             await asyncio.sleep(delay)
+            if self._closed:
+                return
             if await _healthy(state.component):
                 break
         assert state.down_since is not None
@@ -190,7 +194,10 @@ class OutageWaits:
 
 async def _healthy(component: Component) -> bool:
     try:
-        return bool(await asyncio.wait_for(component.probe(), PROBE_TIMEOUT_S))
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives as
+        # the probe ends, and a poll of a component gone for good then never stops.
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            return bool(await component.probe())
     except Exception as exc:
         log.debug("%s health probe failed: %r", component.name, exc)
         return False
