@@ -28,7 +28,7 @@ from typing import Any, Literal
 import orjson
 
 from rollway.errors import ConfigError
-from rollway.types import RolloutRecord
+from rollway.types import RolloutRecord, Turn
 
 ExportFormat = Literal["jsonl", "parquet"]
 
@@ -67,6 +67,9 @@ def sample_rows(
     for record in records:
         trajectory = record.trajectory
         assert trajectory is not None
+        by_segment: dict[int, list[Turn]] = {}
+        for turn in trajectory.turns:  # once per record, not once per sample
+            by_segment.setdefault(turn.segment, []).append(turn)
         for sample in trajectory.samples:
             oldest = _oldest(sample.policy_versions, sample.loss_mask)
             staleness = (
@@ -74,7 +77,7 @@ def sample_rows(
             )
             if max_staleness is not None and staleness is not None and staleness > max_staleness:
                 continue
-            turns = [t for t in trajectory.turns if t.segment == sample.segment]
+            turns = by_segment.get(sample.segment, [])
             kinds = {t.logprob_kind for t in turns}
             sampling = turns[0].sampling if turns else trajectory.sampling
             yield {
