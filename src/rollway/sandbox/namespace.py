@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlparse
 
@@ -75,9 +76,17 @@ class NamespaceSandbox(LocalSandbox):
             else ["--relay"]
         )
         keep = [str(self.workdir), *([os.path.dirname(socket_path)] if socket_path else [])]
+        # Sorted, so a folder is bound back before any folder inside it.
+        keep = sorted({*keep, *_runtime_dirs()})
         hide = [f"--hide={place}" for place in HIDDEN_PLACES]
         # A tmpfs is memory: each one is held to the memory limit (files there are not counted
         # in RLIMIT_AS), so /tmp cannot fill the machine's memory.
         size = self.limits.memory_bytes
         hide += [f"--tmpfs-size={size}"] if size is not None else []
         return [*relay, *hide, *(f"--keep={path}" for path in keep)]
+
+
+def _runtime_dirs() -> list[str]:
+    """What the supervisor (and a Python program) needs to run, kept where a hidden place
+    holds it: this interpreter's prefix and import path (a checkout or venv under /tmp)."""
+    return [d for d in {sys.prefix, *sys.path} if os.path.isabs(d) and os.path.isdir(d)]
