@@ -107,7 +107,7 @@ def test_a_rollout_is_one_span_tree_down_to_its_engine_requests(
             "rollway.turn": number,
             "rollway.turn_index": turn.index,
             "rollway.finish_reason": turn.finish_reason,
-            "gen_ai.usage.input_tokens": len(turn.prompt_ids),
+            "gen_ai.usage.input_tokens": turn.prompt_len,
             "gen_ai.usage.output_tokens": len(turn.completion_ids),
         }
         request = requests[turn.request_id]

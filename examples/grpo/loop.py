@@ -1,11 +1,12 @@
 """The GRPO loop: rollouts through rollway's embedded engine, one update, new weights back.
 
 A step: a batch of grouped rollouts (``collect``); the trainer's forward pass over the
-recorded ids, whose ratios to the recorded logprobs must be 1 on on-policy tokens, then the
-clipped GRPO loss and one AdamW step (``train_step``); the new weights pushed to the engine
-as the next version (``push_weights``). With ``async_rollouts`` the next batch is already
-running while a step trains (``RolloutFeed``), so part of it was sampled by the previous
-version: those tokens are corrected by their recorded (behaviour) logprobs.
+recorded ids, whose ratios to the recorded logprobs must be 1 on on-policy tokens (the
+mismatch to them is logged: ``split_mismatch``), then the clipped GRPO loss and one AdamW
+step (``train_step``); the new weights pushed to the engine as the next version
+(``push_weights``). With ``async_rollouts`` the next batch is already running while a step
+trains (``RolloutFeed``), so part of it was sampled by the previous version: those tokens are
+corrected by their recorded (behaviour) logprobs.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from examples.grpo.objective import (
 from examples.grpo.tasks import TaskSet, load_task_set
 from rollway.client import RolloutClient
 from rollway.engines.models import resolve_model_path
+from rollway.trainers.mismatch import mismatch_metrics
 from rollway.types import RolloutRecord
 
 
@@ -122,10 +124,23 @@ def train_step(
         "stale_tokens": tokens - int(on_policy.sum()),
         "ratio_dev_on_policy": deviation,
         "ratio_dev_stale": max_ratio_deviation(new, batch.behaviour_logprobs, ~on_policy),
+        **split_mismatch(new, batch.behaviour_logprobs, on_policy),
         "loss": loss.item(),
         "grad_norm": float(grad_norm),
         **stats,
     }
+
+
+def split_mismatch(
+    new: torch.Tensor, recorded: torch.Tensor, on_policy: torch.Tensor
+) -> dict[str, float]:
+    """``mismatch_metrics`` of the on-policy tokens and of the stale ones, before the update:
+    ``logprob_diff_mean_on_policy``, ``k3_kl_stale``... (the token counts are logged apart)."""
+    metrics: dict[str, float] = {}
+    for part, where in (("on_policy", on_policy), ("stale", ~on_policy)):
+        found = mismatch_metrics(new, recorded, where)
+        metrics.update({f"{key}_{part}": v for key, v in found.items() if key != "tokens"})
+    return metrics
 
 
 def push_weights(client: RolloutClient, trainer: Trainer, mode: UpdateMode) -> dict[str, Any]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 
 class MetricsLog:
@@ -24,15 +27,23 @@ class MetricsLog:
 
 
 def step_line(m: dict[str, Any]) -> str:
-    """A step as one human line: reward, ratio check, tokens, time split."""
-    stale = (
-        f" stale {m['ratio_dev_stale']:.1e} ({m['stale_tokens']} tok)" if m["stale_tokens"] else ""
-    )
+    """A step as one human line: reward, ratio check and mismatch of the on-policy and the
+    stale tokens (of those it has), time split."""
+    parts = [p for p in ("on_policy", "stale") if m[f"{p}_tokens"]] or ["on_policy"]
+    mismatch = " | ".join(_mismatch(m, part) for part in parts)
     return (
         f"step {m['step']:>3} v{m['policy_version']} | reward {m['reward_mean']:.3f} "
-        f"± {m['reward_std']:.3f} | max|ratio-1| on-policy {m['ratio_dev_on_policy']:.1e} "
-        f"({m['on_policy_tokens']} tok){stale} | rollout {m['rollout_s']:.1f}s "
-        f"train {m['train_s']:.1f}s sync {m['sync_s']:.1f}s"
+        f"± {m['reward_std']:.3f} | {mismatch} | "
+        f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.1f}s"
+    )
+
+
+def _mismatch(m: dict[str, Any], part: str) -> str:
+    name = part.replace("_", "-")
+    return (
+        f"{name} max|ratio-1| {m[f'ratio_dev_{part}']:.1e}"
+        f" |Δlogp| {m[f'logprob_diff_mean_{part}']:.1e} k3 {m[f'k3_kl_{part}']:.1e}"
+        f" out {m[f'ratio_outside_{part}']:.0%} ({m[f'{part}_tokens']} tok)"
     )
 
 
@@ -47,15 +58,15 @@ def check_plotting() -> None:
 
 
 def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Reward, ratio deviation, reply length and the step's time split, as a PNG."""
+    """Reward, reply length, the step's time split and the mismatch panels, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = [m["step"] for m in steps]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7), constrained_layout=True)
-    reward, ratio, length, timing = axes.flat
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7), constrained_layout=True)
+    reward, length, timing, ratio, diff, outside = axes.flat
     mean = [m["reward_mean"] for m in steps]
     std = [m["reward_std"] for m in steps]
     reward.plot(x, mean, marker="o")
@@ -66,17 +77,6 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
         alpha=0.2,
     )
     reward.set(title="reward (mean ± std over rollouts)", xlabel="step")
-    for dev, tokens, label in (
-        ("ratio_dev_on_policy", "on_policy_tokens", "on-policy"),
-        ("ratio_dev_stale", "stale_tokens", "stale"),
-    ):
-        shown = [m for m in steps if m[tokens]]
-        if shown:  # log scale: an exact 0 is drawn at 1e-9
-            values = [max(m[dev], 1e-9) for m in shown]
-            ratio.semilogy([m["step"] for m in shown], values, marker="o", label=label)
-    ratio.axhline(steps[0]["ratio_tol"], color="red", linestyle="--", label="tolerance")
-    ratio.set(title="max |exp(new - recorded logprob) - 1| before the update", xlabel="step")
-    ratio.legend()
     length.plot(x, [m["response_tokens_mean"] for m in steps], marker="o")
     length.set(title="sampled tokens per rollout (mean)", xlabel="step")
     bottom = [0.0] * len(steps)
@@ -86,7 +86,48 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
         bottom = [a + b for a, b in zip(bottom, values, strict=True)]
     timing.set(title="step time (s)", xlabel="step")
     timing.legend()
+    plot_mismatch(steps, ratio, diff, outside)
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_mismatch(steps: Sequence[dict[str, Any]], ratio: Axes, diff: Axes, outside: Axes) -> None:
+    """The trainer's recompute against the recorded logprobs, before each update: on-policy
+    and stale tokens apart, each only on steps that have some (log scales: an exact 0 is
+    drawn at 1e-9 for the ratio, 1e-16 for the logprob diff and KL)."""
+    for part, label in (("on_policy", "on-policy"), ("stale", "stale")):
+        shown = [m for m in steps if m[f"{part}_tokens"]]
+        if not shown:
+            continue
+        x = [m["step"] for m in shown]
+        ratio.semilogy(
+            x, [max(m[f"ratio_dev_{part}"], 1e-9) for m in shown], marker="o", label=label
+        )
+        line = diff.semilogy(
+            x,
+            [max(m[f"logprob_diff_mean_{part}"], 1e-16) for m in shown],
+            marker="o",
+            label=f"mean |Δlogprob|, {label}",
+        )[0]
+        diff.semilogy(
+            x,
+            [max(m[f"k3_kl_{part}"], 1e-16) for m in shown],
+            marker="x",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"k3 KL(recorded || new), {label}",
+        )
+        outside.plot(x, [m[f"ratio_outside_{part}"] for m in shown], marker="o", label=label)
+    ratio.axhline(steps[0]["ratio_tol"], color="red", linestyle="--", label="tolerance")
+    ratio.set(title="max |exp(new - recorded) - 1| before the update", xlabel="step")
+    diff.set(title="logprob mismatch before the update", xlabel="step")
+    outside.set(
+        title="share of tokens with exp(new - recorded) ∉ [0.9, 1.1]",
+        xlabel="step",
+        ylim=(-0.02, 1.02),
+    )
+    for ax in (ratio, diff, outside):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()

@@ -14,10 +14,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rollway import trajectory_format
 from rollway.deprecated import deprecated_alias
 from rollway.errors import InvalidFieldsError
+from rollway.trajectory_format import FORMAT_VERSION
 
 FinishReason = Literal["stop", "length", "abort"]
 #: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
@@ -193,12 +195,21 @@ class _Wire(BaseModel):
 
 
 class Turn(_Wire):
-    """One model call: the exact prompt ids sent and the completion ids sampled."""
+    """One model call: the prompt ids it added to its segment and the completion ids sampled.
+    Its whole prompt (exactly what the engine got) is ``Trajectory.prompt_ids(index)``."""
 
     index: int
     segment: int
     request_id: str
-    prompt_ids: list[int]
+    prompt_len: int = Field(
+        description="Length of the whole prompt the engine got (behind a chat-level engine, "
+        "the prompt tokens it reported: no ids are recorded there)."
+    )
+    new_prompt_ids: list[int] = Field(
+        description="The prompt ids past the previous turn of its segment (that turn's prompt "
+        "and completion): the template glue and the new messages. The whole prompt where the "
+        "turn starts its segment."
+    )
     completion_ids: list[int]
     logprobs: list[float] = Field(description="Engine logprob of each completion id.")
     finish_reason: str
@@ -209,7 +220,10 @@ class Turn(_Wire):
     )
     sampling: dict[str, Any]
     latency_ms: float
-    prompt_hash: str = Field(description="sha256 (hex, first 16) of the prompt ids as int32.")
+    prompt_hash: str = Field(
+        description="sha256 (hex, first 16) of the whole prompt's ids as int32: it proves the "
+        "chain of new_prompt_ids (trajectory_format.check_prompt_hashes)."
+    )
     policy_versions: list[int] | None = Field(
         default=None,
         description="Weights version that sampled each completion id; None: engine has none.",
@@ -233,6 +247,12 @@ class Turn(_Wire):
         default=0,
         description="Times this turn was aborted (a weight update, or its server was taken out) "
         "and sent again.",
+    )
+    special_tokens_at: list[int] = Field(
+        default_factory=list,
+        description="Positions in completion_ids of special tokens the model sampled inside its "
+        "answer (a <|im_start|> mid-answer: the model opening a turn of its own); the content "
+        "leaves them out. The special token that ends an answer is not one.",
     )
 
 
@@ -261,6 +281,11 @@ class Sample(_Wire):
     )
 
 
+def build_samples(turns: list[Turn]) -> list[Sample]:
+    """One training sample per segment of ``turns`` (``trajectory_format.sample_fields``)."""
+    return [Sample.model_construct(**fields) for fields in trajectory_format.sample_fields(turns)]
+
+
 class Drift(_Wire):
     """How far the recorded ids are from a fresh render of the final messages."""
 
@@ -273,8 +298,14 @@ class Drift(_Wire):
 
 
 class Trajectory(_Wire):
-    """The full record of one rollout."""
+    """The full record of one rollout. Its turns keep what each added to its segment, so the
+    record grows linearly with the conversation (``rollway.trajectory_format``: format 2;
+    records of format 1 read into it). ``samples`` and each turn's whole prompt are made from
+    the turns on demand."""
 
+    format_version: int = Field(
+        default=FORMAT_VERSION, description="The stored format (rollway.trajectory_format)."
+    )
     rollout_id: str
     model: str
     sampling: dict[str, Any]
@@ -283,7 +314,6 @@ class Trajectory(_Wire):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     turns: list[Turn]
-    samples: list[Sample]
     is_truncated: bool = Field(
         description="A turn was cut (finish_reason 'length', its own max_tokens included) or "
         "a gateway limit ended the rollout."
@@ -300,6 +330,21 @@ class Trajectory(_Wire):
     engine_errors: list[str] = Field(
         default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_formats(cls, data: Any) -> Any:
+        return trajectory_format.upgrade(data)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The training view: one sample per segment (made from the turns on each access;
+        none behind a chat-level engine, which records no ids)."""
+        return build_samples(self.turns) if self.has_token_ids else []
+
+    def prompt_ids(self, index: int) -> list[int]:
+        """The whole prompt the engine got on turn ``index``."""
+        return trajectory_format.whole_prompt(self.turns, index)
 
     def oldest_policy_version(self) -> int | None:
         """The oldest weights version among its sampled tokens (None: no versioned token)."""
@@ -395,9 +440,44 @@ class RolloutRecord(_Wire):
         default=None, description="Set on light copies, whose trajectory stays in the store."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _conversation_once(cls, data: Any) -> Any:
+        """A stored record's trajectory may keep its conversation as a count of the record's
+        messages (``stored``)."""
+        trajectory = data.get("trajectory") if isinstance(data, dict) else None
+        if isinstance(trajectory, dict) and "messages_in_record" in trajectory:
+            trajectory = dict(trajectory)
+            count = trajectory.pop("messages_in_record")
+            messages = data.get("messages")
+            if (
+                not isinstance(count, int)
+                or not isinstance(messages, list)
+                or count > len(messages)
+            ):
+                raise ValueError("trajectory.messages_in_record: not a count of the messages")
+            trajectory.setdefault("messages", messages[:count])
+            data = {**data, "trajectory": trajectory}
+        return data
+
     @property
     def success(self) -> bool:
         return self.status in ("completed", "truncated")
+
+    def stored(self) -> bytes:
+        """The record as a store keeps it: JSON, with the final conversation once. Where the
+        trajectory's conversation begins the record's (the agent ended on the gateway's, or
+        added tool results after it), the trajectory keeps only how many of the record's
+        messages it is (``messages_in_record``); reading it back puts them in again."""
+        trajectory = self.trajectory
+        count = len(trajectory.messages) if trajectory is not None else 0
+        if trajectory is None or not count or self.messages[:count] != trajectory.messages:
+            return self.model_dump_json().encode()
+        # Spliced at the ends of the two objects: a field's text never holds a bare brace.
+        record = self.model_dump_json(exclude={"trajectory"})
+        inner = trajectory.model_dump_json(exclude={"messages"})
+        marked = f'{inner[:-1]},"messages_in_record":{count}}}'
+        return f'{record[:-1]},"trajectory":{marked}}}'.encode()
 
     def light(self) -> RolloutRecord:
         """This record without its trajectory (kept in the store), with the trajectory's

@@ -40,12 +40,13 @@ async def chat_twice(ctx: RolloutContext) -> list[ChatResult]:
 def assert_answers_are_the_turns(answers: list[ChatResult], trajectory: Trajectory) -> None:
     assert [a.finish_reason for a in answers] == ["length", "stop"]
     assert [a.turn_index for a in answers] == [0, 1]
-    for answer, turn in zip(answers, trajectory.turns, strict=True):
+    for index, (answer, turn) in enumerate(zip(answers, trajectory.turns, strict=True)):
+        prompt = trajectory.prompt_ids(index)
         assert answer.completion_ids == turn.completion_ids
         assert answer.logprobs == turn.logprobs
         assert answer.completion_tokens == len(turn.completion_ids) > 0
-        assert answer.prompt_tokens == len(turn.prompt_ids)
-        assert answer.usage["total_tokens"] == len(turn.prompt_ids) + len(turn.completion_ids)
+        assert answer.prompt_tokens == len(prompt)
+        assert answer.usage["total_tokens"] == len(prompt) + len(turn.completion_ids)
         assert answer.content == turn.content and answer.tool_calls == turn.tool_calls
     # A turn cut by the request's max_tokens truncates the rollout; no gateway limit did.
     assert trajectory.is_truncated and trajectory.truncation_reason is None

@@ -17,6 +17,7 @@ from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.logs import KeyValueFormatter
 from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits
+from rollway.trajectory_format import whole_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI_AGENT = [sys.executable, str(ROOT / "examples" / "openai_agent" / "agent.py")]
@@ -45,8 +46,9 @@ def test_an_openai_sdk_program_is_recorded_token_exactly(
     trajectory = record.trajectory
     assert 1 <= len(trajectory.turns) <= 4  # the script's loop makes at most 4 calls
     (sample,) = trajectory.samples
-    last = trajectory.turns[-1]
-    assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids
+    last = len(trajectory.turns) - 1
+    whole = trajectory.prompt_ids(last) + trajectory.turns[last].completion_ids
+    assert sample.prompt_ids + sample.response_ids == whole
     final = trajectory.messages[-1]["content"]
     assert record.reward == (1.0 if check_answer(TASK, final) else 0.0)
 
@@ -59,9 +61,8 @@ def test_an_openai_agents_sdk_program_runs_unmodified_over_the_responses_route(
     assert record.status == "completed", record.reason
     trajectory = record.trajectory
     assert 1 <= len(trajectory.turns) <= 4  # Runner.run(max_turns=4)
-    first = trajectory.turns[0]
     # The SDK's instructions and the worked example reached the model as chat messages.
-    prompt = renderer.tokenizer.decode(first.prompt_ids)
+    prompt = renderer.tokenizer.decode(trajectory.prompt_ids(0))
     assert "Use the tools to compute" in prompt and "What is 3 + 4?" in prompt
     assert "What is 11 + 14?" in prompt
     for sample in trajectory.samples:
@@ -127,9 +128,10 @@ def test_a_program_agents_record_takes_its_metrics_and_messages_from_the_recorde
     trajectory = record.trajectory
     turns, metrics = trajectory.turns, record.metrics
     assert metrics.llm_calls == len(turns) == 3
-    assert metrics.prompt_tokens == sum(len(t.prompt_ids) for t in turns) > 0
+    prompts = [prompt for _, prompt in whole_prompts(turns)]
+    assert metrics.prompt_tokens == sum(len(prompt) for prompt in prompts) > 0
     assert metrics.response_tokens == sum(len(t.completion_ids) for t in turns) > 0
-    assert metrics.max_context == len(turns[-1].prompt_ids) + len(turns[-1].completion_ids)
+    assert metrics.max_context == len(prompts[-1]) + len(turns[-1].completion_ids)
     assert metrics.llm_latency_ms == pytest.approx(sum(t.latency_ms for t in turns))
     assert 0 < metrics.llm_latency_ms < metrics.total_latency_ms
     # The last request (user, then assistant and user twice) and the gateway's reply.

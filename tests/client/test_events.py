@@ -48,7 +48,7 @@ def test_a_batch_tells_each_rollout_in_order_and_turns_match_trajectories(
         assert [t.turn for t in turns] == list(range(len(turns)))
         recorded = record.trajectory.turns
         assert [t.completion_tokens for t in turns] == [len(t.completion_ids) for t in recorded]
-        assert [t.prompt_tokens for t in turns] == [len(t.prompt_ids) for t in recorded]
+        assert [t.prompt_tokens for t in turns] == [t.prompt_len for t in recorded]
         assert all(t.latency_s * 1000 >= r.latency_ms for t, r in zip(turns, recorded, strict=True))
         assert [t.finish_reason for t in turns] == [t.finish_reason for t in recorded]
         started = mine[0]

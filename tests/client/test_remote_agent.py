@@ -19,6 +19,7 @@ from rollway.errors import ConfigError
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.rollouts import ServingConfig
+from rollway.trajectory_format import whole_prompts
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer, wait_until
 from tests.client.conftest import spawn_agent_server
@@ -60,7 +61,7 @@ def test_a_batch_on_an_agent_server_records_every_rollout_token_exactly(
         trajectory = record.trajectory
         assert trajectory is not None and len(trajectory.turns) == 2
         sample = trajectory.samples[0]
-        assert sample.prompt_ids == trajectory.turns[0].prompt_ids
+        assert sample.prompt_ids == trajectory.prompt_ids(0)
         sampled = [i for i, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
         assert sampled == [i for t in trajectory.turns for i in t.completion_ids]
     assert server.service.runs_started == 6
@@ -84,7 +85,7 @@ def test_what_a_served_agent_ends_with_and_its_metrics_reach_the_record(
     turns = record.trajectory.turns
     metrics = record.metrics
     assert metrics.llm_calls == len(turns) == 2
-    assert metrics.prompt_tokens == sum(len(t.prompt_ids) for t in turns) > 0
+    assert metrics.prompt_tokens == sum(len(prompt) for _, prompt in whole_prompts(turns)) > 0
     assert metrics.response_tokens == sum(len(t.completion_ids) for t in turns) > 0
     assert metrics.llm_latency_ms > 0
     # The client's wall time of the run holds the served agent's sleep and model calls.

@@ -74,7 +74,7 @@ def test_a_killed_client_restarts_and_finishes_with_nothing_lost_or_run_twice(
         trajectory = record.trajectory
         assert trajectory is not None and len(trajectory.turns) == 1
         turn, sample = trajectory.turns[0], trajectory.samples[0]
-        assert sample.prompt_ids == turn.prompt_ids
+        assert sample.prompt_ids == trajectory.prompt_ids(0)
         assert sample.response_ids == turn.completion_ids and all(sample.loss_mask)
         assert sample.logprobs == turn.logprobs and len(turn.completion_ids) <= 8
     # Each rollout ran on the agent server exactly once, across both clients.

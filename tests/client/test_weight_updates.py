@@ -167,9 +167,10 @@ def test_after_an_update_the_recorded_logprobs_are_the_new_models(
         # Sampled at temperature 1 without a seed: the answer may end before max_tokens.
         (first,) = before.trajectory.turns
         assert first.completion_ids and first.policy_versions == [0] * len(first.completion_ids)
-        ids = turn.prompt_ids + turn.completion_ids
+        prompt = after.trajectory.prompt_ids(0)
+        ids = prompt + turn.completion_ids
         fresh = forward_logprobs(engine, ids)
-        positions = range(len(turn.prompt_ids) - 1, len(ids) - 1)
+        positions = range(len(prompt) - 1, len(ids) - 1)
         expected = [fresh[p, ids[p + 1]].item() for p in positions]
         assert turn.logprobs == pytest.approx(expected, abs=1e-3)
         engine.model.load_state_dict(old)

@@ -12,7 +12,7 @@ import torch
 import rollway.engines.batch_runner as batch_runner
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sampling import choose_token
-from rollway.errors import EngineError, InvalidFieldsError
+from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.types import GenerationResult, SamplingParams
 from tests.engines.test_embedded import prompt, reference_logprobs
 
@@ -112,3 +112,19 @@ async def test_unusable_sampling_params_are_refused(
 async def test_input_that_fills_the_context_is_refused(engine: EmbeddedEngine) -> None:
     with pytest.raises(InvalidFieldsError, match=str(engine.context_length)):
         await engine.generate([1] * engine.context_length, SamplingParams(), "full")
+
+
+async def test_a_capped_context_bounds_prompt_and_answer(engine: EmbeddedEngine) -> None:
+    """``context_length`` (vLLM's --max-model-len): a prompt that fits the model but not the
+    cap is refused, and an answer stops at the cap."""
+    capped = EmbeddedEngine(engine.model, engine.tokenizer, device=engine.device, context_length=64)
+    try:
+        assert capped.context_length == 64
+        with pytest.raises(InvalidFieldsError, match="64"):
+            await capped.generate([1] * 64, SamplingParams(), "over")
+        result = await capped.generate([1] * 60, SamplingParams(max_tokens=50), "near")
+        assert len(result.output_ids) <= 4 and result.finish_reason in ("length", "stop")
+    finally:
+        await capped.close()
+    with pytest.raises(ConfigError, match="past the model's context"):
+        EmbeddedEngine(engine.model, engine.tokenizer, device=engine.device, context_length=10**6)

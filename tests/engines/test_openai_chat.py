@@ -56,7 +56,8 @@ async def test_turns_are_recorded_as_messages_without_token_ids(
     assert second.prompt_tokens > 0
     assert trajectory.has_token_ids is False and trajectory.samples == []
     assert [len(t.logprobs) for t in trajectory.turns] == [5, 5]
-    assert all(t.prompt_ids == [] and t.completion_ids == [] for t in trajectory.turns)
+    assert all(t.new_prompt_ids == [] and t.completion_ids == [] for t in trajectory.turns)
+    assert trajectory.turns[1].prompt_len == second.prompt_tokens  # as the engine reported
     assert trajectory.messages[-1] == second.message
     # The answer has no ids to give (None, not an empty list) but the recorded logprobs.
     for answer, turn in zip((first, second), trajectory.turns, strict=True):

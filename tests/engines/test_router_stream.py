@@ -187,7 +187,7 @@ async def test_a_stream_whose_server_stops_goes_on_elsewhere_from_the_tokens_it_
     assert (first_id, second_id) == ("s-1", "s-1.1") and len(kept.output_ids) == 2
     assert go_on_from == prompt + kept.output_ids and sampling.max_tokens == 4
     (recorded,) = trajectory.turns
-    assert recorded.prompt_ids == prompt and recorded.reissued == 1
+    assert trajectory.prompt_ids(0) == prompt and recorded.reissued == 1
     assert recorded.completion_ids == kept.output_ids + rest.output_ids
     assert recorded.logprobs == kept.logprobs + rest.logprobs
     (sample,) = trajectory.samples

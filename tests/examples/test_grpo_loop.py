@@ -88,6 +88,12 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
         == sum(len(t.completion_ids) for r in first for t in r.trajectory.turns)
     )
     assert before["grad_norm"] > 0
+    # The mismatch metrics of the same recompute: on-policy, the behaviour policy's logprobs.
+    assert before["logprob_diff_max_on_policy"] < config.ratio_tol
+    assert before["logprob_diff_mean_on_policy"] <= before["logprob_diff_max_on_policy"]
+    assert before["k3_kl_on_policy"] <= before["logprob_diff_max_on_policy"] ** 2  # ~ d^2 / 2
+    assert before["ratio_outside_on_policy"] == 0.0
+    assert before["logprob_diff_max_stale"] == before["k3_kl_stale"] == 0.0  # no stale token
     push_weights(client, trainer, "drain")
     assert trainer.version == client.policy_version == engine.policy_version == start + 1
 
@@ -126,6 +132,7 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
     old = batch.versions == start
     with torch.no_grad():
         sampler = token_logprobs(previous, batch, config.temperature)
+        current = token_logprobs(trainer.model, batch, config.temperature)
     metrics = train_step(trainer, second, config)
     push_weights(client, trainer, "drain")
     assert sampled_versions(second) <= {start, start + 1}
@@ -135,6 +142,14 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
     # with), and the update moved them: they are importance-weighted, not checked.
     assert float((sampler - batch.behaviour_logprobs)[old].abs().max()) < 1e-3
     assert metrics["ratio_dev_stale"] > 1e-3 and metrics["ratio_dev_on_policy"] < 1e-3
+    # Their mismatch is the update's move, measured before the next one.
+    moved = (current - batch.behaviour_logprobs)[old].double()
+    assert metrics["logprob_diff_mean_stale"] == pytest.approx(float(moved.abs().mean()), rel=1e-3)
+    assert metrics["logprob_diff_max_stale"] == pytest.approx(float(moved.abs().max()), rel=1e-3)
+    k3 = float((moved.exp() - 1 - moved).mean())
+    assert metrics["k3_kl_stale"] == pytest.approx(k3, rel=1e-2) and k3 > 0
+    outside = float(((moved.exp() < 0.9) | (moved.exp() > 1.1)).double().mean())
+    assert metrics["ratio_outside_stale"] == pytest.approx(outside)
 
 
 @pytest.mark.timeout(120)
@@ -144,12 +159,18 @@ def test_a_recorded_logprob_the_model_does_not_give_fails_the_step_before_the_up
     client, trainer, config, task_set = rig
     records = collect(client, task_set, 9, config)
     record = records[0]
-    sample = record.trajectory.samples[0]
-    logprobs = list(sample.logprobs)
-    logprobs[sample.loss_mask.index(1)] += 0.01
-    trajectory = record.trajectory.model_copy(
-        update={"samples": [sample.model_copy(update={"logprobs": logprobs})]}
-    )
+    # The first sampled token of the first sample: its samples are made from the turns.
+    segment = record.trajectory.samples[0].segment
+    turns = list(record.trajectory.turns)
+    at = next(i for i, t in enumerate(turns) if t.segment == segment and t.completion_ids)
+    logprobs = list(turns[at].logprobs)
+    logprobs[0] += 0.01
+    turns[at] = turns[at].model_copy(update={"logprobs": logprobs})
+    trajectory = record.trajectory.model_copy(update={"turns": turns})
+    sample, was = trajectory.samples[0], record.trajectory.samples[0]
+    first = sample.loss_mask.index(1)
+    assert sample.logprobs[first] == was.logprobs[first] + 0.01
+    assert sample.logprobs[first + 1 :] == was.logprobs[first + 1 :]
     forged = record.model_copy(update={"trajectory": trajectory})
     weight = trainer.model.get_decoder().norm.weight
     kept = weight.detach().clone()

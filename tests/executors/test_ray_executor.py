@@ -29,6 +29,7 @@ from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.store import store_from_uri
+from rollway.trajectory_format import whole_prompts
 from tests.agents.server.fixtures import KEY, wait_until
 from tests.conftest import Served
 from tests.executors.agents import DyingStore, ProbeAgent, events, peak_concurrency
@@ -91,7 +92,7 @@ def test_a_grouped_batch_on_ray_matches_the_local_executor_token_for_token(
         )
         assert (full.status, full.reward, full.attempts) == (mine.status, mine.reward, 1)
         theirs, ours = full.trajectory.turns, mine.trajectory.turns
-        assert [t.prompt_ids for t in theirs] == [t.prompt_ids for t in ours]
+        assert [p for _, p in whole_prompts(theirs)] == [p for _, p in whole_prompts(ours)]
         assert [t.completion_ids for t in theirs] == [t.completion_ids for t in ours]
         for a, b in zip(theirs, ours, strict=True):
             assert a.logprobs == pytest.approx(b.logprobs, abs=2e-3)

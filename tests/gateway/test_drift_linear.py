@@ -65,14 +65,14 @@ def test_a_collapsed_rollout_of_16k_repeated_tokens_is_fetched_promptly(
     trajectory = probed.response.json()
     (turn,) = trajectory["turns"]
     drift = trajectory["drift"]
-    recorded = len(turn["prompt_ids"]) + len(turn["completion_ids"]) + 1  # + closing "\n"
+    recorded = turn["prompt_len"] + len(turn["completion_ids"]) + 1  # + closing "\n"
     assert drift["recorded_tokens"] == recorded
     middle = renderer.encode(text * (REPEATS - 1))  # the completion, re-tokenized
     if middle == [token_id] * (REPEATS - 1):
         assert drift["first_mismatch"] is None and drift["differing_tokens"] == 0
     else:  # what lies between the common prefix (prompt) and suffix (end of turn) differs
         starts, ends = middle[0] == token_id, middle[-1] == token_id
-        assert drift["first_mismatch"] == len(turn["prompt_ids"]) + starts
+        assert drift["first_mismatch"] == turn["prompt_len"] + starts
         window = (REPEATS - 1) + len(middle) - 2 * (starts + ends)
         assert drift["differing_tokens"] == window
 

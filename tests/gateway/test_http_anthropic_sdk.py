@@ -53,7 +53,8 @@ def register(served: Served, **body: Any) -> dict[str, Any]:
 
 
 def trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
-    url = f"{served.url}/v1/rollouts/{rollout_id}/trajectory"
+    """The trajectory with each turn's whole prompt (``prompt_ids``)."""
+    url = f"{served.url}/v1/rollouts/{rollout_id}/trajectory?whole_prompts=true"
     return httpx.get(url, headers=served.admin_headers).json()
 
 

@@ -177,7 +177,7 @@ def test_max_seq_len_caps_generation_and_then_refuses(admin: httpx.Client) -> No
     rid, key = new_rollout(admin, max_seq_len=40, temperature=1.0, seed=5)
     body = {"messages": [{"role": "user", "content": "Write a long poem about rivers."}]}
     first = post_chat(admin, rid, key, json=body).json()
-    turn = admin.get(f"/v1/rollouts/{rid}/trajectory").json()["turns"][0]
+    turn = admin.get(f"/v1/rollouts/{rid}/trajectory?whole_prompts=true").json()["turns"][0]
     assert len(turn["prompt_ids"]) + len(turn["completion_ids"]) <= 40
     if first["choices"][0]["finish_reason"] == "length":
         assert admin.get(f"/v1/rollouts/{rid}/trajectory").json()["is_truncated"]

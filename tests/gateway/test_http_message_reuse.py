@@ -15,6 +15,7 @@ import pytest
 
 from rollway.gateway import create_app, request_messages
 from rollway.gateway.chat_template import ChatRenderer
+from rollway.types import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, sim_gateway
 
@@ -102,9 +103,9 @@ def test_an_edited_earlier_message_is_rendered_as_edited(
     messages = conversation(rollout, 2)
     edited = [{"role": "user", "content": "Edited start."}, *messages[1:]]
     rollout.reply(edited)
-    trajectory = rollout.trajectory()
-    assert trajectory["segment_count"] == 2
-    last_prompt = renderer.decode(trajectory["turns"][-1]["prompt_ids"])
+    trajectory = Trajectory.model_validate(rollout.trajectory())
+    assert trajectory.segment_count == 2
+    last_prompt = renderer.decode(trajectory.prompt_ids(len(trajectory.turns) - 1))
     assert "Edited start." in last_prompt and "Start." not in last_prompt.replace("Edited ", "")
 
 

@@ -21,9 +21,14 @@ def register(served: Served, **body: Any) -> dict[str, Any]:
     return response.json()
 
 
-def fetch_trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
+def fetch_trajectory(
+    served: Served, rollout_id: str, *, samples: bool = False, whole_prompts: bool = False
+) -> dict[str, Any]:
+    """The trajectory as the route gives it, with the extras for tools where asked."""
     response = httpx.get(
-        f"{served.url}/v1/rollouts/{rollout_id}/trajectory", headers=served.admin_headers
+        f"{served.url}/v1/rollouts/{rollout_id}/trajectory",
+        params={"samples": samples, "whole_prompts": whole_prompts},
+        headers=served.admin_headers,
     )
     assert response.status_code == 200, response.text
     return response.json()
@@ -54,7 +59,7 @@ def test_sync_client_holds_a_two_turn_tool_conversation(served: Served) -> None:
     ]
     second = client.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
-    trajectory = fetch_trajectory(served, reg["rollout_id"])
+    trajectory = fetch_trajectory(served, reg["rollout_id"], samples=True, whole_prompts=True)
     assert trajectory["segment_count"] == 1 and len(trajectory["turns"]) == 2
     turn0, turn1 = trajectory["turns"]
     assert (

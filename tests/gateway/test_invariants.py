@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from array import array
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import torch
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
+from rollway.trajectory_format import check_prompt_hashes, whole_prompts
 from rollway.types import Trajectory
 from tests.conftest import ADD_TOOL, FEW_SHOT, sim_gateway
 
@@ -56,23 +58,25 @@ def test_each_turn_prompt_extends_the_previous_prompt_and_completion(
     trajectory: Trajectory,
 ) -> None:
     assert len(trajectory.turns) == 3 and trajectory.segment_count == 1
-    for before, after in zip(trajectory.turns, trajectory.turns[1:], strict=False):
-        prefix = before.prompt_ids + before.completion_ids
-        assert after.prompt_ids[: len(prefix)] == prefix
-        assert len(after.prompt_ids) > len(prefix)
+    turns = list(whole_prompts(trajectory.turns))
+    for (before, prompt), (_, after) in pairwise(turns):
+        prefix = prompt + before.completion_ids
+        assert after[: len(prefix)] == prefix
+        assert len(after) > len(prefix)
 
 
 def test_loss_mask_is_one_exactly_on_sampled_tokens(trajectory: Trajectory) -> None:
     (sample,) = trajectory.samples
-    assert sample.prompt_ids == trajectory.turns[0].prompt_ids
+    assert sample.prompt_ids == trajectory.prompt_ids(0)
     assert len(sample.response_ids) == len(sample.loss_mask) == len(sample.logprobs)
     sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m == 1]
     assert sampled == [t for turn in trajectory.turns for t in turn.completion_ids]
     masked_lp = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m == 1]
     assert masked_lp == [lp for turn in trajectory.turns for lp in turn.logprobs]
     assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if not m)
-    last = trajectory.turns[-1]
-    assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids
+    last = len(trajectory.turns) - 1
+    whole = trajectory.prompt_ids(last) + trajectory.turns[last].completion_ids
+    assert sample.prompt_ids + sample.response_ids == whole
 
 
 def test_logprobs_equal_a_fresh_forward_pass_over_the_recorded_ids(
@@ -116,7 +120,7 @@ async def test_a_history_rewrite_starts_a_second_exact_segment(
     trajectory = await gateway.trajectory("fold")
     assert trajectory.segment_count == 2 and len(trajectory.samples) == 2
     second = trajectory.samples[1]
-    assert second.prompt_ids == trajectory.turns[-1].prompt_ids
+    assert second.prompt_ids == trajectory.prompt_ids(len(trajectory.turns) - 1)
     assert second.response_ids == trajectory.turns[-1].completion_ids
     assert all(second.loss_mask)
     table = forward_logprobs(engine, second.prompt_ids + second.response_ids, 0.7)
@@ -139,7 +143,8 @@ async def test_parallel_calls_branching_from_one_turn_become_separate_exact_segm
     assert len({t.request_id for t in trajectory.turns}) == 3
     for sample in trajectory.samples:
         last = [t for t in trajectory.turns if t.segment == sample.segment][-1]
-        assert sample.prompt_ids + sample.response_ids == last.prompt_ids + last.completion_ids
+        whole = trajectory.prompt_ids(last.index) + last.completion_ids
+        assert sample.prompt_ids + sample.response_ids == whole
 
 
 async def test_changing_tools_starts_a_new_segment(renderer: ChatRenderer) -> None:
@@ -157,25 +162,69 @@ def sha256_prompt_hash(ids: list[int]) -> str:
     return hashlib.sha256(array("i", ids).tobytes()).hexdigest()[:16]
 
 
+async def extended_branched_and_rewritten(renderer: ChatRenderer, rollout_id: str) -> Trajectory:
+    """Seven turns: four extensions, two parallel branches, then a rewrite (three segments
+    or more)."""
+    gateway = sim_gateway(renderer, output_len=12)
+    gateway.register(rollout_id, {})
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
+    for step in range(4):  # extensions
+        reply = (await gateway.chat(rollout_id, {"messages": messages})).message
+        messages = [*messages, reply, {"role": "user", "content": f"Step {step}."}]
+    branches = [[*messages, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
+    await asyncio.gather(*[gateway.chat(rollout_id, {"messages": b}) for b in branches])
+    await gateway.chat(rollout_id, {"messages": [{"role": "user", "content": "Rewritten."}]})
+    trajectory = await gateway.trajectory(rollout_id)
+    assert trajectory.segment_count >= 3  # a branch and a rewrite: fresh hashes too
+    assert len(trajectory.turns) == 7
+    return trajectory
+
+
 async def test_prompt_hashes_match_their_definition_across_extensions_branches_and_rewrites(
     renderer: ChatRenderer,
 ) -> None:
     """The gateway hashes only a prompt's new tokens when it extends a turn; every recorded hash
     must still be the hash of the whole prompt, whichever turn it extended."""
-    gateway = sim_gateway(renderer, output_len=12)
-    gateway.register("hashes", {})
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "Start."}]
-    for step in range(4):  # extensions
-        reply = (await gateway.chat("hashes", {"messages": messages})).message
-        messages = [*messages, reply, {"role": "user", "content": f"Step {step}."}]
-    branches = [[*messages, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
-    await asyncio.gather(*[gateway.chat("hashes", {"messages": b}) for b in branches])
-    await gateway.chat("hashes", {"messages": [{"role": "user", "content": "Rewritten."}]})
-    trajectory = await gateway.trajectory("hashes")
-    assert trajectory.segment_count >= 3  # a branch and a rewrite: fresh hashes too
-    assert len(trajectory.turns) == 7
-    for turn in trajectory.turns:
-        assert turn.prompt_hash == sha256_prompt_hash(turn.prompt_ids)
+    trajectory = await extended_branched_and_rewritten(renderer, "hashes")
+    for index, turn in enumerate(trajectory.turns):
+        assert turn.prompt_hash == sha256_prompt_hash(trajectory.prompt_ids(index))
+
+
+def assert_each_turn_keeps_what_it_adds_to_its_segment(trajectory: Trajectory) -> None:
+    assert check_prompt_hashes(trajectory.turns) == []
+    assert [turn.index for turn in trajectory.turns] == list(range(len(trajectory.turns)))
+    previous: dict[int, list[int]] = {}  # each segment's last prompt + completion
+    for index, turn in enumerate(trajectory.turns):
+        whole = trajectory.prompt_ids(index)
+        assert turn.prompt_len == len(whole)
+        head = previous.get(turn.segment, [])
+        assert whole[: len(head)] == head, index
+        assert turn.new_prompt_ids == whole[len(head) :], index
+        previous[turn.segment] = whole + turn.completion_ids
+
+
+def test_each_turn_keeps_the_prompt_past_the_previous_turn_of_its_segment(
+    trajectory: Trajectory,
+) -> None:
+    assert len(trajectory.turns) >= 3
+    assert_each_turn_keeps_what_it_adds_to_its_segment(trajectory)
+
+
+async def test_turns_keep_their_new_prompt_ids_across_branches_and_rewrites(
+    renderer: ChatRenderer,
+) -> None:
+    trajectory = await extended_branched_and_rewritten(renderer, "chain")
+    assert_each_turn_keeps_what_it_adds_to_its_segment(trajectory)
+
+
+async def test_a_trajectory_survives_a_json_round_trip(
+    trajectory: Trajectory, renderer: ChatRenderer
+) -> None:
+    branched = await extended_branched_and_rewritten(renderer, "round-trip")
+    for original in (trajectory, branched):
+        again = Trajectory.model_validate_json(original.model_dump_json())
+        assert again == original
+        assert again.samples == original.samples
 
 
 async def test_an_echoed_tool_call_extends_the_turn_however_its_arguments_are_written(

@@ -22,6 +22,7 @@ from rollway.errors import RollwayError
 from rollway.gateway import Gateway
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.request_messages import ChatCompletionBody
+from rollway.trajectory_format import whole_prompts
 from tests.conftest import ADD_TOOL, sim_gateway
 
 TEXTS = st.sampled_from(["Go on.", "  spaced  ", "émoji ✓", "", "42", '{"a": 1}', "<b>x</b>"])
@@ -107,8 +108,9 @@ async def run(renderer: ChatRenderer, steps: list[tuple[str, Any]]) -> None:
             messages = [m for m in messages if m["role"] != "wizard"]
     recorded = [await gateway.trajectory("r") for gateway in (wire, whole)]
     assert recorded[0].segment_count == recorded[1].segment_count
-    for ours, theirs in zip(recorded[0].turns, recorded[1].turns, strict=True):
-        assert ours.prompt_ids == theirs.prompt_ids
+    pairs = zip(whole_prompts(recorded[0].turns), whole_prompts(recorded[1].turns), strict=True)
+    for (ours, our_prompt), (theirs, their_prompt) in pairs:
+        assert our_prompt == their_prompt
         assert ours.completion_ids == theirs.completion_ids
         assert (ours.segment, ours.prompt_hash) == (theirs.segment, theirs.prompt_hash)
     assert recorded[0].messages == recorded[1].messages

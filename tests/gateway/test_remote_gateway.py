@@ -27,8 +27,8 @@ def test_in_process_agents_record_through_a_remote_gateway(served: Served, tmp_p
     for item in items:
         trajectory = item.result.trajectory
         assert trajectory is not None and len(trajectory.turns) == 2
-        first, second = trajectory.turns
-        assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
+        first, second = trajectory.prompt_ids(0), trajectory.prompt_ids(1)
+        assert second[: len(first)] == first
         assert all(len(turn.completion_ids) <= 6 for turn in trajectory.turns)
         assert item.result.metrics.llm_calls == 2
         # ctx.chat through the served gateway answers what its turns recorded.

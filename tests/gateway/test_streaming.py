@@ -112,8 +112,8 @@ def test_a_streamed_chat_completion_records_what_the_plain_one_records(served: S
     )
     content, calls, last = stream_chat(chat_client(streamed), messages=QUESTION, tools=[ADD_TOOL])
     want, got = (
-        fetch_trajectory(served, plain["rollout_id"]),
-        fetch_trajectory(served, streamed["rollout_id"]),
+        fetch_trajectory(served, plain["rollout_id"], samples=True),
+        fetch_trajectory(served, streamed["rollout_id"], samples=True),
     )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
@@ -134,12 +134,12 @@ def test_a_streamed_message_records_what_the_plain_one_records(served: Served) -
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     want, got = (
-        fetch_trajectory(served, plain["rollout_id"]),
-        fetch_trajectory(served, streamed["rollout_id"]),
+        fetch_trajectory(served, plain["rollout_id"], samples=True),
+        fetch_trajectory(served, streamed["rollout_id"], samples=True),
     )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
-    assert text == turn["content"] and final.usage.input_tokens == len(turn["prompt_ids"])
+    assert text == turn["content"] and final.usage.input_tokens == turn["prompt_len"]
 
 
 def test_a_streamed_response_records_what_the_plain_one_records(served: Served) -> None:
@@ -153,8 +153,8 @@ def test_a_streamed_response_records_what_the_plain_one_records(served: Served) 
                 deltas.append(event.delta)
         final = stream.get_final_response()
     want, got = (
-        fetch_trajectory(served, plain["rollout_id"]),
-        fetch_trajectory(served, streamed["rollout_id"]),
+        fetch_trajectory(served, plain["rollout_id"], samples=True),
+        fetch_trajectory(served, streamed["rollout_id"], samples=True),
     )
     assert_same_samples(got, want)
     (turn,) = got["turns"]
@@ -360,3 +360,29 @@ async def test_a_streamed_call_past_max_turns_is_the_length_answer_in_one_piece(
     assert again[0].finish_reason == "length" and again[0].completion_ids == []
     trajectory = await gateway.trajectory("l")
     assert len(trajectory.turns) == 1 and trajectory.truncation_reason == "max_turns"
+
+
+async def test_a_special_token_inside_an_answer_is_recorded_and_not_passed_off_as_text(
+    renderer: ChatRenderer,
+) -> None:
+    """A policy that opens a turn of its own mid-answer (``<|im_start|>``, seen in a make rl
+    run): the ids keep it, the turn says where it was, the content (streamed or not) leaves
+    it out."""
+    text = "sleep<|im_start|>user\nmore<|im_end|>"
+    ids = renderer.encode(text)
+    opening = ids.index(renderer.tokenizer.convert_tokens_to_ids("<|im_start|>"))
+    answers = []
+    for stream in (False, True):
+        gateway = Gateway(ScriptedEngine(renderer, text), renderer, model_name="m")  # type: ignore[arg-type]
+        gateway.register("r", {})
+        if stream:
+            pieces = [p async for p in gateway.chat_stream("r", {"messages": USER})]
+            shown = "".join(p.text for p in pieces if isinstance(p, ContentDelta))
+            result = pieces[-1]
+            assert isinstance(result, ChatResult) and shown == result.content
+        else:
+            result = await gateway.chat("r", {"messages": USER})
+        (turn,) = (await gateway.trajectory("r")).turns
+        assert turn.completion_ids == ids and turn.special_tokens_at == [opening]
+        answers.append(result.content)
+    assert answers == ["sleepuser\nmore"] * 2

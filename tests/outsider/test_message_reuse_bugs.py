@@ -30,6 +30,8 @@ from rollway.errors import RollwayError
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.request_schema import ChatCompletionRequest
+from rollway.trajectory_format import whole_prompts
+from rollway.types import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, sim_gateway
 
@@ -87,10 +89,27 @@ class Rollout:
         self.sent[answer.json()["rollway"]["turn_index"]] = orjson.loads(raw)
         return answer.json()["choices"][0]["message"]
 
-    def trajectory(self) -> dict[str, Any]:
-        answer = self.client.get(f"/v1/rollouts/{self.id}/trajectory", headers=self.admin)
+    def trajectory(self, whole_prompts: bool = True) -> dict[str, Any]:
+        """As served, with each turn's whole ``prompt_ids`` unless told otherwise."""
+        answer = self.client.get(
+            f"/v1/rollouts/{self.id}/trajectory",
+            params={"whole_prompts": whole_prompts},
+            headers=self.admin,
+        )
         assert answer.status_code == 200, answer.text
         return answer.json()
+
+
+def served(trajectory: Trajectory) -> dict[str, Any]:
+    """An in-process trajectory as the route serves it with each turn's whole ``prompt_ids``."""
+    body = trajectory.model_dump()
+    for turn, (_, prompt) in zip(body["turns"], whole_prompts(trajectory.turns), strict=True):
+        turn["prompt_ids"] = prompt
+    return body
+
+
+def last_prompt(trajectory: Trajectory) -> list[int]:
+    return trajectory.prompt_ids(len(trajectory.turns) - 1)
 
 
 def _ids(raw: bytes) -> bytes:
@@ -129,6 +148,7 @@ def check_turns(renderer: ChatRenderer, turns: list[dict[str, Any]], sent: dict[
             continue
         sequence = parent["prompt_ids"] + parent["completion_ids"]
         assert turn["prompt_ids"][: len(sequence)] == sequence, turn["index"]
+        assert turn["new_prompt_ids"] == turn["prompt_ids"][len(sequence) :], turn["index"]
         if parent["index"] in sent:
             before, before_tools = validated(sent[parent["index"]])
             assert before_tools == tools, turn["index"]
@@ -201,7 +221,7 @@ async def test_an_edited_earlier_call_argument_is_rendered_in_process(
     reply = (await gateway.chat("r", {"messages": history(before), "tools": [ADD_TOOL]})).message
     edited = [*history(after), reply, {"role": "user", "content": "More."}]
     await gateway.chat("r", {"messages": edited, "tools": [ADD_TOOL]})
-    prompt = renderer.decode((await gateway.trajectory("r")).turns[-1].prompt_ids)
+    prompt = renderer.decode(last_prompt(await gateway.trajectory("r")))
     assert rendered_arguments(after) in prompt
 
 
@@ -214,7 +234,7 @@ async def test_object_arguments_infinity_edit_is_rendered_in_process(
     reply = (await gateway.chat("r", first)).message
     edited = [*history({"a": float("inf")}), reply, {"role": "user", "content": "More."}]
     await gateway.chat("r", {"messages": edited, "tools": [ADD_TOOL]})
-    prompt = renderer.decode((await gateway.trajectory("r")).turns[-1].prompt_ids)
+    prompt = renderer.decode(last_prompt(await gateway.trajectory("r")))
     assert '"arguments": {"a": Infinity}' in prompt
 
 
@@ -229,7 +249,7 @@ async def test_first_prompt_cache_tells_infinity_from_null_in_process(
     for rollout, value in (("none", None), ("inf", float("inf"))):
         gateway.register(rollout, {})
         await gateway.chat(rollout, {"messages": history({"a": value}), "tools": [ADD_TOOL]})
-    prompt = renderer.decode((await gateway.trajectory("inf")).turns[-1].prompt_ids)
+    prompt = renderer.decode(last_prompt(await gateway.trajectory("inf")))
     assert '"arguments": {"a": Infinity}' in prompt
 
 
@@ -237,7 +257,7 @@ async def test_object_arguments_past_64_bits_in_process(renderer: ChatRenderer) 
     gateway = sim_gateway(renderer, output_len=8)
     gateway.register("r", {})
     await gateway.chat("r", {"messages": history({"a": 2**70}), "tools": [ADD_TOOL]})
-    prompt = renderer.decode((await gateway.trajectory("r")).turns[-1].prompt_ids)
+    prompt = renderer.decode(last_prompt(await gateway.trajectory("r")))
     assert str(2**70) in prompt
 
 
@@ -363,7 +383,7 @@ async def test_wire_and_in_process_record_the_same_turns_for_edits_anywhere(
         theirs = (await whole.chat("r", copy.deepcopy(body))).message
         assert reply == theirs, name
         messages, bodies = body["messages"], [*bodies, name]
-    ours, truth = rollout.trajectory(), (await whole.trajectory("r")).model_dump()
+    ours, truth = rollout.trajectory(), served(await whole.trajectory("r"))
     assert ours["segment_count"] == truth["segment_count"]
     for mine, theirs, name in zip(ours["turns"], truth["turns"], bodies, strict=True):
         assert mine["prompt_ids"] == theirs["prompt_ids"], name
@@ -630,7 +650,7 @@ async def test_anthropic_route_records_what_in_process_chat_records(
         text = "".join(b.get("text", "") for b in answer.json()["content"])
         messages = [*messages, {"role": "assistant", "content": text or "."},
                     {"role": "user", "content": f"Step {step}."}]  # fmt: skip
-    ours, truth = rollout.trajectory(), (await whole.trajectory("r")).model_dump()
+    ours, truth = rollout.trajectory(), served(await whole.trajectory("r"))
     assert [t["prompt_ids"] for t in ours["turns"]] == [t["prompt_ids"] for t in truth["turns"]]
     assert [t["prompt_hash"] for t in ours["turns"]] == [
         sha256_prompt_hash(t["prompt_ids"]) for t in ours["turns"]
@@ -818,12 +838,12 @@ def test_a_chat_level_engine_gets_each_request_s_own_messages(renderer: ChatRend
             reply = answer.json()["choices"][0]["message"]
             messages = orjson.loads(raw)["messages"]
             sent.append((name, validated(orjson.loads(raw))[0]))
-        turns = rollout.trajectory()["turns"]
-    assert len(engine.received) == len(sent) == len(turns)
+        recorded = Trajectory.model_validate(rollout.trajectory(whole_prompts=False))
+    assert len(engine.received) == len(sent) == len(recorded.turns)
     for got, (name, expected) in zip(engine.received, sent, strict=True):
         assert orjson.dumps(got) == orjson.dumps(expected), name  # 1, 1.0, true told apart
-    for turn in turns:
-        assert turn["prompt_hash"] == sha256_prompt_hash(turn["prompt_ids"])
+    for index, turn in enumerate(recorded.turns):
+        assert turn.prompt_hash == sha256_prompt_hash(recorded.prompt_ids(index))
 
 
 def test_changing_tools_between_turns_with_reused_messages(

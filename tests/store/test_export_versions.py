@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
@@ -12,14 +13,14 @@ import pytest
 from typer.testing import CliRunner
 
 from rollway.cli.main import app
-from rollway.gateway.samples import build_samples
 from rollway.store import FileStore, export_records
-from rollway.types import LogprobKind, RolloutRecord, Trajectory, Turn
+from rollway.types import LogprobKind, RolloutRecord, Trajectory, build_samples
+from tests.trajectories import chain
 
 
 def turn(index: int, prompt: list[int], completion: list[int], versions: list[int] | None,
-         kind: LogprobKind = "raw_logprobs") -> Turn:  # fmt: skip
-    return Turn(
+         kind: LogprobKind = "raw_logprobs") -> dict[str, Any]:  # fmt: skip
+    return dict(
         index=index, segment=0, request_id=f"r-{index + 1}", prompt_ids=prompt,
         completion_ids=completion, logprobs=[-0.5] * len(completion), finish_reason="stop",
         content="", sampling={}, latency_ms=1.0, prompt_hash="0", policy_versions=versions,
@@ -27,10 +28,11 @@ def turn(index: int, prompt: list[int], completion: list[int], versions: list[in
     )  # fmt: skip
 
 
-def record(key: str, turns: list[Turn]) -> RolloutRecord:
+def record(key: str, whole: list[dict[str, Any]]) -> RolloutRecord:
+    turns = chain(whole)
     trajectory = Trajectory(
         rollout_id=f"e.{key}.1", model="m", sampling={}, max_turns=None, max_seq_len=None,
-        messages=[], tools=None, turns=turns, samples=build_samples(turns), is_truncated=False,
+        messages=[], tools=None, turns=turns, is_truncated=False,
         truncation_reason=None, is_cancelled=False, segment_count=1, drift=None,
     )  # fmt: skip
     return RolloutRecord(
@@ -63,6 +65,28 @@ def test_rows_carry_versions_staleness_and_kind(tmp_path: Path) -> None:
     assert rows["mixed.0"]["logprob_kind"] == "mixed" and span["logprob_kind"] == "raw_logprobs"
     none = rows["none.0"]
     assert none["policy_versions"] is None and none["staleness"] is None
+    assert (span["policy_version_max"], none["policy_version_max"]) == (2, None)
+
+
+def test_rows_carry_the_opening_messages_and_the_rewards_components(tmp_path: Path) -> None:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    opening = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}]
+    messages = [*opening, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "4"},
+                {"role": "assistant", "content": "4"}]  # fmt: skip
+    info = {"source": "reward_fn", "correct": 1.0, "format": 0.5}
+    scored = RECORDS[0].model_copy(update={"messages": messages, "reward_info": info})
+    for fmt in ("parquet", "jsonl"):
+        path = tmp_path / f"rows.{fmt}"
+        export_records([scored, RECORDS[1]], path, fmt)  # type: ignore[arg-type]
+        if fmt == "parquet":
+            rows = pq.read_table(path).to_pylist()
+        else:
+            rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        first, other = rows
+        assert orjson.loads(first["prompt_messages"]) == opening
+        assert orjson.loads(first["reward_info"]) == info
+        assert orjson.loads(other["prompt_messages"]) == [] and other["reward_info"] == "{}"
 
 
 def test_max_staleness_drops_what_is_too_old(tmp_path: Path) -> None:
@@ -115,10 +139,10 @@ def test_rows_carry_the_agents_finish_reason(tmp_path: Path) -> None:
 def test_rows_carry_raw_logprobs_kept_mass_and_sampling(tmp_path: Path) -> None:
     # Turn 0 sampled at 0.7 under top-p (processed logprobs, raw ones beside, a mass kept);
     # turn 1 at temperature 1 with nothing cut: its raw logprobs are its logprobs.
-    scaled = turn(0, [1, 2], [3, 4], [1, 1], "processed_logprobs").model_copy(
-        update={"raw_logprobs": [-0.7, -0.8], "kept_mass": [0.9, 0.95],
-                "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 0}}
-    )  # fmt: skip
+    scaled = turn(0, [1, 2], [3, 4], [1, 1], "processed_logprobs") | {
+        "raw_logprobs": [-0.7, -0.8], "kept_mass": [0.9, 0.95],
+        "sampling": {"temperature": 0.7, "top_p": 0.9, "top_k": 0},
+    }  # fmt: skip
     plain = turn(1, [1, 2, 3, 4, 9], [5], [1])
     task = {"task_id": "t-7", "question": "?"}
     rec = record("tis.0", [scaled, plain]).model_copy(update={"task": task})
@@ -134,7 +158,7 @@ def test_rows_carry_raw_logprobs_kept_mass_and_sampling(tmp_path: Path) -> None:
 
 def test_a_scaled_turn_without_raw_logprobs_leaves_the_sample_without_them() -> None:
     # SGLang at T != 1 gives processed logprobs only: no raw column is made up.
-    (sample,) = build_samples([turn(0, [1], [2, 3], None, "processed_logprobs")])
+    (sample,) = build_samples(chain([turn(0, [1], [2, 3], None, "processed_logprobs")]))
     assert sample.raw_logprobs is None and sample.kept_mass is None
 
 

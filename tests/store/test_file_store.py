@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow.parquet as pq
@@ -10,20 +11,42 @@ import pytest
 
 from rollway.errors import ConfigError
 from rollway.store import FileStore, export_records, store_from_uri
+from rollway.trajectory_format import prompt_hash
 from rollway.types import RolloutRecord, Sample, Trajectory
+from tests.trajectories import chain
+
+# The one sample of ``TURNS``: the second turn's prompt adds 6 (glue, mask 0) to the first's.
+SAMPLE = Sample(
+    segment=0,
+    prompt_ids=[1, 2, 3],
+    response_ids=[4, 5, 6, 7],
+    loss_mask=[1, 1, 0, 1],
+    logprobs=[-0.125, -1.0e-7, 0.0, -3.3333333333],
+)
+
+
+def turn(
+    index: int, prompt: list[int], completion: list[int], logprobs: list[float]
+) -> dict[str, Any]:
+    return dict(
+        index=index, segment=0, request_id=f"r-{index + 1}", prompt_ids=prompt,
+        completion_ids=completion, logprobs=logprobs, finish_reason="stop", content="",
+        sampling={}, latency_ms=1.0, prompt_hash=prompt_hash(prompt),
+    )  # fmt: skip
+
+
+TURNS = chain(
+    [
+        turn(0, [1, 2, 3], [4, 5], [-0.125, -1.0e-7]),
+        turn(1, [1, 2, 3, 4, 5, 6], [7], [-3.3333333333]),
+    ]
+)
 
 
 def record(key: str, *, reward: float | None = 1.0, status: str = "completed") -> RolloutRecord:
-    sample = Sample(
-        segment=0,
-        prompt_ids=[1, 2, 3],
-        response_ids=[4, 5, 6, 7],
-        loss_mask=[1, 1, 0, 1],
-        logprobs=[-0.125, -1.0e-7, 0.0, -3.3333333333],
-    )
     trajectory = Trajectory(
         rollout_id=f"exp.{key}.1", model="m", sampling={}, max_turns=None, max_seq_len=None,
-        messages=[], tools=None, turns=[], samples=[sample], is_truncated=False,
+        messages=[], tools=None, turns=TURNS, is_truncated=False,
         truncation_reason=None, is_cancelled=False, segment_count=1, drift=None,
     )  # fmt: skip
     return RolloutRecord(
@@ -90,6 +113,7 @@ def test_parquet_and_jsonl_exports_round_trip(tmp_path: Path) -> None:
     assert [orjson.loads(line) for line in jsonl.read_bytes().splitlines()] == rows
     for row, rec in zip(rows, records, strict=True):
         (sample,) = rec.trajectory.samples
+        assert sample == SAMPLE
         assert row["prompt_ids"] == sample.prompt_ids
         assert row["response_ids"] == sample.response_ids
         assert row["loss_mask"] == sample.loss_mask

@@ -13,10 +13,10 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
-from rollway.gateway.samples import build_samples
 from rollway.store import FileStore, index_row
-from rollway.types import RolloutRecord, Trajectory, Turn
+from rollway.types import RolloutRecord, Trajectory
 from rollway.viewer import RunIndex, create_viewer_app, open_run
+from tests.trajectories import chain
 
 N = 10_000
 GROUP = 8
@@ -27,19 +27,19 @@ def trajectory(second_turn_tokens: int) -> Trajectory:
     """A two-turn rollout (glue between the turns) with a short prompt, as the gateway would
     record it: a few kilobytes (a real one is tens)."""
     prompt = list(range(1000, 1200))
-    first = Turn(index=0, segment=0, request_id="r.0", prompt_ids=prompt,
+    first = dict(index=0, segment=0, request_id="r.0", prompt_ids=prompt,
                  completion_ids=[7, 8, 9, 10], logprobs=[-0.1, -0.2, -0.3, -1.0],
                  finish_reason="stop", content="x", sampling={}, latency_ms=5.0,
                  prompt_hash="0" * 16)  # fmt: skip
-    second = first.model_copy(update={
-        "index": 1, "prompt_ids": prompt + first.completion_ids + [2, 3],
+    second = first | {
+        "index": 1, "prompt_ids": [*prompt, 7, 8, 9, 10, 2, 3],
         "completion_ids": [11] * second_turn_tokens,
-        "logprobs": [-0.5] * second_turn_tokens})  # fmt: skip
-    turns = [first, second]
+        "logprobs": [-0.5] * second_turn_tokens}  # fmt: skip
+    turns = chain([first, second])
     return Trajectory(
         rollout_id="exp.t.0.1", model="m", sampling={}, max_turns=None, max_seq_len=None,
         messages=[{"role": "user", "content": "a task"}], tools=None, turns=turns,
-        samples=build_samples(turns), is_truncated=False, truncation_reason=None,
+        is_truncated=False, truncation_reason=None,
         is_cancelled=False, segment_count=1, drift=None,
     )  # fmt: skip
 

@@ -3,29 +3,33 @@ in the last segment."""
 
 from __future__ import annotations
 
-from rollway.gateway.samples import build_samples
-from rollway.types import Drift, Trajectory, Turn
+from typing import Any
+
+from rollway.types import Drift, Trajectory
 from rollway.viewer.token_view import sample_views
+from tests.trajectories import chain
 
 
-def turn(index: int, segment: int, prompt: list[int], completion: list[int]) -> Turn:
-    return Turn(index=index, segment=segment, request_id=f"r{index}", prompt_ids=prompt,
+def turn(index: int, segment: int, prompt: list[int], completion: list[int]) -> dict[str, Any]:
+    return dict(index=index, segment=segment, request_id=f"r{index}", prompt_ids=prompt,
                 completion_ids=completion, logprobs=[-0.5] * len(completion),
                 finish_reason="stop", content="", sampling={}, latency_ms=1.0,
                 prompt_hash="0" * 16, policy_versions=[index] * len(completion))  # fmt: skip
 
 
 def trajectory(drift_at: int | None) -> Trajectory:
-    turns = [
-        turn(0, 0, [1, 2, 3], [4, 5]),
-        turn(1, 0, [1, 2, 3, 4, 5, 6, 7], [8]),  # glue 6, 7 between the turns
-        turn(2, 1, [1, 9], [10, 11, 12]),  # the history was rewritten: a new segment
-    ]
+    turns = chain(
+        [
+            turn(0, 0, [1, 2, 3], [4, 5]),
+            turn(1, 0, [1, 2, 3, 4, 5, 6, 7], [8]),  # glue 6, 7 between the turns
+            turn(2, 1, [1, 9], [10, 11, 12]),  # the history was rewritten: a new segment
+        ]
+    )
     drift = Drift(recorded_tokens=6, rerendered_tokens=6, first_mismatch=drift_at,
                   differing_tokens=0 if drift_at is None else 2)  # fmt: skip
     return Trajectory(
         rollout_id="r", model="m", sampling={}, max_turns=None, max_seq_len=None, messages=[],
-        tools=None, turns=turns, samples=build_samples(turns), is_truncated=False,
+        tools=None, turns=turns, is_truncated=False,
         truncation_reason=None, is_cancelled=False, segment_count=2, drift=drift,
     )  # fmt: skip
 

@@ -2,6 +2,7 @@
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
+from rollway.agents.folding import ContextFolding, DropToolOutputs, KeepLastTurns, SummarizeOlder
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import list_agents, load_agent, register_agent, unregister_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
@@ -11,9 +12,13 @@ from rollway.types import ChatResult
 
 __all__ = [
     "AgentLoop",
+    "ContextFolding",
+    "DropToolOutputs",
     "IssueCode",
+    "KeepLastTurns",
     "ProgramAgent",
     "RolloutContext",
+    "SummarizeOlder",
     "Tool",
     "ValidationIssue",
     "ValidationResult",

@@ -75,7 +75,7 @@ def run(
             )
             messages.append(message.model_dump(exclude_none=True))
             messages.extend(_answer(message))
-        trajectory = admin.get("/v1/rollouts/demo-1/trajectory").json()
+        trajectory = admin.get("/v1/rollouts/demo-1/trajectory?samples=true").json()
         admin.post("/v1/rollouts/demo-1/unregister")
         admin.close()
     _print_summary(console, trajectory)
@@ -108,7 +108,7 @@ def _print_summary(console: Console, trajectory: dict[str, Any]) -> None:
     for t in trajectory["turns"]:
         calls = ", ".join(c["function"]["name"] for c in t["tool_calls"]) or "-"
         turns.add_row(
-            str(t["index"]), str(t["segment"]), str(len(t["prompt_ids"])),
+            str(t["index"]), str(t["segment"]), str(t["prompt_len"]),
             str(len(t["completion_ids"])), t["finish_reason"], calls,
         )  # fmt: skip
     console.print(turns)

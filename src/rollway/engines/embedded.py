@@ -73,13 +73,14 @@ class EmbeddedEngine:
         device: torch.device,
         max_batch_size: int = 32,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
+        context_length: int | None = None,
     ) -> None:
         check_count("prefix_cache_tokens", prefix_cache_tokens, least=0)
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.max_batch_size = max_batch_size
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.context_length = _context_length(model, context_length)
         self.vocab_size = int(model.config.vocab_size)
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         #: The version of the weights sampling now; changed only while no forward pass runs.
@@ -131,12 +132,16 @@ class EmbeddedEngine:
         max_batch_size: int = 32,
         prefix_cache_tokens: int = DEFAULT_PREFIX_CACHE_TOKENS,
         dtype: str = "float32",
+        context_length: int | None = None,
     ) -> EmbeddedEngine:
         """``dtype`` is the weights' (and the KV cache's): float32, the default, or bfloat16
         (about 1.5x the decode speed on a CPU with AVX-512 BF16, half the memory; what GPUs
         run); float16 on a GPU only. Logprobs are always taken from the logits in float32, and
-        weights pushed in another float dtype are cast to this one."""
+        weights pushed in another float dtype are cast to this one. ``context_length`` caps
+        the context below the model's (vLLM's ``--max-model-len``): prompt and answer fit in it."""
         check_count("prefix_cache_tokens", prefix_cache_tokens, least=0)  # before the slow load
+        if context_length is not None:
+            check_count("context_length", context_length, least=2)
         torch_dtype = parse_dtype(dtype)
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -156,6 +161,7 @@ class EmbeddedEngine:
             device=torch_device,
             max_batch_size=max_batch_size,
             prefix_cache_tokens=prefix_cache_tokens,
+            context_length=context_length,
         )
 
     async def generate(
@@ -441,3 +447,16 @@ def parse_dtype(name: str) -> torch.dtype:
         return DTYPES[name]
     except KeyError:
         raise ConfigError(f"dtype {name!r} is not one of {', '.join(DTYPES)}", "dtype") from None
+
+
+def _context_length(model: Any, cap: int | None) -> int:
+    """The model's context (``max_position_embeddings``), or ``cap`` where it is smaller: past
+    the model's positions the model has no answer, so a larger cap is an error."""
+    own = int(getattr(model.config, "max_position_embeddings", 2048))
+    if cap is None:
+        return own
+    if cap > own:
+        raise ConfigError(
+            f"context_length {cap} is past the model's context ({own} tokens)", "context_length"
+        )
+    return cap

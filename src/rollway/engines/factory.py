@@ -1,8 +1,9 @@
 """Build an engine from a URL-like spec.
 
 ``embedded`` or ``embedded://PATH`` (a local HF model folder), with
-``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none) and ``?dtype=bfloat16`` for
-its weights (float32 by default; float16 on a GPU only); ``sim`` or
+``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none), ``?dtype=bfloat16`` for
+its weights (float32 by default; float16 on a GPU only) and ``?context_length=N`` (a context
+shorter than the model's, as vLLM's ``--max-model-len``); ``sim`` or
 ``sim://?latency_s=0.5&per_token_s=0&output_len=16`` (the simulated load generator);
 ``sglang://HOST:PORT`` (an SGLang server's native API); ``vllm://HOST:PORT`` (a vLLM
 OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed
@@ -44,7 +45,11 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
-_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {"prefix_cache_tokens": int, "dtype": str}
+_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "prefix_cache_tokens": int,
+    "dtype": str,
+    "context_length": int,
+}
 _SIM_OPTIONS: dict[str, Callable[[str], Any]] = {
     "latency_s": float,
     "per_token_s": float,

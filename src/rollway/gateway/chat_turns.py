@@ -12,7 +12,8 @@ from rollway.errors import RolloutClosedError
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_schema import ChatCompletionRequest
-from rollway.gateway.rollout_state import Conversation, RolloutState, prompt_hash
+from rollway.gateway.rollout_state import Conversation, RolloutState
+from rollway.trajectory_format import prompt_hash
 from rollway.types import ChatResult, Turn
 
 
@@ -40,7 +41,8 @@ class ChatTurns:
             index=len(state.turns),
             segment=0,
             request_id=request_id,
-            prompt_ids=[],
+            prompt_len=answer.prompt_tokens,
+            new_prompt_ids=[],
             completion_ids=[],
             logprobs=answer.logprobs or [],
             finish_reason=answer.finish_reason,

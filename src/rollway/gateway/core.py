@@ -29,7 +29,7 @@ from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
-from rollway.gateway.request_messages import read_conversation
+from rollway.gateway.request_messages import ChatCompletionBody, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
 from rollway.gateway.rollout_state import RolloutState
 from rollway.gateway.samples import build_trajectory
@@ -183,7 +183,7 @@ class Gateway:
     ) -> tuple[RolloutState, ChatCompletionRequest]:
         state = self._get(rollout_id)
         if isinstance(request, dict):
-            request = parse_model(ChatCompletionRequest, request, strict=False)
+            request = ChatCompletionBody.from_caller(request)
         if state.cancelled:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -38,6 +39,7 @@ from rollway.gateway.responses_api import sse_events as responses_sse
 from rollway.gateway.sse_response import EventStream, first_awaited
 from rollway.gateway.turn_stream import TurnPiece
 from rollway.ids import SafeId, keys_match
+from rollway.trajectory_format import whole_prompts as whole_prompts_of
 from rollway.types import ChatResult, Trajectory
 from rollway.web.handlers import (
     DEFAULT_MAX_BODY_BYTES,
@@ -141,8 +143,10 @@ def create_app(
 
     async def trajectory(request: Request) -> Response:
         require_admin(request)
+        samples = _flag(request.query_params.get("samples", ""), "samples")
+        prompts = _flag(request.query_params.get("whole_prompts", ""), "whole_prompts")
         found = await gateway.trajectory(request.path_params["rollout_id"])
-        body = await asyncio.to_thread(found.model_dump_json)  # grows with the rollout
+        body = await asyncio.to_thread(trajectory_body, found, samples, prompts)  # grows with it
         return Response(body, media_type="application/json")
 
     async def cancel(request: Request) -> Response:
@@ -261,10 +265,14 @@ def create_app(
             "GET",
             f"{prefix}/trajectory",
             trajectory,
-            "The recorded trajectory",
+            "The recorded trajectory (format 2: each turn's new prompt ids)",
             auth="adminKey",
             path_types=ids,
-            errors=(404,),
+            params=(
+                Param("samples", "query", bool, "Add the training samples (samples)"),
+                Param("whole_prompts", "query", bool, "Add each turn's whole prompt_ids"),
+            ),
+            errors=(404, 422),
             answer=Trajectory,
         ),
         Endpoint(
@@ -341,6 +349,21 @@ def as_chat(body: dict[str, Any]) -> ChatCompletionBody:
     (or the rollout's own record of earlier answers), so, like a chat body read off the wire,
     they are checked only past what the rollout's previous request sent."""
     return parse_model(ChatCompletionBody, body)
+
+
+def trajectory_body(trajectory: Trajectory, samples: bool, whole_prompts: bool) -> bytes:
+    """The trajectory as JSON; for tools that read it without rollway, optionally with its
+    samples and each turn's whole prompt (which grow with the square of the conversation)."""
+    if not samples and not whole_prompts:
+        return trajectory.model_dump_json().encode()
+    body = trajectory.model_dump(mode="json")
+    if samples:
+        body["samples"] = [sample.model_dump(mode="json") for sample in trajectory.samples]
+    if whole_prompts and trajectory.has_token_ids:
+        prompts = whole_prompts_of(trajectory.turns)
+        for turn, (_, prompt) in zip(body["turns"], prompts, strict=True):
+            turn["prompt_ids"] = prompt
+    return orjson.dumps(body)
 
 
 def _flag(value: str, param: str) -> bool:

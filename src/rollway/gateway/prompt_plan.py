@@ -11,7 +11,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from rollway.gateway.chat_template import ChatRenderer, TokenBudgetExceeded
-from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
+from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, SequenceTip
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
 #: worker thread would cost about as much as the work. Larger ones never block the loop.
@@ -27,6 +27,16 @@ class PromptPlan:
     #: The segment and turn this prompt extends; None for a fresh render.
     segment: int | None
     parent: int | None
+    #: Where its ids past the parent's sequence begin (0 for a fresh render).
+    start: int = 0
+    #: The rollout's tip when ``prompt_ids`` is its list, extended in place for this call:
+    #: the call records or releases it (``SequenceTip``).
+    tip: SequenceTip | None = None
+
+    def release(self) -> None:
+        """The call ends without recording a turn: give the tip back as it was."""
+        if self.tip is not None:
+            self.tip.release()
 
 
 async def plan_prompt(
@@ -40,24 +50,31 @@ async def plan_prompt(
     ruling out an over-long prompt from its length before tokenizing it where it can."""
     messages, keys = conversation.messages, conversation.keys
     last = state.turns[-1] if state.turns else None
+    tip = state.tip
     known = len(state.message_keys)
     if (
         last is not None
+        and tip is not None
+        and tip.turn == last.index
         and last.finish_reason != "abort"
         and tools == state.tools
         and keys[:known] == state.message_keys
     ):
-        recorded = last.prompt_ids + last.completion_ids
-        room = None if budget is None else budget - len(recorded)
+        base = tip.length
+        room = None if budget is None else budget - base
         extend = renderer.continuation_ids
         try:
             tail = await _render(
                 keys[known:], tools, extend, last.completion_ids, messages[known:], tools, room
             )
         except TokenBudgetExceeded as exc:
-            raise TokenBudgetExceeded(len(recorded) + exc.at_least) from None
+            raise TokenBudgetExceeded(base + exc.at_least) from None
         if tail is not None:
-            return PromptPlan(recorded + tail, last.segment, last.index)
+            # The render may have waited: another call of the rollout may hold the tip, or
+            # have moved it on (a tip only grows past ``base``, so its head is still ours).
+            if state.tip is tip and tip.turn == last.index and not tip.claimed:
+                return PromptPlan(tip.claim(tail), last.segment, last.index, base, tip)
+            return PromptPlan(tip.ids[:base] + tail, last.segment, last.index, base)
     ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
     return PromptPlan(ids, None, None)
 

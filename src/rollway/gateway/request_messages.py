@@ -10,9 +10,10 @@ rollout as they were checked then; only the reply it echoes and what it appends 
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from pydantic import BaseModel, Field, SkipValidation, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, PrivateAttr, SkipValidation, TypeAdapter, ValidationError
 
 from rollway.gateway.request_schema import ChatCompletionRequest, ChatMessage
 from rollway.gateway.rollout_state import Conversation, RolloutState, message_key
@@ -22,11 +23,21 @@ _MESSAGES = TypeAdapter(list[ChatMessage])
 
 
 class ChatCompletionBody(ChatCompletionRequest):
-    """A chat request parsed from an HTTP body: the same fields and checks as
-    ``ChatCompletionRequest`` (which documents it), except that ``messages`` are kept as sent,
-    for ``read_conversation`` to check against the rollout's conversation."""
+    """A chat request parsed from an HTTP body or an in-process caller's dict: the same fields
+    and checks as ``ChatCompletionRequest`` (which documents it), except that ``messages`` are
+    kept as sent, for ``read_conversation`` to check against the rollout's conversation.
+
+    An in-process caller's messages are its own objects (``callers_objects``), which it may
+    change after the call: the rollout keeps copies of them to check the next request."""
 
     messages: SkipValidation[list[Any]]  # type: ignore[assignment]
+    _callers_objects: bool = PrivateAttr(default=False)
+
+    @classmethod
+    def from_caller(cls, request: dict[str, Any]) -> ChatCompletionBody:
+        body = parse_model(cls, request, strict=False)
+        body._callers_objects = True
+        return body
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return _validated(self.messages)
@@ -52,7 +63,13 @@ def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Co
     # Kept for the next request unless a call's arguments are a JSON object: dict equality
     # takes 1 for 1.0 and True, which render differently.
     reusable = not any(map(_object_arguments, fresh))
-    return Conversation(messages, keys, list(sent) if reusable else None)
+    if not reusable:
+        return Conversation(messages, keys, None)
+    if request._callers_objects:
+        # Copied once each: a message the agent changes in place then differs from its copy.
+        kept = (state.sent_messages or [])[:known] + copy.deepcopy(sent[known:])
+        return Conversation(messages, keys, kept)
+    return Conversation(messages, keys, list(sent))
 
 
 def _known_prefix(state: RolloutState, sent: Any) -> int:

@@ -6,11 +6,11 @@ import dataclasses
 import hashlib
 import json
 import time
-from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.gateway.chat_template import Message, content_text
+from rollway.trajectory_format import int32_bytes
 from rollway.types import SamplingParams, Turn
 
 MessageKey = tuple[Any, ...]
@@ -32,9 +32,9 @@ class SequenceHashes:
         known = self._by_turn.get(parent) if parent is not None else None
         if known is not None and known[0] <= len(ids):
             state = known[1].copy()
-            state.update(_int32_bytes(ids[known[0] :]))
+            state.update(int32_bytes(ids[known[0] :]))
         else:
-            state = hashlib.sha256(_int32_bytes(ids))
+            state = hashlib.sha256(int32_bytes(ids))
         return state.hexdigest()[:16], state
 
     def remember(
@@ -42,10 +42,44 @@ class SequenceHashes:
     ) -> None:
         """Keep the hash state of turn ``turn``'s whole sequence, for a turn that extends it."""
         state = prompt_state.copy()
-        state.update(_int32_bytes(completion))
+        state.update(int32_bytes(completion))
         self._by_turn[turn] = (prompt_len + len(completion), state)
         if len(self._by_turn) > self.KEPT:
             del self._by_turn[next(iter(self._by_turn))]
+
+
+@dataclass(eq=False, slots=True)
+class SequenceTip:
+    """The last turn's whole sequence (its prompt and completion ids). The next turn that
+    extends it appends its new prompt ids in place and, once recorded, its completion: a turn
+    then costs its new tokens, not its context, and the rollout holds its context once.
+
+    One call at a time extends it (``claimed``); a call planned while another is in flight
+    copies the head it needs. ``length`` is the last turn's sequence: ids past it belong to the
+    call in flight, and go again if it fails (``release``)."""
+
+    turn: int
+    ids: list[int]
+    length: int
+    claimed: bool = False
+
+    def claim(self, tail: list[int]) -> list[int]:
+        """This sequence extended in place by ``tail``: the prompt of the claiming call, which
+        must ``record`` or ``release`` it."""
+        self.ids.extend(tail)
+        self.claimed = True
+        return self.ids
+
+    def record(self, turn: int, completion: list[int]) -> None:
+        """The claiming call's turn was recorded: the sequence is now that turn's."""
+        self.ids.extend(completion)
+        self.turn, self.length, self.claimed = turn, len(self.ids), False
+
+    def release(self) -> None:
+        """The claiming call ended without a turn: the sequence is the last turn's again."""
+        if self.claimed:
+            del self.ids[self.length :]
+            self.claimed = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +137,8 @@ class RolloutState:
     trace_parent: Any = None
     #: Hash states of recent turns' sequences: a prompt that extends one hashes its tail only.
     sequence_hashes: SequenceHashes = field(default_factory=SequenceHashes)
+    #: The last turn's whole sequence, which the next turn extends (None before the first).
+    tip: SequenceTip | None = None
 
     def next_segment(self) -> int:
         self.segment_count += 1
@@ -172,11 +208,3 @@ def _canonical_json(arguments: str | dict[str, Any]) -> str:
         return json.dumps(arguments, sort_keys=True)
     except (ValueError, RecursionError):  # nested past the recursion limit: keep its text
         return repr(arguments)
-
-
-def prompt_hash(ids: list[int]) -> str:
-    return hashlib.sha256(_int32_bytes(ids)).hexdigest()[:16]
-
-
-def _int32_bytes(ids: list[int]) -> bytes:
-    return array("i", ids).tobytes()

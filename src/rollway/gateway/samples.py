@@ -1,63 +1,11 @@
-"""How a rollout's turns become training samples (one per segment: prompt, then completions
-under mask 1 and glue under mask 0), a drift figure and the trajectory a trainer reads."""
+"""A rollout's record: the trajectory a trainer reads (its samples are made from the turns,
+``rollway.trajectory_format``) and the drift figure."""
 
 from __future__ import annotations
 
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
-from rollway.types import Drift, Sample, Trajectory, Turn
-
-
-def build_samples(turns: list[Turn]) -> list[Sample]:
-    """One sample per segment: the first prompt, then completions (mask 1) and glue (mask 0).
-    Policy versions follow the tokens (-1 on glue), where every turn of the segment has them;
-    so do raw logprobs where some turn's logprobs are not raw, and the kept mass where some
-    turn's sampling cut the vocabulary (see ``_per_token``)."""
-    samples: dict[int, Sample] = {}
-    consumed: dict[int, int] = {}
-    versioned = {t.segment for t in turns if t.policy_versions is not None}
-    versioned -= {t.segment for t in turns if t.policy_versions is None}
-    scaled = {t.segment for t in turns if t.logprob_kind != "raw_logprobs"}
-    scaled -= {t.segment for t in turns if t.segment in scaled and _no_raw(t)}
-    cut = {t.segment for t in turns if t.kept_mass is not None}
-    for turn in turns:
-        sample = samples.get(turn.segment)
-        if sample is None:
-            sample = samples[turn.segment] = Sample(
-                segment=turn.segment,
-                prompt_ids=list(turn.prompt_ids),
-                response_ids=[],
-                loss_mask=[],
-                logprobs=[],
-                policy_versions=[] if turn.segment in versioned else None,
-                raw_logprobs=[] if turn.segment in scaled else None,
-                kept_mass=[] if turn.segment in cut else None,
-            )
-            consumed[turn.segment] = len(turn.prompt_ids)
-        glue = turn.prompt_ids[consumed[turn.segment] :]
-        sample.response_ids += glue + turn.completion_ids
-        sample.loss_mask += [0] * len(glue) + [1] * len(turn.completion_ids)
-        sample.logprobs += [0.0] * len(glue) + list(turn.logprobs)
-        if sample.policy_versions is not None and turn.policy_versions is not None:
-            sample.policy_versions += [-1] * len(glue) + list(turn.policy_versions)
-        if sample.raw_logprobs is not None:
-            raw = turn.logprobs if turn.logprob_kind == "raw_logprobs" else turn.raw_logprobs
-            sample.raw_logprobs += _per_token(len(glue), raw, len(turn.completion_ids), 0.0)
-        if sample.kept_mass is not None:
-            kept = turn.kept_mass
-            sample.kept_mass += _per_token(len(glue), kept, len(turn.completion_ids), 1.0)
-        consumed[turn.segment] = len(turn.prompt_ids) + len(turn.completion_ids)
-    return [samples[k] for k in sorted(samples)]
-
-
-def _no_raw(turn: Turn) -> bool:
-    return turn.logprob_kind != "raw_logprobs" and turn.raw_logprobs is None
-
-
-def _per_token(glue: int, values: list[float] | None, tokens: int, blank: float) -> list[float]:
-    """A turn's per-token values after its glue (``blank`` there, and on every token of a turn
-    that has none: a kept mass of 1.0 is a turn that cut nothing)."""
-    return [blank] * glue + (list(values) if values is not None else [blank] * tokens)
+from rollway.types import Drift, Sample, Trajectory, build_samples
 
 
 def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRenderer) -> Drift:
@@ -100,7 +48,6 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         messages=state.messages,
         tools=state.tools,
         turns=state.turns,
-        samples=samples,
         is_truncated=cut_turn or state.truncation_reason is not None,
         truncation_reason=state.truncation_reason,
         is_cancelled=state.cut_by_cancel,

@@ -18,7 +18,7 @@ from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.request_schema import ChatCompletionRequest
-from rollway.gateway.rollout_state import Conversation, RolloutState
+from rollway.gateway.rollout_state import Conversation, RolloutState, SequenceTip
 from rollway.gateway.tool_calls import ParsedToolCalls, parse_tool_calls
 from rollway.gateway.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
 from rollway.types import ChatResult, GenerationResult, SamplingParams, Turn
@@ -66,11 +66,13 @@ class TokenTurns:
         turn = await self._plan(state, request, conversation, tools)
         if isinstance(turn, ChatResult):
             return turn
-        prompt_ids = turn.plan.prompt_ids
-        sampled = await self.calls.sample(
-            self.engine, state, turn.request_id, prompt_ids, turn.sampling
-        )
-        return self._finish(state, turn, sampled)
+        try:
+            sampled = await self.calls.sample(
+                self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
+            )
+            return self._finish(state, turn, sampled)
+        finally:
+            turn.plan.release()
 
     async def stream(
         self,
@@ -91,14 +93,18 @@ class TokenTurns:
         chunks = self.calls.sample_stream(
             self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
         )
-        async with contextlib.aclosing(chunks):
-            async for piece in chunks:
-                if isinstance(piece, Sampled):
-                    sampled = piece
-                elif delta := text.push(piece.output_ids):
-                    yield ContentDelta(delta)
-        assert sampled is not None  # sample_stream ends with it or raises
-        for piece in closing_pieces(self._finish(state, turn, sampled), text.sent):
+        try:
+            async with contextlib.aclosing(chunks):
+                async for piece in chunks:
+                    if isinstance(piece, Sampled):
+                        sampled = piece
+                    elif delta := text.push(piece.output_ids):
+                        yield ContentDelta(delta)
+            assert sampled is not None  # sample_stream ends with it or raises
+            answer = self._finish(state, turn, sampled)
+        finally:
+            turn.plan.release()
+        for piece in closing_pieces(answer, text.sent):
             yield piece
 
     async def _plan(
@@ -115,7 +121,11 @@ class TokenTurns:
             )
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
-        sampling = state.sampling_for(request.sampling_overrides())
+        try:
+            sampling = state.sampling_for(request.sampling_overrides())
+        except BaseException:
+            plan.release()
+            raise
         if state.max_seq_len is not None:
             room = state.max_seq_len - len(plan.prompt_ids)
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
@@ -125,14 +135,15 @@ class TokenTurns:
     def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
         """Record the sampled turn and make its answer."""
         plan, result = turn.plan, sampled.result
+        prompt_tokens = len(plan.prompt_ids)  # before recording: a tip's list grows on then
         if (
             result.finish_reason == "length"
             and state.max_seq_len is not None
-            and len(plan.prompt_ids) + len(result.output_ids) >= state.max_seq_len
+            and prompt_tokens + len(result.output_ids) >= state.max_seq_len
         ):
             self.truncate(state, "max_seq_len")
-        parsed, stop = self._parse(result, turn.sampling, turn.use_tools)
-        recorded = self._record(state, plan, turn.sampling, sampled, parsed)
+        parsed, stop, specials = self._parse(result, turn.sampling, turn.use_tools)
+        recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
         state.close_turn(turn.conversation, message, turn.tools)
         if result.finish_reason == "abort":
@@ -142,7 +153,7 @@ class TokenTurns:
         finish = "tool_calls" if parsed.tool_calls else result.finish_reason
         self.metrics.turn_answered(finish)
         return ChatResult(
-            message, finish, len(plan.prompt_ids), len(result.output_ids),
+            message, finish, prompt_tokens, len(result.output_ids),
             completion_ids=result.output_ids, logprobs=result.logprobs,
             turn_index=recorded.index, stop_sequence=stop,
         )  # fmt: skip
@@ -174,18 +185,24 @@ class TokenTurns:
 
     def _parse(
         self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
-    ) -> tuple[ParsedToolCalls, str | None]:
-        """The answer's text, cut at the first stop string, and that stop string (if any)."""
+    ) -> tuple[ParsedToolCalls, str | None, list[int]]:
+        """The answer's text, cut at the first stop string, that stop string (if any), and
+        where the model sampled special tokens inside its answer: they are not text (a
+        ``<|im_start|>`` mid-answer is the model opening a turn of its own), so the text leaves
+        them out, as vLLM's ``skip_special_tokens`` does; the turn records where they were."""
         ids = result.output_ids
         if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
             ids = ids[:-1]
+        specials = [at for at, token in enumerate(ids) if token in self._special_ids]
+        if specials:
+            ids = [token for token in ids if token not in self._special_ids]
         text = self.renderer.decode(ids)
         cut = first_stop(text, sampling.stop)
         stop = None
         if cut is not None:
             at, stop = cut
             text = text[:at]
-        return (parse_tool_calls(text) if use_tools else ParsedToolCalls(text)), stop
+        return (parse_tool_calls(text) if use_tools else ParsedToolCalls(text)), stop, specials
 
     @staticmethod
     def _record(
@@ -194,21 +211,26 @@ class TokenTurns:
         sampling: SamplingParams,
         sampled: Sampled,
         parsed: ParsedToolCalls,
+        specials: list[int],
     ) -> Turn:
         segment = plan.segment
+        extends = segment is not None
         # A concurrent call may have extended the same parent first: then this is a branch.
         if segment is None or state.last_in_segment(segment).index != plan.parent:
-            segment = state.next_segment()
+            segment, extends = state.next_segment(), False
         result = sampled.result
         hashes = state.sequence_hashes
         digest, hashed = hashes.prompt_hash(plan.prompt_ids, plan.parent)
+        prompt = plan.prompt_ids
         # Built from values the gateway made itself: validating them again would cost more
         # than the rest of the record (the prompt ids alone are thousands of ints).
         turn = Turn.model_construct(
             index=len(state.turns),
             segment=segment,
             request_id=sampled.request_id,
-            prompt_ids=plan.prompt_ids,
+            prompt_len=len(prompt),
+            # A tip's list grows on: the turn keeps a copy of what it needs.
+            new_prompt_ids=prompt[plan.start :] if extends else list(prompt),
             completion_ids=result.output_ids,
             logprobs=result.logprobs,
             finish_reason=result.finish_reason,
@@ -223,9 +245,16 @@ class TokenTurns:
             raw_logprobs=result.raw_logprobs,
             kept_mass=result.kept_mass,
             reissued=sampled.reissued,
+            special_tokens_at=specials,
         )
         state.turns.append(turn)
-        hashes.remember(turn.index, hashed, len(plan.prompt_ids), result.output_ids)
+        hashes.remember(turn.index, hashed, len(prompt), result.output_ids)
+        if plan.tip is not None and state.tip is plan.tip:
+            plan.tip.record(turn.index, result.output_ids)
+        else:
+            state.tip = SequenceTip(
+                turn.index, prompt + result.output_ids, len(prompt) + len(result.output_ids)
+            )
         return turn
 
 

@@ -1,13 +1,13 @@
 """A streamed turn's text, as the tokens come: what may be shown to the client now.
 
-``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not
-keep: an incomplete character, a trailing special token (``TokenTurns._parse`` strips one that
-ends a stop), text that could begin a stop string, and, when tools are offered, everything
-from where a ``<tool_call>`` tag could begin plus the whitespace before it (the parse trims
-the content's end). Tool calls
-are handed out once the whole answer is parsed: a later bad block makes the parse keep the
-text whole, so a call sent earlier could turn out not to exist. At the end, ``rest`` gives
-what the recorded content adds to what was sent, so the deltas always add up to it.
+``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not keep:
+an incomplete character, any special token (``TokenTurns._parse`` leaves them out of the text:
+they are not text), text that could begin a stop string, and, when tools are offered,
+everything from where a ``<tool_call>`` tag could begin plus the whitespace before it (the
+parse trims the content's end). Tool calls are handed out once the whole answer is parsed: a
+later bad block makes the parse keep the text whole, so a call sent earlier could turn out not
+to exist. At the end, ``rest`` gives what the recorded content adds to what was sent, so the
+deltas always add up to it.
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ class TurnText:
         self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
         self._tools = tools
         self._special_ids = special_ids
-        self._held_special: int | None = None
         # With the renderer's own decode: the text the recorded turn is parsed from.
         self._whole = WholeText(renderer.decode)
         self._closed = False  # a stop string or a tool call began: nothing more is shown
@@ -78,13 +77,9 @@ class TurnText:
 
     def push(self, ids: list[int]) -> str:
         for token_id in ids:
-            # A special token is held: if it ends the answer the parse strips it.
-            if self._held_special is not None:
-                self._whole.push(self._held_special)
-            self._held_special = None
-            if token_id in self._special_ids:
-                self._held_special = token_id
-            else:
+            # Special tokens are not text, at the end of the answer or inside it (the parse
+            # leaves them out too, and the turn records where they were).
+            if token_id not in self._special_ids:
                 self._whole.push(token_id)
         return self._release()
 

@@ -62,8 +62,8 @@ def with_recorded_calls(metrics: RolloutMetrics, trajectory: Trajectory) -> Roll
         update={
             "llm_calls": len(turns),
             "llm_latency_ms": sum(turn.latency_ms for turn in turns),
-            "prompt_tokens": sum(len(turn.prompt_ids) for turn in turns),
+            "prompt_tokens": sum(turn.prompt_len for turn in turns),
             "response_tokens": sum(len(turn.completion_ids) for turn in turns),
-            "max_context": max(len(turn.prompt_ids) + len(turn.completion_ids) for turn in turns),
+            "max_context": max(turn.prompt_len + len(turn.completion_ids) for turn in turns),
         }
     )

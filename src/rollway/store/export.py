@@ -3,20 +3,24 @@
 Columns: rollout_id, rollout_key, group_id, group_index, sample_index, segment, status,
 finish_reason (the agent's, as on the record: ``max_steps`` tells a capped episode from a
 finished one), reward, prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned
-with response_ids, -1 off the mask; null without versions), policy_version (the oldest version
-that sampled a token of the sample), staleness (the latest version minus that one) and
-logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns differ:
-never train on those as if they were one kind), raw_logprobs (the temperature-1 ones, aligned,
-where ``logprobs`` are not raw; null otherwise), kept_mass (aligned: the mass top-p/top-k kept
-for each sampled token, 1.0 where nothing was cut; null when no turn cut), temperature, top_p
-and top_k (the segment's first turn's sampling), turns (the segment's turn count) and task_id
-(the task's ``task_id``, else ``id``, else null). The record's final messages are not a column
-(text, repeated on every segment's row): they stay on the record. Records without token data
-(a rollout that failed before its first turn) have no rows. ``max_staleness`` drops samples
+with response_ids, -1 off the mask; null without versions), policy_version and
+policy_version_max (the oldest and the newest version that sampled a token of the sample;
+several across a ``keep`` update or in an async run), staleness (the latest version minus the
+oldest) and logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns
+differ: never train on those as if they were one kind), raw_logprobs (the temperature-1 ones,
+aligned, where ``logprobs`` are not raw; null otherwise), kept_mass (aligned: the mass
+top-p/top-k kept for each sampled token, 1.0 where nothing was cut; null when no turn cut),
+temperature, top_p and top_k (the segment's first turn's sampling), turns (the segment's turn
+count), task_id (the task's ``task_id``, else ``id``, else null), prompt_messages (the rollout's
+opening messages, before the model's first answer: the task as it was asked; JSON text, the same
+on each of the rollout's rows) and reward_info (the reward's components and source, as the
+record has them; JSON text). The record's final messages are not a column (the whole
+conversation, repeated on every segment's row): they stay on the record. Records without token
+data (a rollout that failed before its first turn) have no rows. ``max_staleness`` drops samples
 more than that many versions behind the latest (the newest version in the records unless
-``latest_version`` is given). ``drop_flat_groups`` drops every row of a group whose rewards
-hold fewer than two different values among its scored rollouts (zero variance: no GRPO
-signal); ``flat_groups`` names them.
+``latest_version`` is given). ``drop_flat_groups`` drops every row of a group whose rewards hold
+fewer than two different values among its scored rollouts (zero variance: no GRPO signal);
+``flat_groups`` names them.
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def sample_rows(
     for record in records:
         trajectory = record.trajectory
         assert trajectory is not None
+        opening = _json_text(_opening_messages(record.messages or trajectory.messages))
+        reward_info = _json_text(record.reward_info)
         by_segment: dict[int, list[Turn]] = {}
         for turn in trajectory.turns:  # once per record, not once per sample
             by_segment.setdefault(turn.segment, []).append(turn)
@@ -96,6 +102,7 @@ def sample_rows(
                 "logprobs": sample.logprobs,
                 "policy_versions": sample.policy_versions,
                 "policy_version": oldest,
+                "policy_version_max": _newest(sample.policy_versions, sample.loss_mask),
                 "staleness": staleness,
                 "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
                 "raw_logprobs": sample.raw_logprobs,
@@ -105,6 +112,8 @@ def sample_rows(
                 "top_k": sampling.get("top_k"),
                 "turns": len(turns),
                 "task_id": _task_id(record.task),
+                "prompt_messages": opening,
+                "reward_info": reward_info,
             }
 
 
@@ -117,6 +126,24 @@ def _oldest(versions: list[int] | None, mask: list[int]) -> int | None:
     if versions is None:
         return None
     return min((v for v, m in zip(versions, mask, strict=True) if m), default=None)
+
+
+def _newest(versions: list[int] | None, mask: list[int]) -> int | None:
+    if versions is None:
+        return None
+    return max((v for v, m in zip(versions, mask, strict=True) if m), default=None)
+
+
+def _opening_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation before the model's first answer: the task as the model was asked."""
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    return messages if first is None else messages[:first]
+
+
+def _json_text(value: Any) -> str:
+    """A column of free-form JSON (messages, reward components) as text: Parquet and
+    ``datasets`` need one type per column, and these differ from row to row."""
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 def export_records(
@@ -169,6 +196,7 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("logprobs", pa.list_(pa.float64())),
             ("policy_versions", pa.list_(pa.int64())),
             ("policy_version", pa.int64()),
+            ("policy_version_max", pa.int64()),
             ("staleness", pa.int64()),
             ("logprob_kind", pa.string()),
             ("raw_logprobs", pa.list_(pa.float64())),
@@ -178,6 +206,8 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
             ("top_k", pa.int64()),
             ("turns", pa.int64()),
             ("task_id", pa.string()),
+            ("prompt_messages", pa.string()),
+            ("reward_info", pa.string()),
         ]
     )
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)

@@ -70,7 +70,7 @@ class FileStore:
         _atomic_write(self.path / "config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
 
     def write(self, record: RolloutRecord) -> None:
-        _atomic_write(self._record_path(record.rollout_key), record.model_dump_json().encode())
+        _atomic_write(self._record_path(record.rollout_key), record.stored())
         with _named_in_errors(self._index), self._index.open("ab") as index:
             index.write(orjson.dumps(index_row(record)) + b"\n")
 

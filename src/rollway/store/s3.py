@@ -66,7 +66,7 @@ class ObjectStore:
         self._put("config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
 
     def write(self, record: RolloutRecord) -> None:
-        self._put(self._record_path(record.rollout_key), record.model_dump_json().encode())
+        self._put(self._record_path(record.rollout_key), record.stored())
 
     def get(self, rollout_key: str) -> RolloutRecord | None:
         data = self._get(self._record_path(rollout_key))

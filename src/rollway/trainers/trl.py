@@ -194,15 +194,16 @@ def _row(record: RolloutRecord, eos_id: int) -> dict[str, Any]:
 def _only_sample(record: RolloutRecord) -> Sample | None:
     """The record's one sample; None when it failed or sampled nothing."""
     trajectory = record.trajectory
-    if not record.success or trajectory is None or not trajectory.samples:
+    samples = trajectory.samples if record.success and trajectory is not None else []
+    if not samples:
         return None
-    if len(trajectory.samples) > 1:
+    if len(samples) > 1:
         raise ConfigError(
-            f"rollout {record.rollout_id} has {len(trajectory.samples)} segments (its agent "
+            f"rollout {record.rollout_id} has {len(samples)} segments (its agent "
             "rewrote the conversation); TRL takes one completion per prompt",
             "agent",
         )
-    sample = trajectory.samples[0]
+    sample = samples[0]
     return sample if sample.response_ids else None
 
 

@@ -10,7 +10,7 @@ import orjson
 
 from rollway.types import RolloutRecord
 from rollway.viewer.run_index import RunLocation
-from rollway.viewer.token_view import TokenTexts, sample_views, token_texts
+from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, sample_views, token_texts
 
 #: The most debug events a page shows per rollout (a chatty agent may log thousands).
 MAX_DEBUG_EVENTS = 2000
@@ -24,6 +24,7 @@ def rollout_detail(
         "trajectory": None,
         "turns": [],
         "samples": [],
+        "page_tokens": PAGE_TOKENS,
         "tokenizer": None,
         "texts": {},
         "debug": debug_events(location.folder, record),
@@ -34,9 +35,9 @@ def rollout_detail(
     detail["trajectory"] = trajectory.model_dump(mode="json", exclude={"turns", "samples"})
     detail["turns"] = [
         {
-            **turn.model_dump(mode="json", exclude={"prompt_ids", "completion_ids", "logprobs",
-                                                    "policy_versions"}),
-            "prompt_tokens": len(turn.prompt_ids),
+            **turn.model_dump(mode="json", exclude={"new_prompt_ids", "completion_ids",
+                                                    "logprobs", "policy_versions"}),
+            "prompt_tokens": turn.prompt_len,
             "completion_tokens": len(turn.completion_ids),
             "policy_versions": sorted(set(turn.policy_versions or [])),
         }

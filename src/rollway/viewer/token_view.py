@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rollway.engines.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, resolve_model_path
-from rollway.types import Trajectory
+from rollway.types import Sample, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -74,34 +74,72 @@ def _load_tokenizer(name: str) -> Any:
         return None
 
 
-def sample_views(trajectory: Trajectory) -> list[dict[str, Any]]:
-    """Per sample (segment): the whole stream (prompt, then response) and, aligned with the
-    response, mask, logprobs and versions; the turns' spans in the stream; drift's start."""
-    views = []
-    for sample in trajectory.samples:
-        turns = [t for t in trajectory.turns if t.segment == sample.segment]
-        views.append({
-            "segment": sample.segment,
-            "prompt_len": len(sample.prompt_ids),
-            "ids": sample.prompt_ids + sample.response_ids,
-            "loss_mask": sample.loss_mask,
-            "logprobs": sample.logprobs,
-            "policy_versions": sample.policy_versions,
-            # A turn's prompt is the stream so far: its completion follows it.
-            "turns": [
-                {"index": t.index, "start": len(t.prompt_ids),
-                 "end": len(t.prompt_ids) + len(t.completion_ids), "reissued": t.reissued}
-                for t in turns
-            ],
-            "drift_at": None,
-        })  # fmt: skip
+#: Tokens a page of a sample's stream holds: a 200-turn rollout's 100k tokens come in pages,
+#: so that the page opens at once and the browser never lays out the whole stream.
+PAGE_TOKENS = 4096
+
+
+def sample_views(trajectory: Trajectory, limit: int = PAGE_TOKENS) -> list[dict[str, Any]]:
+    """Per sample (segment): its first page of tokens (``token_page``), its whole length, and
+    its turns' spans in the stream and where drift starts (for pages the browser asks for)."""
+    samples = trajectory.samples
+    views = [_page(trajectory, sample, 0, limit) for sample in samples]
     drift = trajectory.drift
     if views and drift is not None and drift.first_mismatch is not None:
         # Drift compares the last segment (plus its closing glue) with a fresh render.
         last = views[-1]
-        if drift.first_mismatch < len(last["ids"]):
+        if drift.first_mismatch < last["length"]:
             last["drift_at"] = drift.first_mismatch
     return views
+
+
+def token_page(
+    trajectory: Trajectory, segment: int, offset: int, limit: int = PAGE_TOKENS
+) -> dict[str, Any] | None:
+    """Tokens ``offset`` to ``offset + limit`` of a segment's stream (None: no such segment),
+    as ``sample_views`` lays out the first page."""
+    views = {sample.segment: sample for sample in trajectory.samples}
+    sample = views.get(segment)
+    if sample is None:
+        return None
+    page = _page(trajectory, sample, offset, limit)
+    drift = trajectory.drift
+    if segment == max(views) and drift is not None and drift.first_mismatch is not None:
+        page["drift_at"] = drift.first_mismatch if drift.first_mismatch < page["length"] else None
+    return page
+
+
+def _page(trajectory: Trajectory, sample: Sample, offset: int, limit: int) -> dict[str, Any]:
+    """One page of a sample's stream (prompt, then response): ``ids`` from ``offset``; mask,
+    logprobs and versions for the response ids among them (from ``response_offset`` in the
+    response); the turns' spans in the whole stream."""
+    prompt = len(sample.prompt_ids)
+    end = offset + limit
+    ids = (sample.prompt_ids[offset:end] if offset < prompt else []) + sample.response_ids[
+        max(0, offset - prompt) : max(0, end - prompt)
+    ]
+    first, last = max(0, offset - prompt), max(0, end - prompt)
+    versions = sample.policy_versions
+    turns = [t for t in trajectory.turns if t.segment == sample.segment]
+    return {
+        "segment": sample.segment,
+        "prompt_len": prompt,
+        "length": prompt + len(sample.response_ids),
+        "sampled": sum(sample.loss_mask),
+        "offset": offset,
+        "response_offset": first,
+        "ids": ids,
+        "loss_mask": sample.loss_mask[first:last],
+        "logprobs": sample.logprobs[first:last],
+        "policy_versions": versions[first:last] if versions is not None else None,
+        # A turn's prompt is the stream so far: its completion follows it.
+        "turns": [
+            {"index": t.index, "start": t.prompt_len,
+             "end": t.prompt_len + len(t.completion_ids), "reissued": t.reissued}
+            for t in turns
+        ],
+        "drift_at": None,
+    }  # fmt: skip
 
 
 def token_texts(

@@ -19,7 +19,7 @@ from rollway.errors import InvalidFieldsError, UnknownRolloutError
 from rollway.ids import is_safe_id
 from rollway.viewer.rollout_page import rollout_detail
 from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
-from rollway.viewer.token_view import TokenTexts
+from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, token_page, token_texts
 from rollway.web.handlers import JSONResponse, route_error
 from rollway.web.openapi import Endpoint, Param, routes_and_document
 
@@ -73,6 +73,33 @@ def create_viewer_app(
             raise UnknownRolloutError(f"no rollout {key!r} in this run")
         return rollout_detail(record, location, texts, location.read_config())
 
+    async def tokens(request: Request) -> Response:
+        key = request.path_params["key"]
+        if not is_safe_id(key):
+            raise UnknownRolloutError(f"no rollout {key!r} in this run")
+        params = request.query_params
+        segment = _whole("segment", params.get("segment", "0"))
+        offset, limit = _whole("offset", params.get("offset", "0")), PAGE_TOKENS
+        if "limit" in params:
+            limit = _whole("limit", params["limit"])
+            if not 1 <= limit <= PAGE_TOKENS:
+                raise InvalidFieldsError(f"limit: 1 to {PAGE_TOKENS}", param="limit")
+        return JSONResponse(await run_in_threadpool(_tokens, key, segment, offset, limit))
+
+    def _tokens(key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
+        record = location.store.get(key)
+        if record is None:
+            raise UnknownRolloutError(f"no rollout {key!r} in this run")
+        page = token_page(record.trajectory, segment, offset, limit) if record.trajectory else None
+        if page is None:
+            raise UnknownRolloutError(f"rollout {key!r} has no segment {segment}")
+        assert record.trajectory is not None
+        model = location.read_config().get("model")
+        name, found = token_texts(
+            texts, record.trajectory, [page], model if isinstance(model, str) else None
+        )
+        return {**page, "tokenizer": name, "texts": found}
+
     async def listing_page(request: Request) -> Response:
         return FileResponse(ASSETS / "index.html")
 
@@ -105,8 +132,20 @@ def create_viewer_app(
             "GET",
             "/api/rollouts/{key}",
             rollout,
-            "One rollout's record and token stream",
+            "One rollout's record, and the first page of each sample's token stream",
             errors=(404,),
+        ),
+        Endpoint(
+            "GET",
+            "/api/rollouts/{key}/tokens",
+            tokens,
+            "A page of one sample's token stream",
+            params=(
+                Param("segment", "query", int, "The sample's segment (default 0)"),
+                Param("offset", "query", int, "First token of the stream (default 0)"),
+                Param("limit", "query", int, f"Tokens, 1 to {PAGE_TOKENS} (the default)"),
+            ),
+            errors=(404, 422),
         ),
     ]
     routes = routes_and_document(
@@ -144,3 +183,9 @@ def _page(offset: str, limit: str) -> tuple[int, int]:
     if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
         raise InvalidFieldsError(f"limit: a whole number from 1 to {MAX_PAGE}", param="limit")
     return int(offset), int(limit)
+
+
+def _whole(name: str, value: str) -> int:
+    if not value.isdigit():
+        raise InvalidFieldsError(f"{name}: a whole number from 0", param=name)
+    return int(value)

@@ -3,6 +3,8 @@
 "use strict";
 
 const key = decodeURIComponent(location.pathname.split("/").pop());
+let pageTokens = 4096;
+let samples = [];
 
 function contentText(content) {
   if (content === null || content === undefined) return "";
@@ -62,7 +64,7 @@ function renderFacts(detail) {
 }
 
 function renderTurns(turns) {
-  document.querySelector("#turns tbody").replaceChildren(...turns.map((turn) => el("tr", {},
+  document.querySelector("#turns tbody").replaceChildren(...turns.map((turn) => el("tr", { "data-turn-row": turn.index, onclick: () => showTurn(turn), title: "show its tokens" },
     el("td", { class: "num", text: turn.index }),
     el("td", { class: "num", text: turn.segment }),
     el("td", { text: turn.finish_reason }),
@@ -85,6 +87,7 @@ function heat(logprob) {
 }
 
 function renderSample(sample, texts) {
+  // One page of the sample's stream: positions are the whole stream's (sample.offset on).
   const marks = new Map();
   const add = (at, node) => { if (!marks.has(at)) marks.set(at, []); marks.get(at).push(node); };
   add(sample.prompt_len, el("span", { class: "mark boundary", text: "response ▸" }));
@@ -94,7 +97,8 @@ function renderSample(sample, texts) {
   if (sample.drift_at !== null) add(sample.drift_at, el("span", { class: "mark drift-mark", text: "drift ▸" }));
   const prompt = document.createDocumentFragment();
   const response = document.createDocumentFragment();
-  sample.ids.forEach((id, i) => {
+  sample.ids.forEach((id, k) => {
+    const i = sample.offset + k;
     const target = i < sample.prompt_len ? prompt : response;
     for (const mark of marks.get(i) || []) target.append(mark);
     const text = texts[id];
@@ -107,7 +111,7 @@ function renderSample(sample, texts) {
       node.classList.add("prompt");
       tip.push("prompt");
     } else {
-      const j = i - sample.prompt_len;
+      const j = i - sample.prompt_len - sample.response_offset;
       const mask = sample.loss_mask[j];
       node.dataset.mask = String(mask);
       tip.push(`mask ${mask}`);
@@ -121,12 +125,41 @@ function renderSample(sample, texts) {
     node.title = tip.join(" · ");
     target.append(node);
   });
-  const masked = sample.loss_mask.filter((m) => m === 1).length;
-  const header = `segment ${sample.segment}: prompt ${num(sample.prompt_len)} tokens, response ${num(sample.loss_mask.length)} (${num(masked)} sampled, mask 1; ${num(sample.loss_mask.length - masked)} mask 0)`;
-  return el("div", { class: "sample", "data-segment": sample.segment },
-    el("h3", { text: header }),
-    el("details", { class: "prompt-block" }, el("summary", { text: `prompt (${num(sample.prompt_len)} tokens)` }), el("div", { class: "stream" }, prompt)),
-    el("div", { class: "stream" }, response));
+  const responseLen = sample.length - sample.prompt_len;
+  const header = `segment ${sample.segment}: prompt ${num(sample.prompt_len)} tokens, response ${num(responseLen)} (${num(sample.sampled)} sampled, mask 1; ${num(responseLen - sample.sampled)} mask 0)`;
+  const blocks = [el("h3", { text: header }), pager(sample)];
+  if (sample.offset < sample.prompt_len) {
+    const shownPrompt = Math.min(sample.prompt_len, sample.offset + sample.ids.length) - sample.offset;
+    blocks.push(el("details", { class: "prompt-block" }, el("summary", { text: `prompt (${num(sample.prompt_len)} tokens${shownPrompt < sample.prompt_len ? `, ${num(shownPrompt)} on this page` : ""})` }), el("div", { class: "stream" }, prompt)));
+  }
+  blocks.push(el("div", { class: "stream" }, response));
+  return el("div", { class: "sample", "data-segment": sample.segment, "data-offset": sample.offset }, ...blocks);
+}
+
+function pager(sample) {
+  // A long sample comes a page at a time: the page lays out only the tokens it shows.
+  if (sample.length <= pageTokens && sample.offset === 0) return null;
+  const last = sample.offset + sample.ids.length;
+  const go = (offset) => el("button", { type: "button", text: offset < sample.offset ? "◀ earlier" : "later ▶", onclick: () => showPage(sample.segment, offset) });
+  return el("div", { class: "pager" },
+    sample.offset > 0 ? go(Math.max(0, sample.offset - pageTokens)) : null,
+    el("span", { class: "muted", text: ` tokens ${num(sample.offset)}–${num(last)} of ${num(sample.length)} ` }),
+    last < sample.length ? go(last) : null);
+}
+
+async function showPage(segment, offset) {
+  const page = await getJSON(`/api/rollouts/${encodeURIComponent(key)}/tokens?segment=${segment}&offset=${offset}`);
+  const shown = document.querySelector(`.sample[data-segment="${segment}"]`);
+  const fresh = renderSample(page, page.texts);
+  shown.replaceWith(fresh);
+  fresh.scrollIntoView();
+}
+
+function showTurn(turn) {
+  // The page of the sample that holds the turn's first completion token.
+  const sample = samples.find((s) => s.segment === turn.segment);
+  const span = sample && sample.turns.find((t) => t.index === turn.index);
+  if (span) showPage(turn.segment, Math.floor(span.start / pageTokens) * pageTokens);
 }
 
 function renderDebug(events, startedAt) {
@@ -157,6 +190,8 @@ async function main() {
   const messages = t ? t.messages : [];
   document.getElementById("conversation").replaceChildren(
     ...(messages.length ? messages.map(renderMessage) : [el("p", { class: "muted", text: "no recorded conversation" })]));
+  pageTokens = detail.page_tokens;
+  samples = detail.samples;
   renderTurns(detail.turns);
   document.getElementById("tokenizer").textContent = detail.tokenizer ? `tokens decoded with ${detail.tokenizer}` : "no tokenizer loaded: token ids shown";
   document.getElementById("samples").replaceChildren(

@@ -1,0 +1,189 @@
+"""The trajectory's stored format: turns that grow linearly with the conversation, the
+training samples made from them, each turn's whole prompt on demand, and records of the
+previous format read into this one.
+
+Format 2 (this one): a turn keeps the prompt ids past the previous turn of its segment (that
+turn's prompt and completion): the template glue and the new messages; the turn that starts
+a segment keeps its whole prompt. A 100-turn rollout's record then holds its context once,
+where format 1 held every turn's whole prompt (50 times the context). Each turn's
+``prompt_hash`` is still of its whole prompt: ``check_prompt_hashes`` proves the chain.
+
+Format 1 (no ``format_version``; ``samples`` stored): every turn's whole ``prompt_ids``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+
+class Turn(Protocol):
+    """What this module reads of a turn (``rollway.types.Turn``, which imports this module)."""
+
+    index: int
+    segment: int
+    prompt_len: int
+    new_prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    prompt_hash: str
+    policy_versions: list[int] | None
+    logprob_kind: str
+    raw_logprobs: list[float] | None
+    kept_mass: list[float] | None
+
+
+FORMAT_VERSION = 2
+
+
+def whole_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
+    """Each turn with its whole prompt, in turn order (each list is the turn's own)."""
+    sequences: dict[int, list[int]] = {}
+    for turn in turns:
+        head = sequences.get(turn.segment, [])
+        prompt = head + turn.new_prompt_ids
+        sequences[turn.segment] = prompt + turn.completion_ids
+        yield turn, prompt
+
+
+def whole_prompt(turns: list[Turn], index: int) -> list[int]:
+    """The whole prompt the engine got on turn ``index``."""
+    segment = turns[index].segment
+    ids: list[int] = []
+    for turn in turns[: index + 1]:
+        if turn.segment == segment:
+            ids += turn.new_prompt_ids
+            if turn.index != index:
+                ids += turn.completion_ids
+    return ids
+
+
+def check_prompt_hashes(turns: list[Turn]) -> list[str]:
+    """The turns whose whole prompt, rebuilt from the chain, does not hash to the recorded
+    ``prompt_hash`` or is not ``prompt_len`` long (empty: the chain holds). Linear time: each
+    segment's hash state moves on by each turn's new ids. For token ids only: behind a
+    chat-level engine (``has_token_ids`` false) turns hold none to check."""
+    problems = []
+    states: dict[int, tuple[Any, int]] = {}
+    for turn in turns:
+        state, length = states.get(turn.segment, (hashlib.sha256(), 0))
+        state.update(int32_bytes(turn.new_prompt_ids))
+        length += len(turn.new_prompt_ids)
+        if length != turn.prompt_len:
+            problems.append(f"turn {turn.index}: its prompt is {length} ids, not {turn.prompt_len}")
+        elif state.hexdigest()[:16] != turn.prompt_hash:
+            problems.append(f"turn {turn.index}: prompt does not match its prompt_hash")
+        state = state.copy()
+        state.update(int32_bytes(turn.completion_ids))
+        states[turn.segment] = (state, length + len(turn.completion_ids))
+    return problems
+
+
+def prompt_hash(ids: list[int]) -> str:
+    """sha256 (hex, first 16) of the ids as int32."""
+    return hashlib.sha256(int32_bytes(ids)).hexdigest()[:16]
+
+
+def int32_bytes(ids: list[int]) -> bytes:
+    return array("i", ids).tobytes()
+
+
+def sample_fields(turns: list[Turn]) -> list[dict[str, Any]]:
+    """The fields of each segment's training sample (``rollway.types.build_samples`` makes
+    them ``Sample``s): its first prompt, then completions (mask 1) and each later turn's new
+    prompt ids, the glue (mask 0). Policy versions follow the tokens (-1 on glue), where every
+    turn of the segment has them; so do raw logprobs where some turn's logprobs are not raw,
+    and the kept mass where some turn's sampling cut the vocabulary."""
+    samples: dict[int, dict[str, Any]] = {}
+    versioned = {t.segment for t in turns if t.policy_versions is not None}
+    versioned -= {t.segment for t in turns if t.policy_versions is None}
+    scaled = {t.segment for t in turns if t.logprob_kind != "raw_logprobs"}
+    scaled -= {t.segment for t in turns if t.segment in scaled and _no_raw(t)}
+    cut = {t.segment for t in turns if t.kept_mass is not None}
+    for turn in turns:
+        sample = samples.get(turn.segment)
+        if sample is None:
+            sample = samples[turn.segment] = {
+                "segment": turn.segment,
+                "prompt_ids": list(turn.new_prompt_ids),
+                "response_ids": [],
+                "loss_mask": [],
+                "logprobs": [],
+                "policy_versions": [] if turn.segment in versioned else None,
+                "raw_logprobs": [] if turn.segment in scaled else None,
+                "kept_mass": [] if turn.segment in cut else None,
+            }
+            glue: list[int] = []
+        else:
+            glue = turn.new_prompt_ids
+        tokens = len(turn.completion_ids)
+        sample["response_ids"] += glue + turn.completion_ids
+        sample["loss_mask"] += [0] * len(glue) + [1] * tokens
+        sample["logprobs"] += [0.0] * len(glue) + list(turn.logprobs)
+        if sample["policy_versions"] is not None and turn.policy_versions is not None:
+            sample["policy_versions"] += [-1] * len(glue) + list(turn.policy_versions)
+        if sample["raw_logprobs"] is not None:
+            raw = turn.logprobs if turn.logprob_kind == "raw_logprobs" else turn.raw_logprobs
+            sample["raw_logprobs"] += _per_token(len(glue), raw, tokens, 0.0)
+        if sample["kept_mass"] is not None:
+            sample["kept_mass"] += _per_token(len(glue), turn.kept_mass, tokens, 1.0)
+    return [samples[k] for k in sorted(samples)]
+
+
+def _no_raw(turn: Turn) -> bool:
+    return turn.logprob_kind != "raw_logprobs" and turn.raw_logprobs is None
+
+
+def _per_token(glue: int, values: list[float] | None, tokens: int, blank: float) -> list[float]:
+    """A turn's per-token values after its glue (``blank`` there, and on every token of a turn
+    that has none: a kept mass of 1.0 is a turn that cut nothing)."""
+    return [blank] * glue + (list(values) if values is not None else [blank] * tokens)
+
+
+def upgrade(data: Any) -> Any:
+    """A trajectory as read (a dict) in this format: a format-1 one (whole prompts on every
+    turn, samples stored) has each turn's prompt cut to what it adds to its segment and its
+    samples dropped (they are made from the turns). Anything else passes as it is."""
+    if not isinstance(data, dict):
+        return data
+    version = data.get("format_version", 1 if "samples" in data else FORMAT_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"format_version must be an integer, not {version!r}")
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"trajectory format {version} is newer than this rollway reads (1 to "
+            f"{FORMAT_VERSION}): upgrade rollway"
+        )
+    if version == FORMAT_VERSION:
+        return data
+    upgraded = {key: value for key, value in data.items() if key != "samples"}
+    upgraded["format_version"] = FORMAT_VERSION
+    turns = data.get("turns")
+    if isinstance(turns, list):
+        upgraded["turns"] = list(cut_prompts(turns))
+    return upgraded
+
+
+def cut_prompts(turns: list[Any]) -> Iterator[Any]:
+    """Turns with whole ``prompt_ids`` (format 1, or a test's) with each prompt cut to its new ids
+    (``new_prompt_ids``) and its length kept (``prompt_len``); a turn that does not extend
+    the previous turn of its segment is an error (its record's samples were wrong too)."""
+    sequences: dict[Any, list[Any]] = {}
+    for turn in turns:
+        if not isinstance(turn, dict) or not isinstance(turn.get("prompt_ids"), list):
+            yield turn  # the model's own check names what is wrong
+            continue
+        prompt = turn["prompt_ids"]
+        head = sequences.get(turn.get("segment"), [])
+        if prompt[: len(head)] != head:
+            raise ValueError(
+                f"turn {turn.get('index')} does not extend the previous turn of segment "
+                f"{turn.get('segment')}"
+            )
+        new = {key: value for key, value in turn.items() if key != "prompt_ids"}
+        new["prompt_len"] = len(prompt)
+        new["new_prompt_ids"] = prompt[len(head) :]
+        sequences[turn.get("segment")] = prompt + list(turn.get("completion_ids") or [])
+        yield new

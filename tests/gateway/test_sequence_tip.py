@@ -1,0 +1,140 @@
+"""The rollout's sequence tip: the last turn's ids, which the next turn extends in place so that a
+turn costs its new tokens. A call that fails, or a stream closed early, gives it back as it was;
+concurrent calls copy what they need; every turn's whole prompt stays exactly what a gateway
+that saw only the successful calls would have sent."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from rollway.engines.sim import SimConfig, SimEngine
+from rollway.errors import EngineError
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
+from rollway.trajectory_format import check_prompt_hashes, whole_prompts
+from rollway.types import GenerationResult, SamplingParams, Trajectory
+
+Message = dict[str, Any]
+
+
+class FailsOnce(SimEngine):
+    """The sim engine, failing its ``fail_at``-th generation (1-based)."""
+
+    def __init__(self, fail_at: int, **config: Any) -> None:
+        super().__init__(SimConfig(**config))
+        self.calls, self.fail_at = 0, fail_at
+
+    async def generate(
+        self, input_ids: list[int], sampling: SamplingParams, request_id: str
+    ) -> GenerationResult:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise EngineError("the engine fell over")
+        return await super().generate(input_ids, sampling, request_id)
+
+
+def exact(trajectory: Trajectory) -> None:
+    """Hashes prove every whole prompt; each sample is its last turn's prompt + completion."""
+    assert check_prompt_hashes(trajectory.turns) == []
+    for sample in trajectory.samples:
+        last = [t for t in trajectory.turns if t.segment == sample.segment][-1]
+        whole = trajectory.prompt_ids(last.index) + last.completion_ids
+        assert sample.prompt_ids + sample.response_ids == whole
+
+
+def given_back(gateway: Gateway, rollout: str) -> None:
+    """The tip is free again and holds the last turn's sequence only: the next turn extends it
+    in place, not a copy (a copy per turn would cost the context on every turn)."""
+    tip = gateway._rollouts[rollout].tip
+    assert tip is not None and not tip.claimed and len(tip.ids) == tip.length
+
+
+async def converse(gateway: Gateway, rollout: str, steps: int, fail_ok: bool = False) -> None:
+    """``steps`` turns of one growing conversation; a failed call is asked again."""
+    messages: list[Message] = [{"role": "user", "content": "Start."}]
+    for step in range(steps):
+        while True:
+            try:
+                reply = await gateway.chat(rollout, {"messages": messages})
+                break
+            except EngineError:
+                assert fail_ok
+                given_back(gateway, rollout)
+        messages += [reply.message, {"role": "user", "content": f"Observation {step}."}]
+
+
+async def test_a_failed_call_leaves_the_next_turn_exactly_as_without_it(
+    renderer: ChatRenderer,
+) -> None:
+    flaky = Gateway(FailsOnce(fail_at=3, output_len=5), renderer, model_name="sim")
+    clean = Gateway(SimEngine(SimConfig(output_len=5)), renderer, model_name="sim")
+    for gateway in (flaky, clean):
+        gateway.register("r", {})
+        await converse(gateway, "r", 5, fail_ok=gateway is flaky)
+    got, want = await flaky.trajectory("r"), await clean.trajectory("r")
+    assert got.segment_count == 1 and len(got.turns) == 5
+    exact(got)
+    assert [p for _, p in whole_prompts(got.turns)] == [p for _, p in whole_prompts(want.turns)]
+    assert [t.new_prompt_ids for t in got.turns] == [t.new_prompt_ids for t in want.turns]
+
+
+async def test_a_stream_closed_early_gives_the_tip_back(renderer: ChatRenderer) -> None:
+    gateway = Gateway(
+        SimEngine(SimConfig(output_len=8, per_token_s=0.02)), renderer, model_name="sim"
+    )
+    gateway.register("s", {})
+    messages: list[Message] = [{"role": "user", "content": "Start."}]
+    reply = await gateway.chat("s", {"messages": messages})
+    messages += [reply.message, {"role": "user", "content": "Go on."}]
+    stream = gateway.chat_stream("s", {"messages": messages})
+    async with contextlib.aclosing(stream):
+        async for _ in stream:
+            break  # the caller goes away after the first piece
+    given_back(gateway, "s")
+    reply = await gateway.chat("s", {"messages": messages})
+    messages += [reply.message, {"role": "user", "content": "And on."}]
+    await gateway.chat("s", {"messages": messages})
+    trajectory = await gateway.trajectory("s")
+    exact(trajectory)
+    last = trajectory.turns[-1]
+    before = trajectory.turns[-2]
+    # The last turn extends the one before it: nothing of the closed stream's prompt is left.
+    assert last.segment == before.segment
+    assert trajectory.prompt_ids(last.index)[: before.prompt_len] == trajectory.prompt_ids(
+        before.index
+    )
+
+
+async def test_branches_copy_the_head_and_each_goes_on_exactly(renderer: ChatRenderer) -> None:
+    gateway = Gateway(
+        SimEngine(SimConfig(output_len=4, latency_s=0.01)), renderer, model_name="sim"
+    )
+    gateway.register("b", {})
+    first: list[Message] = [{"role": "user", "content": "Start."}]
+    reply = (await gateway.chat("b", {"messages": first})).message
+    branches = [[*first, reply, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
+    answers = await asyncio.gather(*[gateway.chat("b", {"messages": b}) for b in branches])
+    # Each branch goes on; the later one extends the last turn, the other starts afresh.
+    for branch, answer in zip(branches, answers, strict=True):
+        branch += [answer.message, {"role": "user", "content": "More."}]
+        await gateway.chat("b", {"messages": branch})
+    trajectory = await gateway.trajectory("b")
+    exact(trajectory)
+    first_prompt = trajectory.prompt_ids(0) + trajectory.turns[0].completion_ids
+    assert trajectory.prompt_ids(1)[: len(first_prompt)] == first_prompt
+    assert trajectory.prompt_ids(2)[: len(first_prompt)] == first_prompt
+    assert trajectory.segment_count >= 2
+
+
+async def test_a_rollout_holds_its_context_once(renderer: ChatRenderer) -> None:
+    """The turns' stored ids add up to the context (not to turns x context)."""
+    gateway = Gateway(SimEngine(SimConfig(output_len=16)), renderer, model_name="sim")
+    gateway.register("long", {})
+    await converse(gateway, "long", 40)
+    trajectory = await gateway.trajectory("long")
+    (sample,) = trajectory.samples
+    stored = sum(len(t.new_prompt_ids) + len(t.completion_ids) for t in trajectory.turns)
+    assert stored == len(sample.prompt_ids) + len(sample.response_ids)
+    assert sum(t.prompt_len for t in trajectory.turns) > 15 * stored  # what format 1 stored
