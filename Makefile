@@ -56,6 +56,8 @@ bench: setup
 	# Long conversations: what a turn costs as the history grows.
 	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60
 	$(BIN)/python benchmarks/embedded_throughput.py
+	# Long horizons: record size, gateway memory and a turn's cost from 10 to 200 turns.
+	$(BIN)/python benchmarks/long_horizon.py
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
 

@@ -1,10 +1,11 @@
 """A log-reader agent whose conversation outgrows the model's context: it reads a server log
-chunk by chunk (about 1,400 tokens in all), with the embedded engine's context capped at 512
-tokens (``context_length``, vLLM's ``--max-model-len``: so that it runs in a minute on 2 CPU
-cores; the mechanism is the same at 128k), then names the access code the log gave. It runs
-to the end only thanks to context folding (``rollway.agents.folding``): past its budget, the
-agent keeps the task and its last exchanges. Each fold starts a new segment, and the export has
-one sample per segment of each rollout.
+chunk by chunk (about 1,000 tokens of log, 2,200 tokens through the model with its answers and
+the template), with the embedded engine's context capped at 512 tokens (``context_length``,
+vLLM's ``--max-model-len``: so that it runs in about the time of ``make run`` on 2 CPU cores;
+the mechanism is the same at 128k), then names the access code the log gave. It runs to the end
+only thanks to context folding (``rollway.agents.folding``): past its budget, the agent keeps
+the task and its last exchanges. Each fold starts a new segment (5 or 6 a rollout here), and the
+export has one sample per segment of each rollout.
 
 Run it:  rollway run examples/long_context/agent.py:LogReaderAgent \
              --tasks examples/long_context/tasks.jsonl --group-size 2 \
@@ -34,7 +35,7 @@ def log_chunk(task: dict[str, Any], index: int) -> str:
     ``code_at``."""
     rng = random.Random(f"{task['seed']}-{index}")
     lines = []
-    for line in range(task.get("lines", 4)):
+    for line in range(task.get("lines", 3)):
         service, worker = rng.choice(SERVICES), rng.randrange(1, 64)
         lines.append(
             f"10:{index:02d}:{line:02d} INFO {service} worker-{worker} served request "
@@ -54,7 +55,7 @@ def check_answer(task: dict[str, Any], text: str | None) -> bool:
 class LogReaderAgent(AgentLoop):
     name = "log-reader"
     #: Prompt tokens the conversation may take: the rest of the context is room for answers.
-    budget = 360
+    budget = 450
 
     async def run(self, ctx: RolloutContext) -> AgentResult:
         task = ctx.task

@@ -49,7 +49,7 @@ def run(
         return [item.result for item in client.run_batch(tasks, group_size=2)]
 
 
-TASK = {"task_id": "log-0", "seed": 0, "chunks": 10, "code_at": 8, "code": "4821"}
+TASK = {"task_id": "log-0", "seed": 0, "chunks": 14, "code_at": 12, "code": "4821"}
 
 
 def test_the_example_runs_past_the_context_only_with_folding(

@@ -1,0 +1,20 @@
+"""The short version of benchmarks/long_horizon.py: a record grows linearly with its turns (its
+size set against its sample's ids stays flat from 5 to 40 turns, where format 1 grew with the
+turns), and what the gateway holds for rollouts in flight stays within 2x their ids."""
+
+from __future__ import annotations
+
+from benchmarks.long_horizon import in_flight_growth, measure
+
+
+async def test_a_records_size_stays_flat_against_its_ids_as_turns_grow() -> None:
+    short, long = await measure(5, 200, 16), await measure(40, 200, 16)
+    assert long.context > 6 * short.context
+    assert long.record_ratio < 1.15 * short.record_ratio < 4  # format 1: 8x more at 40 turns
+    assert long.token_ratio < 1.1 * short.token_ratio
+
+
+async def test_rollouts_in_flight_hold_their_context_about_once() -> None:
+    held, ids = await in_flight_growth(rollouts=8, turns=30, observation_tokens=200,
+                                       answer_tokens=16)  # fmt: skip
+    assert 0 < held < 2 * ids
