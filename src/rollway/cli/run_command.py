@@ -14,6 +14,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import import_target
 from rollway.agents.server.remote_agent import resolve_agent
+from rollway.cli.config_file import as_toml, merged_settings
 from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
@@ -31,7 +32,10 @@ from rollway.sandbox import sandbox_factory
 
 
 def run(
-    tasks: Annotated[Path, typer.Option(help="JSONL file, one task object per line.")],
+    ctx: typer.Context,
+    tasks: Annotated[
+        Path | None, typer.Option(help="JSONL file, one task object per line (required).")
+    ] = None,
     agent: Annotated[
         str | None,
         typer.Argument(
@@ -65,7 +69,27 @@ def run(
             help="Seconds between status lines, whether or not a rollout finished.",
         ),
     ] = DEFAULT_STATUS_INTERVAL_S,
-    temperature: Annotated[float, typer.Option()] = 1.0,
+    temperature: Annotated[float, typer.Option(min=0, help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling (1: off).")] = 1.0,
+    top_k: Annotated[int, typer.Option(min=0, help="Top-k sampling (0: off).")] = 0,
+    stop: Annotated[
+        list[str] | None, typer.Option(help="A stop string (repeat the option for more).")
+    ] = None,
+    max_turns: Annotated[
+        int | None, typer.Option(min=1, help="Model calls per rollout; past them: truncated.")
+    ] = None,
+    max_seq_len: Annotated[
+        int | None, typer.Option(min=2, help="Tokens per rollout; past them: truncated.")
+    ] = None,
+    max_attempts: Annotated[
+        int | None, typer.Option(min=1, help="Attempts at a rollout failed by infrastructure.")
+    ] = None,
+    reward_timeout: Annotated[
+        float, typer.Option(min=0, help="Seconds the reward function may take.")
+    ] = 30.0,
+    stop_grace: Annotated[
+        float, typer.Option(min=0, help="Seconds an agent has to stop at a timeout or cancel.")
+    ] = 2.0,
     seed: Annotated[int | None, typer.Option(help="Run seed; rollouts derive theirs.")] = None,
     resume: Annotated[bool, typer.Option(help="Skip rollouts already in the store.")] = True,
     agent_key: Annotated[
@@ -121,50 +145,86 @@ def run(
             help="OpenTelemetry spans to the OTLP collector OTEL_EXPORTER_OTLP_ENDPOINT names.",
         ),
     ] = False,
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            help="A TOML file of these settings (option names as keys); the command line and "
+            "the environment win over it."
+        ),
+    ] = None,
+    print_config: Annotated[
+        bool, typer.Option(help="Print the merged settings as TOML and exit.")
+    ] = False,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
-    rows = _read_tasks(tasks, limit)
-    if (agent is None) == (cmd is None):
+    s = merged_settings(ctx, config)
+    if print_config:
+        typer.echo(as_toml(s), nl=False)
+        return
+    if s["tasks"] is None:
+        raise ConfigError("give --tasks (or `tasks` in the config file)", param="tasks")
+    rows = _read_tasks(Path(s["tasks"]), s["limit"])
+    if (s["agent"] is None) == (s["cmd"] is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
-    chosen = _agent(agent, cmd, agent_key, sandbox)
-    exp = exp_id or id_from(f"{chosen.name}-{tasks.stem}")
-    sampling: dict[str, Any] = {"temperature": temperature}
-    if seed is not None:
-        sampling["seed"] = seed
-    if max_tokens is not None:
-        sampling["max_tokens"] = max_tokens
+    chosen = _agent(s["agent"], s["cmd"], s["agent_key"], s["sandbox"])
+    exp = s["exp_id"] or id_from(f"{chosen.name}-{Path(s['tasks']).stem}")
+    gateway = s["gateway"]
     with (
-        _event_log(events) as on_event,
+        _event_log(Path(s["events"]) if s["events"] else None) as on_event,
         RolloutClient(
             chosen,
-            RemoteGateway(gateway, admin_key=gateway_key or "") if gateway else engine,
-            model=model,
-            store=out,
+            RemoteGateway(gateway, admin_key=s["gateway_key"] or "") if gateway else s["engine"],
+            model=s["model"],
+            store=s["out"],
             exp_id=exp,
-            reward=_load_reward(reward) if reward else None,
-            sampling=sampling,
-            limits=RolloutLimits(timeout=timeout or None),
-            serving=ServingConfig(host=http_host, port=http_port, public_url=public_url),
-            max_concurrent=concurrency,
-            executor=_executor(executor, ray_address, workers),
+            reward=_load_reward(s["reward"]) if s["reward"] else None,
+            sampling=_sampling(s),
+            limits=_limits(s),
+            retry={"attempts": s["max_attempts"]} if s["max_attempts"] else None,
+            serving=ServingConfig(
+                host=s["http_host"], port=s["http_port"], public_url=s["public_url"]
+            ),
+            max_concurrent=s["concurrency"],
+            executor=_executor(s["executor"], s["ray_address"], s["workers"]),
             show_progress=True,
-            status_interval=status_interval,
+            status_interval=s["status_interval"],
             on_event=on_event,
-            stuck_after_s=stuck_after or None,
-            abort_stuck=abort_stuck,
-            trace=trace,
+            stuck_after_s=s["stuck_after"] or None,
+            abort_stuck=s["abort_stuck"],
+            trace=s["trace"],
         ) as client,
     ):
         try:
             # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which
             # cancels what is running and writes the summary of what finished.
-            items = list(client.run_batch(rows, group_size, resume=resume))
+            items = list(client.run_batch(rows, s["group_size"], resume=s["resume"]))
         except KeyboardInterrupt:
             report_interrupt(client.last_summary)
             raise typer.Exit(EXIT_INTERRUPTED) from None
-    typer.echo(f"results in {out.rstrip('/')}/{exp}")
+    typer.echo(f"results in {s['out'].rstrip('/')}/{exp}")
     require_a_completed_rollout(items)
     warn_about_reruns(items)
+
+
+def _sampling(s: dict[str, Any]) -> dict[str, Any]:
+    """The sampling settings given (None: the engine's default)."""
+    sampling = {"temperature": s["temperature"], "top_p": s["top_p"], "top_k": s["top_k"]}
+    for name in ("seed", "max_tokens"):
+        if s[name] is not None:
+            sampling[name] = s[name]
+    if s["stop"]:
+        sampling["stop"] = tuple(s["stop"])
+    return sampling
+
+
+def _limits(s: dict[str, Any]) -> RolloutLimits:
+    return RolloutLimits(
+        max_turns=s["max_turns"],
+        max_seq_len=s["max_seq_len"],
+        timeout=s["timeout"] or None,
+        reward_timeout=s["reward_timeout"],
+        stop_grace_s=s["stop_grace"],
+    )
 
 
 def _event_log(path: Path | None) -> AbstractContextManager[JsonlEventLog | None]:

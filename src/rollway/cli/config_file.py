@@ -1,0 +1,82 @@
+"""A command's settings from a TOML file (``--config run.toml``), under what the command line
+and the environment say, and the merged result back as TOML (``--print-config``).
+
+The file holds the command's own option names (``group_size = 4`` or ``group-size = 4``, ``stop
+= ["</answer>"]``, ``agent = "examples/calculator/agent.py:CalculatorAgent"``), each checked
+as the option would be. Precedence: the command line, then the environment, then the file,
+then the option's default.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from rollway.errors import ConfigError
+
+#: Options about the file itself, never settings in it.
+OWN_OPTIONS = frozenset({"config", "print_config"})
+#: Settings never printed: keys.
+SECRETS = frozenset({"agent_key", "gateway_key"})
+#: Where a value came from that wins over the file (click's ``ParameterSource`` names: Typer
+#: ships its own copy of click, so the enum is compared by name).
+GIVEN = frozenset({"COMMANDLINE", "ENVIRONMENT"})
+
+
+def merged_settings(ctx: Any, path: Path | None) -> dict[str, Any]:
+    """The command's parameters, with the file's settings wherever neither the command line
+    nor the environment set one."""
+    settings = {k: v for k, v in ctx.params.items() if k not in OWN_OPTIONS}
+    if path is None:
+        return settings
+    params = {p.name: p for p in ctx.command.params if p.name not in OWN_OPTIONS}
+    for key, value in _read(path).items():
+        name = key.replace("-", "_")
+        param = params.get(name)
+        if param is None:
+            known = ", ".join(sorted(n for n in params if n))
+            raise ConfigError(f"{path}: unknown setting {key!r}; the settings are: {known}")
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in GIVEN:
+            continue  # the command line and the environment win over the file
+        try:
+            settings[name] = param.process_value(ctx, value)  # converted and checked
+        except Exception as exc:  # click's BadParameter, from Typer's copy of click
+            if not hasattr(exc, "format_message"):
+                raise
+            raise ConfigError(f"{path}: {key}: {exc.format_message()}", param=name) from None
+    return settings
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"no config file {path}", param="config") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not TOML: {exc}", param="config") from None
+
+
+def as_toml(settings: dict[str, Any]) -> str:
+    """``settings`` as a config file would hold them; unset ones (None) as comments, since
+    TOML has no null, and keys as comments that say they are set."""
+    lines = []
+    for name in sorted(settings):
+        value = settings[name]
+        if value is None or value == ():
+            lines.append(f"# {name} = (not set)")
+            continue
+        if name in SECRETS:
+            lines.append(f"# {name} = (set, not shown)")
+            continue
+        if isinstance(value, list | tuple):
+            value = [_plain(v) for v in value]
+        lines.append(tomli_w.dumps({name: _plain(value)}).rstrip("\n"))
+    return "\n".join(lines) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
