@@ -10,12 +10,17 @@ import inspect
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from rollway.errors import AgentError, is_failure
+
+#: While set (``rollway validate`` importing a file), a tool or agent class that is defined
+#: wrongly is kept with its problem instead of raising: one mistake must not hide the others.
+DEFERRED_PROBLEMS: ContextVar[bool] = ContextVar("rollway_deferred_problems", default=False)
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,8 @@ class Tool:
     description: str
     arguments: type[BaseModel]
     fn: Callable[..., Any]
+    #: What is wrong with its definition, where that was deferred (``DEFERRED_PROBLEMS``).
+    problem: str | None = None
 
     @property
     def schema(self) -> dict[str, Any]:
@@ -54,22 +61,37 @@ def tool(
     """
 
     def build(func: Callable[..., Any]) -> Tool:
-        hints = get_type_hints(func, include_extras=True)
-        fields: dict[str, Any] = {}
-        for param in inspect.signature(func).parameters.values():
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise AgentError(f"tool {func.__name__!r} cannot take *args or **kwargs")
-            if param.name not in hints:
-                raise AgentError(f"tool {func.__name__!r}: parameter {param.name!r} needs a type")
-            default = ... if param.default is inspect.Parameter.empty else param.default
-            fields[param.name] = (hints[param.name], default)
-        model = create_model(
-            f"{func.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-        )
         doc = (description or inspect.getdoc(func) or "").split("\n\n")[0].strip()
+        try:
+            model = _arguments_model(func)
+        except AgentError as exc:
+            if not DEFERRED_PROBLEMS.get():
+                raise
+            return Tool(name or func.__name__, doc, _NoArguments, func, problem=str(exc))
         return Tool(name or func.__name__, doc, model, func)
 
     return build(fn) if fn is not None else build
+
+
+class _NoArguments(BaseModel):
+    """The arguments of a tool whose definition failed (kept only for ``rollway validate``)."""
+
+
+def _arguments_model(func: Callable[..., Any]) -> type[BaseModel]:
+    """The pydantic model of ``func``'s parameters; ``AgentError`` when one cannot be a tool
+    argument (untyped, ``*args``, ``**kwargs``)."""
+    hints = get_type_hints(func, include_extras=True)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(func).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise AgentError(f"tool {func.__name__!r} cannot take *args or **kwargs")
+        if param.name not in hints:
+            raise AgentError(f"tool {func.__name__!r}: parameter {param.name!r} needs a type")
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (hints[param.name], default)
+    return create_model(
+        f"{func.__name__}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+    )
 
 
 async def execute_tool_calls(

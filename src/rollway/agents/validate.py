@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.registry import load_agent
+from rollway.agents.tools import Tool
 from rollway.errors import AgentError
 
 Severity = Literal["error", "warning"]
@@ -27,6 +28,7 @@ class IssueCode(StrEnum):
     RUN_SIGNATURE = "RUN_SIGNATURE"
     CANNOT_INSTANTIATE = "CANNOT_INSTANTIATE"
     # Its tools.
+    BAD_TOOL_DEFINITION = "BAD_TOOL_DEFINITION"
     GET_TOOLS_RAISED = "GET_TOOLS_RAISED"
     TOOLS_NOT_A_LIST = "TOOLS_NOT_A_LIST"
     BAD_TOOL_SCHEMA = "BAD_TOOL_SCHEMA"
@@ -111,14 +113,34 @@ def _find_issues(agent: type[AgentLoop] | AgentLoop, cls: type) -> list[Validati
             f"`run` must take the context: `async def run(self, ctx)`, not {_signature(cls.run)}"
         )
         issues.append(_error(IssueCode.RUN_SIGNATURE, message, "run"))
-    if issues:
-        return issues
+    issues += _tool_definitions(cls)
     try:
-        instance = agent if isinstance(agent, AgentLoop) else cls()
+        # Its tools are checked even where the class has problems: every problem in one pass.
+        instance = agent if isinstance(agent, AgentLoop) else (_probe(cls) if issues else cls)()
     except Exception as exc:
         message = f"the agent cannot be built without arguments: {exc!r}"
-        return [_error(IssueCode.CANNOT_INSTANTIATE, message, "__init__", **_raised(exc))]
-    return _check_tools(instance)
+        return [*issues, _error(IssueCode.CANNOT_INSTANTIATE, message, "__init__", **_raised(exc))]
+    return issues + _check_tools(instance)
+
+
+def _probe(cls: type[AgentLoop]) -> type[AgentLoop]:
+    """``cls`` with a name and a ``run``, to build where it has neither (its own problems are
+    reported already) and check its tools."""
+
+    async def run(self: AgentLoop, ctx: Any) -> Any:
+        raise NotImplementedError
+
+    return type(cls.__name__, (cls,), {"name": cls.name or "unnamed", "run": run})
+
+
+def _tool_definitions(cls: type[AgentLoop]) -> list[ValidationIssue]:
+    """Tools in ``cls.tools`` whose definition failed (kept by ``rollway validate``'s import)."""
+    tools = cls.tools if isinstance(cls.tools, list | tuple) else ()
+    return [
+        _error(IssueCode.BAD_TOOL_DEFINITION, t.problem, f"tools[{i}]", name=t.name)
+        for i, t in enumerate(tools)
+        if isinstance(t, Tool) and t.problem
+    ]
 
 
 def _takes_ctx(run: Any) -> bool:
