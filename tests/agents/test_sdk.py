@@ -20,6 +20,7 @@ from rollway.agents import (
     unregister_agent,
     validate,
 )
+from rollway.agents.tools import DEFERRED_PROBLEMS, Tool
 from rollway.agents.validate import ready_agent
 from rollway.errors import AgentError, ConfigError
 from rollway.types import AgentResult
@@ -241,6 +242,25 @@ class Undescribed(Good):
         return [{"type": "function", "function": {"name": "x"}}]
 
 
+def _untyped_tool() -> Tool:
+    """A tool defined wrongly, kept as ``rollway validate``'s import keeps it."""
+    token = DEFERRED_PROBLEMS.set(True)
+    try:
+
+        @tool
+        def untyped(a) -> str:  # type: ignore[no-untyped-def]
+            """No type on a."""
+            return str(a)
+
+        return untyped
+    finally:
+        DEFERRED_PROBLEMS.reset(token)
+
+
+class BadToolDefinition(Good):
+    tools = (_untyped_tool(),)
+
+
 def test_validate_names_each_problem_and_what_it_is_about() -> None:
     assert validate(Good).issues == () and validate(Good()).valid
     assert found(int) == [("NOT_AN_AGENT", None)]
@@ -258,11 +278,12 @@ def test_validate_names_each_problem_and_what_it_is_about() -> None:
         ("DUPLICATE_TOOL_NAME", "tools[5].function.name"),
     ]
     assert found(Undescribed) == [("TOOL_WITHOUT_DESCRIPTION", "tools[0].function.description")]
+    assert found(BadToolDefinition) == [("BAD_TOOL_DEFINITION", "tools[0]")]
 
 
 def test_every_issue_code_is_produced_by_some_agent() -> None:
     agents = [int, Unnamed, NotAsync, NoContext, NeedsArguments, Raises, NotList, Malformed,
-              Undescribed]  # fmt: skip
+              Undescribed, BadToolDefinition]  # fmt: skip
     produced = {issue.code for agent in agents for issue in validate(agent).issues}
     assert produced == set(IssueCode)
     assert all(code == code.name for code in IssueCode)  # a code reads as its own name
