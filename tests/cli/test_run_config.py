@@ -93,3 +93,14 @@ def test_a_bad_config_file_is_one_error_naming_the_setting(
 def test_tasks_are_required_from_one_place_or_the_other(workdir: Path) -> None:
     ran = rollway("run", "agents.py:Quick", "--engine", "sim", cwd=workdir)
     assert_one_error(ran, "--tasks")
+
+
+def test_help_names_every_option_whole_at_80_columns(workdir: Path) -> None:
+    ran = rollway("run", "--help", cwd=workdir, env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert ran.returncode == 0, ran.stderr
+    assert "…" not in ran.stdout  # nothing cut to fit a column
+    for option in ("--top-p", "--top-k", "--stop", "--max-turns", "--max-seq-len",
+                   "--max-attempts", "--reward-timeout", "--stop-grace", "--config",
+                   "--print-config", "ROLLWAY_STATUS_INTERVAL"):  # fmt: skip
+        assert option in ran.stdout
+    assert max(len(line) for line in ran.stdout.splitlines()) <= 80

@@ -69,10 +69,15 @@ def test_an_agent_class_without_a_name_is_one_error_line_in_run_and_validate(
     workdir: Path,
 ) -> None:
     (workdir / "noname.py").write_text(AGENT_SOURCE.replace('name = "echo"', "pass"))
-    for args in (["validate", "noname.py:Echo"], ["run", "noname.py:Echo", "--tasks",
-                 "tasks.jsonl", "--engine", "sim"]):  # fmt: skip
-        result = rollway(*args, cwd=workdir)
-        assert_one_error(result, "noname.py:4", "Echo must set a non-empty `name`")
+    result = rollway("run", "noname.py:Echo", "--tasks", "tasks.jsonl", "--engine", "sim",
+                     cwd=workdir)  # fmt: skip
+    assert_one_error(result, "noname.py:4", "Echo must set a non-empty `name`")
+    # validate reports it as one of the class's problems (the others are checked too).
+    checked = rollway("validate", "noname.py:Echo", cwd=workdir)
+    assert checked.returncode == 1 and "Traceback" not in checked.stderr, checked.stderr
+    assert checked.stdout.splitlines() == [
+        "error MISSING_NAME name: the agent has no non-empty `name`"
+    ]
 
 
 def test_an_empty_task_file_is_an_error(workdir: Path) -> None:

@@ -21,7 +21,13 @@ from rollway.cli import (
     view_command,
 )
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="Collect agentic RL rollouts.")
+# Plain help: the rich layout cuts option values and help text to fit its columns.
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Collect agentic RL rollouts.",
+    rich_markup_mode=None,
+)
 app.command("run")(run_command.run)
 app.command("validate")(validate_command.validate)
 app.command("export")(export_command.export)
