@@ -450,11 +450,8 @@ class RolloutRecord(_Wire):
             trajectory = dict(trajectory)
             count = trajectory.pop("messages_in_record")
             messages = data.get("messages")
-            if (
-                not isinstance(count, int)
-                or not isinstance(messages, list)
-                or count > len(messages)
-            ):
+            whole = isinstance(count, int) and not isinstance(count, bool)
+            if not whole or not isinstance(messages, list) or not 0 <= count <= len(messages):
                 raise ValueError("trajectory.messages_in_record: not a count of the messages")
             trajectory.setdefault("messages", messages[:count])
             data = {**data, "trajectory": trajectory}

@@ -163,3 +163,40 @@ def test_folding_refuses_a_budget_that_is_not_one() -> None:
 
 def test_the_examples_answer_check_reads_the_code() -> None:
     assert check_answer(TASK, "the code is 4821") and not check_answer(TASK, "4822")
+
+
+async def test_a_summary_with_no_room_to_ask_folds_nothing_and_lets_the_next_policy_fold() -> None:
+    head = [{"role": "system", "content": "s " * 600}, {"role": "user", "content": "task"}]
+    exchange = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "x" * 300}]
+    messages = head + exchange * 4
+    fits = FitCheck(Footprint(chars_per_token=3.0), budget=250)  # the head alone is ~400
+    summarize = SummarizeOlder(keep_last=1, max_tokens=16)
+    assert await summarize.fold(None, messages, fits) is messages  # type: ignore[arg-type]
+
+
+class ShortOutputs(AgentLoop):
+    """Tool results too short to drop: DropToolOutputs alone cannot fold them."""
+
+    name = "short-outputs"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        folding = ContextFolding(120, [DropToolOutputs(keep_last=0)])
+        call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        messages: list[dict[str, Any]] = [{"role": "user", "content": "Go."}]
+        for i in range(6):
+            reply = await folding.chat(ctx, messages, max_tokens=4)
+            messages += [reply.message, {"role": "user", "content": f"step {i} " * 8}]
+            messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c", "content": "ok"}]  # fmt: skip
+        return ctx.complete(messages, reward=float(folding.folds))
+
+
+def test_a_fold_that_changes_nothing_is_not_counted_and_is_logged(
+    renderer: ChatRenderer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway = Gateway(SimEngine(SimConfig(output_len=4)), renderer, model_name="sim")
+    with caplog.at_level("WARNING", logger="rollway.agents.folding"):
+        record = run(ShortOutputs(), gateway, tmp_path, [{"task_id": "s"}])[0]
+    assert record.status == "completed", record.reason
+    assert record.reward == 0.0  # no fold counted
+    assert any("over its budget" in message for message in caplog.messages)

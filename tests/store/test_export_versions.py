@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from rollway.cli.main import app
 from rollway.store import FileStore, export_records
+from rollway.store.export import sample_rows
 from rollway.types import LogprobKind, RolloutRecord, Trajectory, build_samples
 from tests.trajectories import chain
 
@@ -189,3 +190,20 @@ def test_flat_groups_are_dropped_when_asked_and_counted(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "wrote 5 rows" in result.output and "2 flat groups dropped" in result.output
+
+
+def test_an_integer_past_64_bits_in_the_reward_info_or_messages_is_exported_exactly(
+    tmp_path: Path,
+) -> None:
+    """orjson refuses such integers; a task or a reward's components may hold them."""
+    huge = 2**70
+    messages = [{"role": "user", "content": [{"type": "text", "text": "x", "n": huge}]}]
+    record = RECORDS[0].model_copy(
+        update={"reward_info": {"expected": huge, "nan": float("nan")}, "messages": messages}
+    )
+    for fmt in ("jsonl", "parquet"):
+        path = tmp_path / f"rows.{fmt}"
+        assert export_records([record], path, fmt) == 1  # type: ignore[arg-type]
+    (row,) = list(sample_rows([record]))
+    assert orjson.loads(row["reward_info"].replace(str(huge), "0")) == {"expected": 0, "nan": None}
+    assert str(huge) in row["reward_info"] and str(huge) in row["prompt_messages"]

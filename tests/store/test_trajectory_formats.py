@@ -75,3 +75,12 @@ def test_the_conversation_is_stored_once_when_the_records_begins_with_it() -> No
     bad["trajectory"]["messages_in_record"] = len(record.messages) + 1
     with pytest.raises(ValidationError, match="messages_in_record"):
         RolloutRecord.model_validate(bad)
+
+
+@pytest.mark.parametrize("count", [-1, True, 1.0, "1"])
+def test_a_messages_in_record_that_is_not_a_count_is_refused(count: object) -> None:
+    record = RolloutRecord.model_validate_json((V1 / "sim.json").read_text())
+    stored = json.loads(record.stored())
+    stored["trajectory"]["messages_in_record"] = count
+    with pytest.raises(ValidationError, match="messages_in_record"):
+        RolloutRecord.model_validate(stored)

@@ -91,3 +91,20 @@ def test_the_rollout_page_lays_out_one_page_of_a_long_sample(browser: Browser, t
     assert len([a for a in tokens if "prompt" in (a.get("class") or "")]) == prompt
     assert len(dom.with_attr("data-mask")) == PAGE_TOKENS - prompt
     assert any(tag == "button" for tag, _ in dom.tags)  # the pager
+
+
+def test_numbers_in_queries_are_ascii_digits_within_bounds_or_a_422(tmp_path) -> None:
+    store = FileStore(tmp_path, "exp")
+    record = long_record()
+    store.write(record)
+    key = record.rollout_key
+    with TestClient(create_viewer_app(open_run(str(store.path)))) as client:
+        for bad in ("²", "١٢", "-1", "1e3", str(10**30), "9" * 5000, ""):
+            for url in (f"/api/rollouts/{key}/tokens?offset={bad}",
+                        f"/api/rollouts/{key}/tokens?segment={bad}",
+                        f"/api/rollouts/{key}/tokens?limit={bad}",
+                        f"/api/rollouts?offset={bad}"):  # fmt: skip
+                answer = client.get(url)
+                assert answer.status_code == 422, (url, answer.text[:200])
+        past = client.get(f"/api/rollouts/{key}/tokens?offset={10**15 - 1}").json()
+        assert past["ids"] == [] and past["length"] > 0

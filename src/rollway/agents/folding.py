@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from rollway.agents.context import RolloutContext
 from rollway.errors import ConfigError
 from rollway.types import ChatResult
 
+log = logging.getLogger(__name__)
 Message = dict[str, Any]
 #: Tokens the chat template adds around each message (role markers): a generous allowance.
 TEMPLATE_TOKENS_PER_MESSAGE = 8
@@ -168,7 +170,8 @@ SUMMARY_REQUEST = (
 class SummarizeOlder(FoldPolicy):
     """Have the policy model itself summarise all but the last ``keep_last`` exchanges (a model
     call recorded as its own turn, at most ``max_tokens``), and keep the head, the summary and
-    those exchanges. The folded text sent for summary is cut to fit the budget."""
+    those exchanges. The folded text sent for summary is cut to fit the budget; where the task
+    alone leaves no room to ask, it folds nothing (put a ``KeepLastTurns`` after it)."""
 
     keep_last: int = 2
     max_tokens: int = 128
@@ -184,7 +187,10 @@ class SummarizeOlder(FoldPolicy):
             return messages
         kept = [m for exchange in exchanges[len(exchanges) - keep :] for m in exchange]
         room = fits.budget - fits.tokens([*head]) - self.max_tokens - 64
-        text = _transcript(older)[-max(0, int(room * fits.footprint.chars_per_token)) :]
+        chars = int(room * fits.footprint.chars_per_token)
+        if chars <= 0:  # the task alone leaves no room to ask: the next policy must fold
+            return messages
+        text = _transcript(older)[-chars:]
         ask = [*head, {"role": "user", "content": f"{self.request}\n\n{text}"}]
         summary = await ctx.chat(ask, max_tokens=self.max_tokens)
         note = {"role": "user", "content": f"Summary of the earlier steps: {summary.content or ''}"}
@@ -234,8 +240,15 @@ class ContextFolding:
             folded = await policy.fold(ctx, folded, self._fits)
             if self._fits(folded):
                 break
-        if folded is not messages:
-            self.folds += 1
+        else:
+            log.warning(
+                "context folding left the conversation at about %d tokens, over its budget of "
+                "%d: add a policy that folds further (KeepLastTurns)",
+                self.footprint.estimate(folded), self.budget,
+            )  # fmt: skip
+        if folded == messages:  # nothing changed: no fold, no new segment
+            return messages
+        self.folds += 1
         return folded
 
     async def chat(

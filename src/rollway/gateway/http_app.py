@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -17,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from rollway import tracing
+from rollway import json_text, tracing
 from rollway.errors import AuthError, InvalidFieldsError
 from rollway.gateway.anthropic import MessagesRequest, message_body
 from rollway.gateway.anthropic import error_event as anthropic_error_event
@@ -363,7 +362,7 @@ def trajectory_body(trajectory: Trajectory, samples: bool, whole_prompts: bool) 
         prompts = whole_prompts_of(trajectory.turns)
         for turn, (_, prompt) in zip(body["turns"], prompts, strict=True):
             turn["prompt_ids"] = prompt
-    return orjson.dumps(body)
+    return json_text.dumps(body)
 
 
 def _flag(value: str, param: str) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import orjson
 
+from rollway import json_text
 from rollway.errors import ConfigError
 from rollway.types import RolloutRecord, Turn
 
@@ -143,7 +144,7 @@ def _opening_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _json_text(value: Any) -> str:
     """A column of free-form JSON (messages, reward components) as text: Parquet and
     ``datasets`` need one type per column, and these differ from row to row."""
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    return json_text.dumps(value).decode()
 
 
 def export_records(

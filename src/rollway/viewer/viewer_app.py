@@ -178,14 +178,21 @@ def _descending(order: str) -> bool:
 
 
 def _page(offset: str, limit: str) -> tuple[int, int]:
-    if not offset.isdigit():
-        raise InvalidFieldsError("offset: a whole number from 0", param="offset")
-    if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+    first = _whole("offset", offset)
+    if not 1 <= _whole("limit", limit) <= MAX_PAGE:
         raise InvalidFieldsError(f"limit: a whole number from 1 to {MAX_PAGE}", param="limit")
-    return int(offset), int(limit)
+    return first, int(limit)
+
+
+#: The most digits a number in a query may have: far past any run, well within JSON's integers.
+MAX_DIGITS = 15
 
 
 def _whole(name: str, value: str) -> int:
-    if not value.isdigit():
-        raise InvalidFieldsError(f"{name}: a whole number from 0", param=name)
+    """A whole number from 0 written in ASCII digits (``str.isdigit`` alone takes ``²`` and
+    Arabic-Indic digits)."""
+    if not (value.isascii() and value.isdigit() and len(value) <= MAX_DIGITS):
+        raise InvalidFieldsError(
+            f"{name}: a whole number from 0, at most {MAX_DIGITS} digits", param=name
+        )
     return int(value)

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rollway import json_text
 from rollway.errors import (
     InvalidFieldsError,
     MalformedBodyError,
@@ -35,7 +36,7 @@ class JSONResponse(Response):
     media_type = "application/json"
 
     def render(self, content: Any) -> bytes:
-        return orjson.dumps(content)
+        return json_text.dumps(content)  # a task's integer past 64 bits included
 
 
 def error_body(error: RollwayError) -> dict[str, Any]:
