@@ -88,3 +88,18 @@ def test_token_ids_show_as_ids_unless_a_tokenizer_loads(tmp_path) -> None:
     assert decoded["texts"] == {
         str(i): tokenizer.decode([i]) for i in set(decoded["samples"][0]["ids"])
     }
+
+
+def test_groups_without_reward_spread_are_flagged_and_counted(tmp_path) -> None:
+    store = FileStore(tmp_path, "exp")
+    rewards = {"t1": [1.0, 1.0], "t2": [0.0, 1.0], "t3": [0.5, None]}
+    for task, values in rewards.items():
+        for sample, reward in enumerate(values):
+            store.write(small_record(1).model_copy(update={
+                "rollout_key": f"{task}.{sample}", "group_id": f"exp:{task}",
+                "sample_index": sample, "reward": reward,
+            }))  # fmt: skip
+    index = RunIndex(open_run(str(store.path)), recheck_s=0.0)
+    flat = {g["group_id"]: g["flat"] for g in index.groups("", "group_id", False, 0, 10)["rows"]}
+    assert flat == {"exp:t1": True, "exp:t2": False, "exp:t3": True}  # one scored is flat too
+    assert index.totals()["flat_groups"] == 2

@@ -33,7 +33,7 @@ ROLLOUT_COLUMNS = frozenset(
      "error_kind", "started_at", "attempts", "task_index", "sample_index", "policy_version"}
 )  # fmt: skip
 GROUP_COLUMNS = frozenset(
-    {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task"}
+    {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task", "flat"}
 )
 SUCCESS = frozenset({"completed", "truncated"})
 
@@ -266,6 +266,8 @@ def _groups(rows: list[Row]) -> list[Row]:
             "std_reward": _pstdev(rewards, mean),
             "success_rate": sum(r["status"] in SUCCESS for r in group) / len(group),
             "infrastructure_failures": transient,
+            # No GRPO signal: fewer than two different rewards (export's flat_groups).
+            "flat": len(set(rewards)) < 2,
         })  # fmt: skip
     return groups
 
@@ -294,6 +296,7 @@ def _totals(rows: list[Row]) -> dict[str, Any]:
         "success_rate": sum(r["status"] in SUCCESS for r in rows) / len(rows) if rows else None,
         "scored": len(scored),
         "mean_reward": sum(scored) / len(scored) if scored else None,
+        "flat_groups": sum(group["flat"] for group in _groups(rows)),
         "turns": sum(r.get("turns") or 0 for r in rows),
         "sampled_tokens": sum(tokens),
         "mean_elapsed_s": sum(elapsed) / len(elapsed) if elapsed else None,

@@ -28,9 +28,11 @@ async function loadRun() {
   fill(totals, 
     fact("rollouts", num(t.rollouts)),
     ...Object.entries(t.by_status).map(([status, n]) => el("span", { class: "fact" }, statusChip(status), ` ${num(n)}`)),
-    fact("success", percent(t.success_rate)),
+    // Completion and reward apart: an RL run completes every rollout long before it learns.
+    fact("completed", percent(t.success_rate)),
     fact("mean reward", num(t.mean_reward)),
     fact("groups", num(t.groups)),
+    fact("flat groups (no reward spread)", num(t.flat_groups)),
     fact("turns", num(t.turns)),
     fact("sampled tokens", num(t.sampled_tokens)),
     fact("mean duration", seconds(t.mean_elapsed_s)),
@@ -74,6 +76,7 @@ async function loadGroups() {
     el("td", { class: "num", text: num(g.mean_reward) }),
     el("td", { class: "num", text: num(g.std_reward) }),
     el("td", { class: "num", text: percent(g.success_rate) }),
+    el("td", g.flat ? { class: "flat", "data-flat": "1", title: "fewer than two different rewards: no GRPO signal", text: "flat" } : {}),
   )));
   pager("groups-pager", page.matched, page.total, state.gOffset, state.limit, (offset) => { state.gOffset = offset; loadGroups(); });
   markSorted("groups", state.gSort, state.gOrder);
