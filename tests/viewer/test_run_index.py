@@ -103,3 +103,16 @@ def test_groups_without_reward_spread_are_flagged_and_counted(tmp_path) -> None:
     flat = {g["group_id"]: g["flat"] for g in index.groups("", "group_id", False, 0, 10)["rows"]}
     assert flat == {"exp:t1": True, "exp:t2": False, "exp:t3": True}  # one scored is flat too
     assert index.totals()["flat_groups"] == 2
+
+
+def test_rollouts_filter_by_policy_version_and_show_it(tmp_path) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i, version in enumerate([0, 1, 1, None], start=1):
+        store.write(small_record(i).model_copy(update={"policy_version": version}))
+    with TestClient(create_viewer_app(open_run(str(store.path)))) as client:
+        one = client.get("/api/rollouts?policy_version=1").json()["rows"]
+        zero = client.get("/api/rollouts?policy_version=0").json()["rows"]
+        every = client.get("/api/rollouts?sort=policy_version").json()["rows"]
+        bad = client.get("/api/rollouts?policy_version=x")
+    assert [r["policy_version"] for r in one] == [1, 1] and len(zero) == 1
+    assert len(every) == 4 and bad.status_code == 422

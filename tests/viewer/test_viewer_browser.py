@@ -91,3 +91,17 @@ def test_segments_drift_and_bare_ids_on_a_rollout_page(browser: Browser, tmp_pat
     drift = [a for a in tokens if "drift" in (a.get("class") or "")]
     assert len(drift) == 1 and drift[0]["title"].startswith("#3 · id 11")  # segment 1's ids
     assert "policy version 2" in drift[0]["title"]
+
+
+def test_the_listing_shows_policy_versions_and_filters_on_one(
+    browser: Browser, tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i, version in enumerate([0, 1, 1, None], start=1):
+        store.write(small_record(i).model_copy(update={"policy_version": version}))
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        every = Elements(browser.dom(f"{url}/"))
+        ones = Elements(browser.dom(f"{url}/?version=1"))
+    shown = sorted(a["data-version"] or "" for a in every.with_attr("data-version"))
+    assert shown == ["", "0", "1", "1"]
+    assert [a["data-version"] for a in ones.with_attr("data-version")] == ["1", "1"]

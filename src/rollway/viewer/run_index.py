@@ -76,6 +76,8 @@ class Query:
 
     status: frozenset[str] = frozenset()
     group: str | None = None
+    #: Only rollouts whose oldest sampled token is of this weights version.
+    policy_version: int | None = None
     text: str = ""
     sort: str = "task_index"
     descending: bool = False
@@ -210,6 +212,7 @@ class RunIndex:
             for row in snapshot.rows
             if (not query.status or row["status"] in query.status)
             and (query.group is None or row["group_id"] == query.group)
+            and (query.policy_version is None or row.get("policy_version") == query.policy_version)
         ]
         if query.text:
             needle = query.text.lower()

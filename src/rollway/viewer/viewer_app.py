@@ -41,9 +41,11 @@ def create_viewer_app(
 
     async def rollouts(request: Request) -> Response:
         params = request.query_params
+        version = params.get("policy_version", "")
         query = Query(
             status=frozenset(s for s in params.get("status", "").split(",") if s),
             group=params.get("group") or None,
+            policy_version=_whole("policy_version", version) if version else None,
             text=params.get("q", ""),
             sort=_column(params.get("sort", "task_index"), ROLLOUT_COLUMNS),
             descending=_descending(params.get("order", "asc")),
@@ -122,6 +124,7 @@ def create_viewer_app(
                 *page,
                 Param("status", "query", str, "Statuses, comma-separated"),
                 Param("group", "query", str, "One group id"),
+                Param("policy_version", "query", int, "One policy version (the oldest sampled)"),
             ),
             errors=(422,),
         ),

@@ -2,7 +2,7 @@
 "use strict";
 
 const state = {
-  status: "", group: "", q: "", limit: 50, offset: 0, sort: "task_index", order: "asc",
+  status: "", group: "", q: "", version: "", limit: 50, offset: 0, sort: "task_index", order: "asc",
   gOffset: 0, gSort: "first_task", gOrder: "asc",
 };
 
@@ -49,6 +49,7 @@ async function loadRollouts() {
     offset: state.offset, limit: state.limit, sort: state.sort, order: state.order,
     status: state.status, group: state.group, q: state.q,
   });
+  if (state.version !== "") params.set("policy_version", state.version);
   const page = await getJSON(`/api/rollouts?${params}`);
   const body = document.querySelector("#rollouts tbody");
   body.replaceChildren(...page.rows.map((row) => el("tr", { "data-key": row.key },
@@ -56,6 +57,9 @@ async function loadRollouts() {
     el("td", {}, statusChip(row.status)),
     el("td", { class: "num", text: num(row.reward) }),
     el("td", {}, el("a", { href: "#", class: "group-link", text: row.group_id, onclick: (e) => { e.preventDefault(); filterGroup(row.group_id); } })),
+    el("td", { class: "num", "data-version": row.policy_version ?? "" },
+      row.policy_version === null || row.policy_version === undefined ? "–"
+        : el("a", { href: "#", text: row.policy_version, title: "only this version", onclick: (e) => { e.preventDefault(); filterVersion(row.policy_version); } })),
     el("td", { class: "num", text: num(row.turns) }),
     el("td", { class: "num", text: num(row.sampled_tokens) }),
     el("td", { class: "num", text: seconds(row.elapsed_s) }),
@@ -107,18 +111,25 @@ function filterGroup(group) {
   refresh();
 }
 
+function filterVersion(version) {
+  state.version = String(version);
+  document.getElementById("version").value = state.version;
+  state.offset = 0;
+  refresh();
+}
+
 function refresh() {
   writeLocation();
   return loadRollouts().catch(showError);
 }
 
 function showError(error) {
-  document.querySelector("#rollouts tbody").replaceChildren(el("tr", {}, el("td", { colspan: 8, class: "problem", text: String(error.message || error) })));
+  document.querySelector("#rollouts tbody").replaceChildren(el("tr", {}, el("td", { colspan: 9, class: "problem", text: String(error.message || error) })));
 }
 
 function wire() {
   const form = document.getElementById("filters");
-  for (const name of ["group", "q"]) document.getElementById(name).value = state[name];
+  for (const name of ["group", "q", "version"]) document.getElementById(name).value = state[name];
   document.getElementById("limit").value = String(state.limit);
   let timer = null;
   form.addEventListener("input", () => {
@@ -127,6 +138,7 @@ function wire() {
       state.status = form.status.value;
       state.group = form.group.value.trim();
       state.q = form.q.value.trim();
+      state.version = form.version.value.trim();
       state.limit = Number(form.limit.value);
       state.offset = 0;
       refresh();
@@ -135,7 +147,7 @@ function wire() {
   form.addEventListener("submit", (e) => e.preventDefault());
   document.getElementById("clear").addEventListener("click", () => {
     form.reset();
-    Object.assign(state, { status: "", group: "", q: "", offset: 0 });
+    Object.assign(state, { status: "", group: "", q: "", version: "", offset: 0 });
     refresh();
   });
   for (const th of document.querySelectorAll("#rollouts th[data-sort]")) {
