@@ -37,7 +37,10 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
     """The rollout's record. ``is_truncated``: a turn was cut (finish ``length``: the request's
     own ``max_tokens`` counts) or a gateway limit ended the rollout; ``truncation_reason`` names
     the gateway limit (``max_turns``, ``max_seq_len``), None where only a turn was cut."""
-    samples = build_samples(state.turns) if state.has_token_ids else []
+    # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
+    last = max((turn.segment for turn in state.turns), default=None)
+    tail = [turn for turn in state.turns if turn.segment == last]
+    samples = build_samples(tail) if state.has_token_ids and tail else []
     cut_turn = any(turn.finish_reason == "length" for turn in state.turns)
     return Trajectory(
         rollout_id=state.rollout_id,

@@ -101,7 +101,7 @@ class _Snapshot:
 
     @functools.cached_property
     def totals(self) -> dict[str, Any]:
-        return _totals(self.rows)
+        return _totals(self.rows, self.groups)
 
 
 class RunIndex:
@@ -283,7 +283,7 @@ def _pstdev(values: list[float], mean: float | None) -> float | None:
     return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
 
 
-def _totals(rows: list[Row]) -> dict[str, Any]:
+def _totals(rows: list[Row], groups: list[Row]) -> dict[str, Any]:
     scored = [
         r["reward"]
         for r in rows
@@ -299,7 +299,7 @@ def _totals(rows: list[Row]) -> dict[str, Any]:
         "success_rate": sum(r["status"] in SUCCESS for r in rows) / len(rows) if rows else None,
         "scored": len(scored),
         "mean_reward": sum(scored) / len(scored) if scored else None,
-        "flat_groups": sum(group["flat"] for group in _groups(rows)),
+        "flat_groups": sum(group["flat"] for group in groups),
         "turns": sum(r.get("turns") or 0 for r in rows),
         "sampled_tokens": sum(tokens),
         "mean_elapsed_s": sum(elapsed) / len(elapsed) if elapsed else None,

@@ -17,6 +17,7 @@ from starlette.staticfiles import StaticFiles
 
 from rollway.errors import InvalidFieldsError, UnknownRolloutError
 from rollway.ids import is_safe_id
+from rollway.types import RolloutRecord
 from rollway.viewer.rollout_page import rollout_detail
 from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
 from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, token_page, token_texts
@@ -63,22 +64,21 @@ def create_viewer_app(
         )
         return JSONResponse(answer)
 
-    async def rollout(request: Request) -> Response:
-        key = request.path_params["key"]
-        if not is_safe_id(key):
-            raise UnknownRolloutError(f"no rollout {key!r} in this run")
-        return JSONResponse(await run_in_threadpool(_detail, key))
-
-    def _detail(key: str) -> dict[str, Any]:
-        record = location.store.get(key)
+    def _record(key: str) -> RolloutRecord:
+        """The run's record ``key`` (read in a worker thread); unknown keys are a 404."""
+        record = location.store.get(key) if is_safe_id(key) else None
         if record is None:
             raise UnknownRolloutError(f"no rollout {key!r} in this run")
-        return rollout_detail(record, location, texts, location.read_config())
+        return record
+
+    async def rollout(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(_detail, request.path_params["key"]))
+
+    def _detail(key: str) -> dict[str, Any]:
+        return rollout_detail(_record(key), location, texts, location.read_config())
 
     async def tokens(request: Request) -> Response:
         key = request.path_params["key"]
-        if not is_safe_id(key):
-            raise UnknownRolloutError(f"no rollout {key!r} in this run")
         params = request.query_params
         segment = _whole("segment", params.get("segment", "0"))
         offset, limit = _whole("offset", params.get("offset", "0")), PAGE_TOKENS
@@ -89,9 +89,7 @@ def create_viewer_app(
         return JSONResponse(await run_in_threadpool(_tokens, key, segment, offset, limit))
 
     def _tokens(key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
-        record = location.store.get(key)
-        if record is None:
-            raise UnknownRolloutError(f"no rollout {key!r} in this run")
+        record = _record(key)
         page = token_page(record.trajectory, segment, offset, limit) if record.trajectory else None
         if page is None:
             raise UnknownRolloutError(f"rollout {key!r} has no segment {segment}")
