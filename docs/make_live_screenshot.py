@@ -1,4 +1,5 @@
-"""A screenshot of a live `rollway run` for the README: the terminal halfway through a batch.
+"""A screenshot of a live `rollway run` for docs/observability.md: the terminal
+halfway through a batch.
 
     python docs/make_live_screenshot.py
 

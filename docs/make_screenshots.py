@@ -1,10 +1,18 @@
-"""Screenshots of `rollway view` for the README: the listing, and one rollout's page.
+"""Screenshots of `rollway view` for the README and docs/observability.md: the
+listing, and one rollout's page.
 
     python docs/make_screenshots.py rollway-runs/calculator-tasks
 
 serves the viewer over the run on loopback and has headless Chromium (Debian's ``chromium``)
-take ``docs/images/viewer.png`` (the listing) and ``docs/images/viewer-rollout.png`` (the
-rollout with the most turns: its conversation and token stream).
+take ``docs/images/viewer.png`` (the listing: reward by policy version, rollouts with their
+advantages, groups) and ``docs/images/viewer-rollout.png`` (the rollout with the most turns:
+its group, its conversation segment by segment, its turns). The docs' pair came from a folded
+run, which shows every segment:
+
+    rollway run examples/long_context/agent.py:LogReaderAgent \
+        --tasks examples/long_context/tasks.jsonl --group-size 2 \
+        --engine "embedded://?context_length=512" --record-entropy
+    python docs/make_screenshots.py rollway-runs/log-reader-tasks
 """
 
 from __future__ import annotations

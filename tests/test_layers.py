@@ -81,7 +81,7 @@ def test_every_package_has_a_layer() -> None:
     packages = {p for p in map(_package, MODULES) if p is not None}
     unplaced = packages - set().union(*LAYERS)
     assert not unplaced, (
-        f"add {sorted(unplaced)} to LAYERS (and to docs/architecture.md, README Layout)"
+        f"add {sorted(unplaced)} to LAYERS (and to docs/architecture.md, docs/layout.md)"
     )
 
 
@@ -180,19 +180,19 @@ def test_the_cycle_finder_finds_cycles(
     assert _cycles(graph) == expected
 
 
-def test_the_readme_layout_names_every_module() -> None:
-    readme = (PACKAGE.parents[1] / "README.md").read_text()
-    layout = readme.split("## Layout", 1)[1].split("```")[1]
+def test_the_layout_page_names_every_module() -> None:
+    page = (PACKAGE.parents[1] / "docs" / "layout.md").read_text()
+    layout = page.split("```")[1]
     missing = sorted(
         str(path.relative_to(PACKAGE))
         for path in PACKAGE.rglob("*.py")
         if path.stem not in SHARED_NAMES | {"__main__"}
         and not re.search(rf"\b{path.stem}\.(py\b|[A-Z])", layout)  # file.py or module.Class
     )
-    assert not missing, f"README's Layout does not name: {missing}"
+    assert not missing, f"docs/layout.md does not name: {missing}"
     for layer in LAYERS:
         for package in layer - {"(ground)"}:
-            assert f"{package}/" in layout, f"README's Layout has no {package}/"
+            assert f"{package}/" in layout, f"docs/layout.md has no {package}/"
 
 
 def test_the_architecture_page_lists_the_layers_in_order() -> None:

@@ -1,4 +1,4 @@
-"""An outside tester's attacks on true token streaming (README: Running the gateway, the
+"""An outside tester's attacks on true token streaming (docs/gateway.md, the
 paragraph after the routes table). Each test here failed when written."""
 
 from __future__ import annotations
@@ -76,10 +76,11 @@ WORDS = "I cannot use a tool for this one, so here is a long plain answer in man
 def test_with_tools_offered_an_answer_that_begins_with_whitespace_still_streams(
     renderer: ChatRenderer, lead: str
 ) -> None:
-    """README: text is sent as it is decoded, held back only where the recorded answer might
-    not keep it (... with tools, a possible start of a `<tool_call>` tag). An answer with no
-    tool call at all that happens to start with a newline or a space (SmolLM2 does this) is
-    held back whole: its first delta comes with the last token, as if not streamed."""
+    """docs/gateway.md: text is sent as it is decoded, held back only where the recorded
+    answer might not keep it (... with tools, a possible start of a `<tool_call>` tag). An
+    answer with no tool call at all that happens to start with a newline or a space (SmolLM2
+    does this) is held back whole: its first delta comes with the last token, as if not
+    streamed."""
     for served in serve(PacedText(renderer, lead + WORDS), renderer):
         registration = register(served)
         headers = {"Authorization": f"Bearer {registration['api_key']}"}

@@ -131,7 +131,7 @@ async def test_without_a_pids_cgroup_root_is_warned_that_the_limit_does_not_bind
             result = await box.wait()
     warned = [r for r in caplog.records if "does not bind root" in r.getMessage()]
     if os.geteuid() == 0:
-        assert len(warned) == 1 and int(result.stdout) == 60  # as the README says: unbounded
+        assert len(warned) == 1 and int(result.stdout) == 60  # as docs/agents.md says: unbounded
     else:
         assert not warned and int(result.stdout) <= 20  # RLIMIT_NPROC binds other users
 
