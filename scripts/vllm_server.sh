@@ -37,7 +37,7 @@ serve() {
     local model
     model=$(model_dir)
     # Dev mode exposes /pause, /resume, /collective_rpc and /reset_prefix_cache (weight sync).
-    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_CPU_OMP_THREADS_BIND=auto \
+    VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2} VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-auto} \
         VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 \
         exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$model" \
         --served-model-name smollm2 --host 127.0.0.1 --port "$port" --dtype float32 \

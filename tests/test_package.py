@@ -7,6 +7,8 @@ import pickle
 import re
 from pathlib import Path
 
+import pytest
+
 import rollway
 from rollway import errors
 from rollway.types import Trajectory
@@ -17,6 +19,9 @@ PACKAGE = ROOT / "src" / "rollway"
 #: What users read: their imports and the classes they are told to build must come from
 #: where these say.
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Adapters whose trainer lives in its own venv (scripts/trainer_venvs.sh): here, importing
+#: them must fail with an ImportError that says how to make that venv.
+OWN_VENV = {"rollway.trainers.skyrl": "trainer_venvs.sh skyrl"}
 
 
 def test_all_lists_every_public_name() -> None:
@@ -71,11 +76,16 @@ def test_every_import_the_docs_show_works() -> None:
                   for s in _imports_from_rollway(code)]  # fmt: skip
     assert "from rollway import AgentLoop, RolloutClient, execute_tool_calls, tool" in statements
     for statement in statements:
-        exec(statement, {})
+        hint = OWN_VENV.get(statement.split()[1])
+        if hint is None:
+            exec(statement, {})
+            continue
+        with pytest.raises(ImportError, match=hint):  # said to the user who lacks that venv
+            exec(statement, {})
 
 
 def test_every_rollway_class_the_docs_call_is_exported_from_the_root() -> None:
-    """``PollPolicy(initial_s=...)`` in the README means ``from rollway import PollPolicy``."""
+    """``PollPolicy(initial_s=...)`` in docs/agents.md means ``from rollway import PollPolicy``."""
     defined = {
         node.name
         for path in PACKAGE.rglob("*.py")
@@ -84,27 +94,28 @@ def test_every_rollway_class_the_docs_call_is_exported_from_the_root() -> None:
     }
     called = {name for doc in DOCS for code in _code(doc.read_text())
               for name in re.findall(r"\b([A-Z]\w+)\(", code)}  # fmt: skip
-    imported_elsewhere = {"PromptAgent"}  # from rollway.trainers.trl, as the docs say
+    # From rollway.trainers.trl and rollway.trainers.skyrl, as the docs say.
+    imported_elsewhere = {"PromptAgent", "RollwayGenerator"}
     assert {"PollPolicy", "RemoteGateway", "RolloutClient"} <= called
     assert sorted((called & defined) - imported_elsewhere - set(rollway.__all__)) == []
 
 
-def test_the_readme_documents_every_metric_with_its_type_and_labels() -> None:
+def test_the_gateway_page_documents_every_metric_with_its_type_and_labels() -> None:
     from prometheus_client.metrics import MetricWrapperBase
 
     from rollway.gateway.metrics import GatewayMetrics
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    page = (ROOT / "docs" / "gateway.md").read_text()
     rows = {
         cells[1].strip("` "): cells
-        for line in readme.splitlines()
+        for line in page.splitlines()
         if line.startswith("| `rollway_") and len(cells := line.split("|")) > 4
     }
     for metric in vars(GatewayMetrics()).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
         name = metric._name + ("_total" if metric._type == "counter" else "")
-        assert name in rows, f"README's /metrics table misses {name}"
+        assert name in rows, f"docs/gateway.md's /metrics table misses {name}"
         assert rows[name][2].strip() == metric._type, name
         for label in metric._labelnames:
             assert f"`{label}`" in rows[name][3], (name, label)

@@ -30,6 +30,13 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     p.add_argument("--async", dest="async_rollouts", action="store_true",
                    help="sample step k+1 while step k trains (max_staleness=1)")  # fmt: skip
     p.add_argument("--update-mode", choices=["abort", "drain", "keep"], default=d.update_mode)
+    p.add_argument("--engine", default=d.engine,
+                   help="embedded, or vllm://HOST:PORT?logprobs_mode=processed_logprobs (a "
+                   "vLLM server on this machine, started with --logprobs-mode "
+                   "processed_logprobs: scripts/rl_vllm.sh)")  # fmt: skip
+    p.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction,
+                   default=d.freeze_embeddings,
+                   help="train all but the tied embedding (default: on vLLM only)")  # fmt: skip
     p.add_argument("--ratio-tol", type=float, default=d.ratio_tol)
     p.add_argument("--out", type=Path, default=d.out_dir)
     p.add_argument("--no-plot", dest="plot", action="store_false")

@@ -33,6 +33,14 @@ class GRPOConfig:
     async_rollouts: bool = False
     #: What an update does to turns in flight (only async mode has any).
     update_mode: UpdateMode = "drain"
+    #: Where rollouts are sampled: the embedded engine (weights pushed in memory), or a vLLM
+    #: server on this machine (``vllm://HOST:PORT?logprobs_mode=processed_logprobs``: weights
+    #: pushed as a checkpoint folder under ``out_dir/weights``, which the server reloads).
+    engine: str = "embedded"
+    #: Train all weights but the (tied) token embedding. None: only on a vLLM server, whose CPU
+    #: build (0.32) keeps a stale packed copy of a tied output layer after ``reload_weights``:
+    #: its logprobs would then be up to 1e-2 off the trainer's (docs/engines.md).
+    freeze_embeddings: bool | None = None
     #: Largest |exp(new - recorded) - 1| allowed on on-policy tokens before the update.
     ratio_tol: float = 1e-3
     out_dir: Path = Path("rollway-runs/grpo")

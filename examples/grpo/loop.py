@@ -1,4 +1,5 @@
-"""The GRPO loop: rollouts through rollway's embedded engine, one update, new weights back.
+"""The GRPO loop: rollouts through rollway (the embedded engine, or a vLLM server), one update,
+new weights back.
 
 A step: a batch of grouped rollouts (``collect``); the trainer's forward pass over the
 recorded ids, whose ratios to the recorded logprobs must be 1 on on-policy tokens (the
@@ -12,15 +13,17 @@ corrected by their recorded (behaviour) logprobs.
 from __future__ import annotations
 
 import copy
+import shutil
 import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from examples.grpo.config import GRPOConfig, UpdateMode
+from examples.grpo.config import GRPOConfig
 from examples.grpo.metrics import MetricsLog, check_plotting, plot, step_line
 from examples.grpo.objective import (
     RatioCheckError,
@@ -50,18 +53,26 @@ class Trainer:
         # eval() for the whole run: SmolLM2 has no dropout, so train() would compute the same
         # numbers, and eval() guarantees the loss's forward pass is the engine's function.
         self.model.eval()
-        self.params = list(self.model.parameters())
+        if frozen_embeddings(config):
+            self.model.get_input_embeddings().weight.requires_grad_(False)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, weight_decay=0.0)
         self.reference = copy.deepcopy(self.model).requires_grad_(False) if config.kl_coef else None
         self.version = version
 
 
+def frozen_embeddings(config: GRPOConfig) -> bool:
+    if config.freeze_embeddings is not None:
+        return config.freeze_embeddings
+    return not config.engine.startswith("embedded")
+
+
 def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
-    """A client on the embedded engine, sampling at ``config.temperature``: the recorded
+    """A client on ``config.engine``, sampling at ``config.temperature``: the recorded
     logprobs are that distribution's, the behaviour policy the trainer recomputes."""
     return RolloutClient(
         task_set.agent,
-        "embedded",
+        config.engine,
         store=str(config.out_dir / "rollouts"),
         exp_id=f"grpo-{config.task}",
         max_concurrent=config.prompts_per_step * config.group_size,
@@ -87,6 +98,7 @@ def train_step(
     scored = [r for r in records if r.success and r.reward is not None]
     if not scored:
         raise RuntimeError(f"no rollout of {len(records)} succeeded: {records[0].reason}")
+    refuse_raw_logprobs(scored, config.temperature)
     advantages = group_advantages(scored)
     batch = pack([(s, advantages[r.rollout_id]) for r in scored for s in r.trajectory.samples])
     new = token_logprobs(
@@ -131,6 +143,20 @@ def train_step(
     }
 
 
+def refuse_raw_logprobs(records: Sequence[RolloutRecord], temperature: float) -> None:
+    """At T != 1 the trainer recomputes ``log_softmax(logits / T)``: temperature-1 logprobs
+    (a vLLM server in its default mode) would fail the ratio check for a reason it cannot name."""
+    if temperature == 1.0:
+        return
+    kinds = {t.logprob_kind for r in records if r.trajectory for t in r.trajectory.turns}
+    if "raw_logprobs" in kinds:
+        raise RatioCheckError(
+            f"the engine recorded temperature-1 logprobs at temperature {temperature:g}: start "
+            "vLLM with --logprobs-mode processed_logprobs and add ?logprobs_mode="
+            "processed_logprobs to the engine spec, or sample at --temperature 1"
+        )
+
+
 def split_mismatch(
     new: torch.Tensor, recorded: torch.Tensor, on_policy: torch.Tensor
 ) -> dict[str, float]:
@@ -143,11 +169,26 @@ def split_mismatch(
     return metrics
 
 
-def push_weights(client: RolloutClient, trainer: Trainer, mode: UpdateMode) -> dict[str, Any]:
-    """Load the trainer's weights into the engine as the next version (the engine copies)."""
-    update = client.update_weights(trainer.model.state_dict(), trainer.version + 1, mode=mode)
+def push_weights(client: RolloutClient, trainer: Trainer, config: GRPOConfig) -> dict[str, Any]:
+    """Load the trainer's weights into the engine as the next version: in memory for the
+    embedded engine (it copies them), else as a checkpoint folder the server reloads."""
+    version = trainer.version + 1
+    source: Any = trainer.model.state_dict()
+    if not config.engine.startswith("embedded"):
+        source = save_checkpoint(trainer, config.out_dir / "weights", version)
+    update = client.update_weights(source, version, mode=config.update_mode)
     trainer.version = update["policy_version"]
     return update
+
+
+def save_checkpoint(trainer: Trainer, root: Path, version: int) -> Path:
+    """The trainer's weights as ``root/v<version>`` (safetensors and config, what vLLM
+    reloads); the folder before the previous one goes (the engine keeps the last one to load
+    again if its server restarts, and each is half a gigabyte in fp32)."""
+    folder = root / f"v{version}"
+    trainer.model.save_pretrained(folder, safe_serialization=True)
+    shutil.rmtree(root / f"v{version - 2}", ignore_errors=True)
+    return folder
 
 
 class RolloutFeed:
@@ -188,7 +229,7 @@ def run(config: GRPOConfig) -> list[dict[str, Any]]:
             collected = time.perf_counter()
             metrics = train_step(trainer, records, config)
             trained = time.perf_counter()
-            update = push_weights(client, trainer, config.update_mode)
+            update = push_weights(client, trainer, config)
             synced = time.perf_counter()
             metrics.update(
                 step=step,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Literal
 
 
 class RollwayError(Exception):
@@ -148,6 +149,8 @@ def http_status_for(error: RollwayError) -> int:
     return 500
 
 
+#: What an ``error`` outcome was: the categories above (``error_kind`` maps an exception).
+ErrorKind = Literal["agent", "engine", "reward", "infrastructure"]
 #: Outcome kinds that say nothing about the policy: the client retries them (new attempt),
 #: resume reruns them, and group statistics leave them out. An engine failure is one: the
 #: server crashed or was cut off mid-turn (a turn that may have reached it is never re-sent,
@@ -155,7 +158,7 @@ def http_status_for(error: RollwayError) -> int:
 TRANSIENT_KINDS = frozenset({"infrastructure", "engine"})
 
 
-def error_kind(error: BaseException) -> str:
+def error_kind(error: BaseException) -> ErrorKind:
     """The outcome kind of an exception raised while a rollout ran: anything that is not a
     known engine, reward or infrastructure error is the agent's."""
     if isinstance(error, EngineError):

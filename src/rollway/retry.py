@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-from tenacity import AsyncRetrying, RetryCallState, stop_any, stop_before_delay
+from tenacity import AsyncRetrying, RetryCallState, after_nothing, stop_before_delay
 
 from rollway.checks import check_count, check_seconds, is_number
 from rollway.errors import TRANSIENT_KINDS, ConfigError, InfrastructureError, OverloadedError
@@ -101,14 +101,11 @@ class RetryPolicy:
         ends the loop there with that try's outcome. ``after`` runs after each failed try
         that is retryable, ``before_sleep`` before each wait."""
         tries = _Tries(self, give_up)
-        stop = tries.stop if self.within_s is None else stop_any(
-            tries.stop, stop_before_delay(self.within_s)
-        )  # fmt: skip
         return AsyncRetrying(
             retry=tries.retry,
-            stop=stop,
+            stop=tries.stop,
             wait=tries.wait,
-            after=after,
+            after=after or after_nothing,
             before_sleep=before_sleep,
             retry_error_callback=_last_outcome,
         )
@@ -121,6 +118,8 @@ class _Tries:
     def __init__(self, policy: RetryPolicy, give_up: Callable[[], bool] | None) -> None:
         self.policy, self.give_up = policy, give_up
         self.failed = 0
+        within_s = policy.within_s
+        self._deadline = None if within_s is None else stop_before_delay(within_s)
 
     def retry(self, state: RetryCallState) -> bool:
         outcome = state.outcome
@@ -146,7 +145,9 @@ class _Tries:
 
     def stop(self, state: RetryCallState) -> bool:
         attempts = self.policy.attempts
-        return attempts is not None and self.failed >= max(1, attempts)
+        if attempts is not None and self.failed >= max(1, attempts):
+            return True
+        return self._deadline is not None and self._deadline(state)
 
 
 def _last_outcome(state: RetryCallState) -> Any:

@@ -24,8 +24,7 @@ from rollway.errors import ConfigError
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.trace import Span, Tracer
+    from opentelemetry.trace import Span, Tracer, TracerProvider
 
 #: The tracer once ``enable`` ran; None means off (the one check every hook makes).
 _tracer: Tracer | None = None
@@ -84,11 +83,11 @@ def enable(provider: TracerProvider | None = None) -> None:
             "tracing needs OpenTelemetry: pip install 'rollway[otel]'", "trace"
         ) from exc
     if provider is None:
-        provider = trace.get_tracer_provider()  # type: ignore[assignment]
+        provider = trace.get_tracer_provider()
         if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
             provider = _provider_from_env()
             trace.set_tracer_provider(provider)
-    _tracer = provider.get_tracer("rollway")  # type: ignore[union-attr]
+    _tracer = provider.get_tracer("rollway")
     _provider = provider
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 
@@ -30,15 +30,20 @@ class Turn(Protocol):
     logprobs: list[float]
     prompt_hash: str
     policy_versions: list[int] | None
-    logprob_kind: str
     raw_logprobs: list[float] | None
     kept_mass: list[float] | None
+    top_ids: list[list[int]] | None
+    top_logprobs: list[list[float]] | None
+    entropy: list[float] | None
+
+    @property
+    def logprob_kind(self) -> str: ...  # read-only: a turn's is one of types.LogprobKind
 
 
 FORMAT_VERSION = 2
 
 
-def whole_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
+def whole_prompts(turns: Sequence[Turn]) -> Iterator[tuple[Turn, list[int]]]:
     """Each turn with its whole prompt, in turn order (each list is the turn's own)."""
     sequences: dict[int, list[int]] = {}
     for turn in turns:
@@ -48,7 +53,7 @@ def whole_prompts(turns: list[Turn]) -> Iterator[tuple[Turn, list[int]]]:
         yield turn, prompt
 
 
-def whole_prompt(turns: list[Turn], index: int) -> list[int]:
+def whole_prompt(turns: Sequence[Turn], index: int) -> list[int]:
     """The whole prompt the engine got on turn ``index``."""
     segment = turns[index].segment
     ids: list[int] = []
@@ -60,7 +65,7 @@ def whole_prompt(turns: list[Turn], index: int) -> list[int]:
     return ids
 
 
-def check_prompt_hashes(turns: list[Turn]) -> list[str]:
+def check_prompt_hashes(turns: Sequence[Turn]) -> list[str]:
     """The turns whose whole prompt, rebuilt from the chain, does not hash to the recorded
     ``prompt_hash`` or is not ``prompt_len`` long (empty: the chain holds). Linear time: each
     segment's hash state moves on by each turn's new ids. For token ids only: behind a
@@ -90,18 +95,20 @@ def int32_bytes(ids: list[int]) -> bytes:
     return array("i", ids).tobytes()
 
 
-def sample_fields(turns: list[Turn]) -> list[dict[str, Any]]:
+def sample_fields(turns: Sequence[Turn]) -> list[dict[str, Any]]:
     """The fields of each segment's training sample (``rollway.types.build_samples`` makes
     them ``Sample``s): its first prompt, then completions (mask 1) and each later turn's new
     prompt ids, the glue (mask 0). Policy versions follow the tokens (-1 on glue), where every
     turn of the segment has them; so do raw logprobs where some turn's logprobs are not raw,
-    and the kept mass where some turn's sampling cut the vocabulary."""
+    and the kept mass, top logprobs and entropy where some turn of the segment has them."""
     samples: dict[int, dict[str, Any]] = {}
     versioned = {t.segment for t in turns if t.policy_versions is not None}
     versioned -= {t.segment for t in turns if t.policy_versions is None}
     scaled = {t.segment for t in turns if t.logprob_kind != "raw_logprobs"}
     scaled -= {t.segment for t in turns if t.segment in scaled and _no_raw(t)}
-    cut = {t.segment for t in turns if t.kept_mass is not None}
+    recorded = {
+        name: {t.segment for t in turns if getattr(t, name) is not None} for name in _BLANKS
+    }
     for turn in turns:
         sample = samples.get(turn.segment)
         if sample is None:
@@ -113,7 +120,7 @@ def sample_fields(turns: list[Turn]) -> list[dict[str, Any]]:
                 "logprobs": [],
                 "policy_versions": [] if turn.segment in versioned else None,
                 "raw_logprobs": [] if turn.segment in scaled else None,
-                "kept_mass": [] if turn.segment in cut else None,
+                **{name: [] if turn.segment in recorded[name] else None for name in _BLANKS},
             }
             glue: list[int] = []
         else:
@@ -127,18 +134,24 @@ def sample_fields(turns: list[Turn]) -> list[dict[str, Any]]:
         if sample["raw_logprobs"] is not None:
             raw = turn.logprobs if turn.logprob_kind == "raw_logprobs" else turn.raw_logprobs
             sample["raw_logprobs"] += _per_token(len(glue), raw, tokens, 0.0)
-        if sample["kept_mass"] is not None:
-            sample["kept_mass"] += _per_token(len(glue), turn.kept_mass, tokens, 1.0)
+        for name, blank in _BLANKS.items():
+            if sample[name] is not None:
+                sample[name] += _per_token(len(glue), getattr(turn, name), tokens, blank)
     return [samples[k] for k in sorted(samples)]
+
+
+#: The per-token lists a sample keeps where some turn of its segment has them, and the value on
+#: glue and on a turn without them: a kept mass of 1.0 is a turn that cut nothing.
+_BLANKS: dict[str, Any] = {"kept_mass": 1.0, "top_ids": [], "top_logprobs": [], "entropy": 0.0}
 
 
 def _no_raw(turn: Turn) -> bool:
     return turn.logprob_kind != "raw_logprobs" and turn.raw_logprobs is None
 
 
-def _per_token(glue: int, values: list[float] | None, tokens: int, blank: float) -> list[float]:
+def _per_token(glue: int, values: list[Any] | None, tokens: int, blank: Any) -> list[Any]:
     """A turn's per-token values after its glue (``blank`` there, and on every token of a turn
-    that has none: a kept mass of 1.0 is a turn that cut nothing)."""
+    that has none)."""
     return [blank] * glue + (list(values) if values is not None else [blank] * tokens)
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollway import trajectory_format
 from rollway.deprecated import deprecated_alias
+from rollway.errors import ErrorKind as ErrorKind  # re-exported: defined with its categories
 from rollway.errors import InvalidFieldsError
 from rollway.trajectory_format import FORMAT_VERSION
 
@@ -27,14 +28,17 @@ FinishReason = Literal["stop", "length", "abort"]
 #: distribution, ``log_softmax(logits / T)``: the behaviour policy a trainer recomputes at its
 #: sampling temperature (vLLM's processed logprobs are also renormalised over the top-p/top-k set).
 LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
+#: The most top logprobs a turn records per token (OpenAI's and vLLM's chat cap).
+MAX_TOP_LOGPROBS = 20
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
-ErrorKind = Literal["agent", "engine", "reward", "infrastructure"]
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How an engine samples. ``top_k=0`` and ``top_p=1.0`` switch those filters off;
-    ``temperature=0`` means greedy decoding."""
+    """How an engine samples, and what it records beside each sampled token. ``top_k=0`` and
+    ``top_p=1.0`` switch those filters off; ``temperature=0`` means greedy decoding.
+    ``top_logprobs`` (0 to 20) records the ids and logprobs of that many most likely tokens at
+    each step; ``record_entropy`` records each step's entropy (engines that see the logits)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -43,6 +47,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    top_logprobs: int = 0
+    record_entropy: bool = False
 
     def __post_init__(self) -> None:
         # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one
@@ -59,6 +65,12 @@ class SamplingParams:
             if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
                 raise InvalidFieldsError(f"{name} must hold only {kind.__name__}s", param=name)
             object.__setattr__(self, name, items)
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidFieldsError(
+                f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, not {top!r}",
+                param="top_logprobs",
+            )
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
@@ -73,6 +85,8 @@ class SamplingParams:
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "seed": self.seed,
+            "top_logprobs": self.top_logprobs,
+            "record_entropy": self.record_entropy,
         }
 
 
@@ -85,7 +99,11 @@ class GenerationResult:
     ``logprobs`` are of ``logprob_kind``; ``raw_logprobs`` are the temperature-1 ones beside
     them, where the engine computes both and they differ (None: ``logprobs`` are raw, or the
     engine cannot tell). ``kept_mass`` is, per token, the probability mass of the tokens top-p
-    and top-k left to sample from under ``log_softmax(logits / T)`` (None: nothing was cut)."""
+    and top-k left to sample from under ``log_softmax(logits / T)`` (None: nothing was cut).
+    ``top_ids``/``top_logprobs`` are, per token, the ``sampling.top_logprobs`` most likely ids
+    and their logprobs (of ``logprob_kind``), most likely first; ``entropy`` is, per token, the
+    entropy in nats of the distribution ``logprobs`` are taken from (None: not asked, or the
+    engine cannot give it)."""
 
     output_ids: list[int]
     logprobs: list[float]
@@ -94,6 +112,9 @@ class GenerationResult:
     logprob_kind: LogprobKind = "raw_logprobs"
     raw_logprobs: list[float] | None = None
     kept_mass: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    entropy: list[float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +124,7 @@ class GenerationChunk:
     ``output_ids``, ``logprobs`` and ``policy_versions`` are the new tokens only (a chunk may
     carry none, e.g. the last one of an aborted request). ``finish_reason`` is None until the
     last chunk, which has it; the chunks of one request, concatenated, are its
-    ``GenerationResult`` (``engines.streaming.collect``), ``raw_logprobs`` and ``kept_mass``
-    included."""
+    ``GenerationResult`` (``engines.streaming.collect``), every per-token list included."""
 
     output_ids: list[int]
     logprobs: list[float]
@@ -113,6 +133,9 @@ class GenerationChunk:
     logprob_kind: LogprobKind = "raw_logprobs"
     raw_logprobs: list[float] | None = None
     kept_mass: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+    entropy: list[float] | None = None
 
     @staticmethod
     def join(parts: list[GenerationChunk]) -> GenerationChunk:
@@ -134,7 +157,32 @@ class GenerationChunk:
             full[-1].logprob_kind,
             joined("raw_logprobs"),
             joined("kept_mass"),
+            joined("top_ids"),
+            joined("top_logprobs"),
+            joined("entropy"),
         )
+
+    def result(self) -> GenerationResult:
+        """This chunk as a result (its finish reason must be set)."""
+        assert self.finish_reason is not None
+        return GenerationResult(
+            self.output_ids,
+            self.logprobs,
+            self.finish_reason,
+            logprob_kind=self.logprob_kind,
+            **{name: getattr(self, name) for name in PER_TOKEN_EXTRAS},
+        )
+
+
+#: The optional per-token lists a result and a chunk carry.
+PER_TOKEN_EXTRAS = (
+    "policy_versions",
+    "raw_logprobs",
+    "kept_mass",
+    "top_ids",
+    "top_logprobs",
+    "entropy",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +207,8 @@ class ChatResult:
     behind a chat-level engine, which gives no ids. ``turn_index`` is the turn's place in the
     trajectory; None when no turn was recorded (an answer past a limit, made without the engine).
     ``stop_sequence`` is the stop string that ended the answer, if one did (Anthropic's
-    ``stop_sequence``).
+    ``stop_sequence``). ``top_ids``/``top_logprobs`` are the turn's, where its sampling asked
+    for top logprobs (``Turn.top_ids``).
     """
 
     message: dict[str, Any]
@@ -170,6 +219,8 @@ class ChatResult:
     logprobs: list[float] | None = None
     turn_index: int | None = None
     stop_sequence: str | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
 
     @property
     def content(self) -> str | None:
@@ -243,6 +294,20 @@ class Turn(_Wire):
         description="Per completion id: the mass of the tokens top-p/top-k kept, under "
         "log_softmax(logits / T); None when nothing was cut.",
     )
+    top_ids: list[list[int]] | None = Field(
+        default=None,
+        description="Per completion id: the ids of the sampling.top_logprobs most likely "
+        "tokens at that step, most likely first; None when not asked or the engine gives none.",
+    )
+    top_logprobs: list[list[float]] | None = Field(
+        default=None,
+        description="The logprobs of top_ids (of logprob_kind), aligned with them.",
+    )
+    entropy: list[float] | None = Field(
+        default=None,
+        description="Per completion id: the entropy (nats) of the distribution its logprob is "
+        "taken from; None when not asked (sampling.record_entropy) or the engine cannot.",
+    )
     reissued: int = Field(
         default=0,
         description="Times this turn was aborted (a weight update, or its server was taken out) "
@@ -278,6 +343,19 @@ class Sample(_Wire):
         default=None,
         description="Aligned with response_ids: the mass top-p/top-k kept for each sampled "
         "token (1.0 where nothing was cut and where mask is 0); None when no turn was cut.",
+    )
+    top_ids: list[list[int]] | None = Field(
+        default=None,
+        description="Aligned with response_ids: each sampled token's top ids (Turn.top_ids; [] "
+        "where mask is 0); None when no turn of the segment has them.",
+    )
+    top_logprobs: list[list[float]] | None = Field(
+        default=None, description="Aligned with top_ids: their logprobs ([] where mask is 0)."
+    )
+    entropy: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: each sampled token's entropy (0.0 where mask "
+        "is 0); None when no turn of the segment has it.",
     )
 
 

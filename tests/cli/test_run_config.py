@@ -23,6 +23,8 @@ temperature = 0.7
 top_p = 0.9
 top_k = 20
 stop = ["</answer>", "STOP"]
+top_logprobs = 4
+record_entropy = true
 max_turns = 3
 max_seq_len = 2048
 max_attempts = 5
@@ -50,7 +52,8 @@ def test_a_run_takes_its_settings_from_the_file_and_the_command_line_wins(
     config = orjson.loads((workdir / "from-env" / "quick-tasks" / "config.json").read_bytes())
     assert config["group_size"] == 2
     assert config["sampling"] == {
-        "temperature": 0.3, "top_p": 0.9, "top_k": 20, "stop": ["</answer>", "STOP"]
+        "temperature": 0.3, "top_p": 0.9, "top_k": 20, "stop": ["</answer>", "STOP"],
+        "top_logprobs": 4, "record_entropy": True,
     }  # fmt: skip
     assert config["limits"] == {
         "max_turns": 3, "max_seq_len": 2048, "timeout": 900.0, "reward_timeout": 7.5,
@@ -101,6 +104,7 @@ def test_help_names_every_option_whole_at_80_columns(workdir: Path) -> None:
     assert "…" not in ran.stdout  # nothing cut to fit a column
     for option in ("--top-p", "--top-k", "--stop", "--max-turns", "--max-seq-len",
                    "--max-attempts", "--reward-timeout", "--stop-grace", "--config",
-                   "--print-config", "ROLLWAY_STATUS_INTERVAL"):  # fmt: skip
+                   "--print-config", "--top-logprobs", "--record-entropy",
+                   "ROLLWAY_STATUS_INTERVAL"):  # fmt: skip
         assert option in ran.stdout
     assert max(len(line) for line in ran.stdout.splitlines()) <= 80

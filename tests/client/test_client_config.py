@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, get_type_hints
 
 import orjson
@@ -15,11 +16,15 @@ import pytest
 from rollway import RetryPolicy, RolloutLimits, SamplingParams
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
+from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig
 from rollway.errors import ConfigError, InvalidFieldsError
+from rollway.gateway import Gateway
+from rollway.gateway.chat_template import ChatRenderer
 from rollway.retry import ROLLOUT_ATTEMPTS
 from rollway.rollouts.config import LIMIT_NAMES, RETRY_NAMES, SAMPLING_NAMES, RolloutOptions
 from rollway.types import AgentResult
+from tests.client.conftest import ScriptedAgent
 
 MakeClient = Callable[..., RolloutClient]
 
@@ -223,3 +228,21 @@ def test_a_status_interval_that_is_not_positive_fails_at_construction(
 ) -> None:
     with pytest.raises(ConfigError, match="status_interval must be a positive"):
         make_client(status_interval=0)
+
+
+def test_top_logprobs_and_entropy_are_client_settings_every_turn_records(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    gateway = Gateway(engine, renderer, model_name="smollm2")
+    with RolloutClient(ScriptedAgent, gateway, store=str(tmp_path), top_logprobs=2,
+                       record_entropy=True, max_tokens=6) as client:  # fmt: skip
+        turn = client.invoke({"task_id": "w"}).result(timeout=60).trajectory.turns[0]
+    assert turn.sampling["top_logprobs"] == 2 and turn.sampling["record_entropy"] is True
+    assert turn.top_ids is not None and turn.entropy is not None
+    assert [len(ids) for ids in turn.top_ids] == [2] * len(turn.completion_ids)
+    assert len(turn.entropy) == len(turn.completion_ids)
+
+
+def test_record_entropy_must_be_a_bool(make_client: MakeClient) -> None:
+    with pytest.raises(InvalidFieldsError, match="record_entropy"):
+        make_client(record_entropy="yes")

@@ -315,3 +315,26 @@ async def test_aborting_a_request_leaves_those_whose_ids_it_prefixes_running() -
                 assert (await calls[rid]).finish_reason == "abort"
         finally:
             await engine.close()
+
+
+@pytest.mark.parametrize("incremental", [False, True])
+async def test_top_logprobs_are_asked_with_top_logprobs_num_plain_and_streamed(
+    incremental: bool,
+) -> None:
+    sampling = SamplingParams(max_tokens=6, seed=5, top_logprobs=2)
+    options = SGLangSimOptions(incremental_streaming_output=incremental)
+    with sglang_server(options, output_len=6) as url:
+        engine = SGLangEngine(url)
+        try:
+            plain = await engine.generate(PROMPT, sampling, "top-1")
+            chunks = [c async for c in engine.generate_stream(PROMPT, sampling, "top-2")]
+            bare = await engine.generate(PROMPT, sampling.replace(top_logprobs=0), "top-3")
+        finally:
+            await engine.close()
+    assert plain.top_ids is not None and plain.top_logprobs is not None
+    # The simulated server puts the sampled token first, then lesser made-up ones.
+    assert [ids[0] for ids in plain.top_ids] == plain.output_ids
+    assert [values[0] for values in plain.top_logprobs] == plain.logprobs
+    assert all(len(ids) == 2 for ids in plain.top_ids)
+    assert [ids for c in chunks for ids in c.top_ids or []] == plain.top_ids
+    assert bare.top_ids is None and bare.top_logprobs is None

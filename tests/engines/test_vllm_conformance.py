@@ -14,10 +14,13 @@ import shutil
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from rollway.agents import AgentLoop, RolloutContext
+from rollway.client import RolloutClient
 from rollway.engines.base import PauseMode
 from rollway.engines.models import prepare_default_model
 from rollway.engines.sim import SimConfig, SimEngine
@@ -26,7 +29,7 @@ from rollway.errors import ConfigError
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.chat_template import ChatRenderer
 from rollway.simulators.vllm_server import VLLMSimOptions, create_vllm_sim_app
-from rollway.types import GenerationResult, SamplingParams
+from rollway.types import AgentResult, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
 from .vllm_servers import REAL, RealVLLM, until_running
@@ -227,6 +230,41 @@ async def test_a_streamed_turn_equals_the_plain_one(leg: Leg, engine: VLLMEngine
     assert chunks[-1].finish_reason == plain.finish_reason
 
 
+def fresh_forward_top(
+    prompt: list[int], result: GenerationResult, folder: Path, k: int
+) -> list[list[float]]:
+    """The ``k`` highest temperature-1 logprobs at each output position, from a fresh pass."""
+    import torch
+
+    model = _fp32_model(folder)
+    ids = torch.tensor([prompt + result.output_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].float()  # type: ignore[operator]
+    logprobs = torch.log_softmax(logits, dim=-1)
+    start = len(prompt) - 1
+    return torch.topk(logprobs[start : start + len(result.output_ids)], k).values.tolist()
+
+
+async def test_top_logprobs_come_by_id_plain_and_streamed(leg: Leg, engine: VLLMEngine) -> None:
+    prompt = tokenizer_prompt(SHORT)
+    sampling = SEEDED.replace(top_logprobs=3)
+    plain = await engine.generate(prompt, sampling, "top")
+    assert plain.top_ids is not None and plain.top_logprobs is not None
+    assert [len(ids) for ids in plain.top_ids] == [3] * len(plain.output_ids)
+    steps = zip(plain.output_ids, plain.logprobs, plain.top_ids, plain.top_logprobs, strict=True)
+    for token, logprob, ids, values in steps:
+        assert values == sorted(values, reverse=True) and len(set(ids)) == 3
+        assert logprob <= values[0] + 1e-6  # nothing sampled beats the most likely token
+        if token in ids:
+            assert values[ids.index(token)] == pytest.approx(logprob, abs=1e-6)
+    chunks = [chunk async for chunk in engine.generate_stream(prompt, sampling, "top-stream")]
+    assert [ids for c in chunks for ids in c.top_ids or []] == plain.top_ids
+    if leg.name == "real":  # the values are the model's: a fresh forward pass agrees
+        expected = await asyncio.to_thread(fresh_forward_top, prompt, plain, leg.folder, 3)
+        for got, want in zip(plain.top_logprobs, expected, strict=True):
+            assert got == pytest.approx(want, abs=LOGPROB_TOLERANCE)
+
+
 async def test_an_abort_stops_decoding_on_the_server(leg: Leg, engine: VLLMEngine) -> None:
     prompt = tokenizer_prompt(LONG)
     long = SamplingParams(max_tokens=400, seed=3)
@@ -365,3 +403,44 @@ async def test_a_restart_between_turns_is_caught_up_before_the_next_turn(
             await engine.update_weights(leg.folder, 2)
     assert before.policy_versions == after.policy_versions == [1] * len(after.output_ids)
     assert after.output_ids == before.output_ids
+
+
+class TwoTurns(AgentLoop):
+    """Two short model calls, then done: a rollout a mid-batch outage can cut in two."""
+
+    name = "two-turns"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": SHORT}]
+        for ask in ("Why?", None):
+            reply = await ctx.chat(messages, max_tokens=12)
+            messages.append(reply.message)
+            if ask:
+                messages.append({"role": "user", "content": ask})
+        return ctx.complete(messages, reward=1.0)
+
+
+async def test_the_server_killed_mid_batch_and_restarted_loses_no_rollout(
+    leg: Leg, tmp_path: Path
+) -> None:
+    """Run last on the real server (it restarts it). The rollouts the kill cut wait for the
+    server (a restart takes 75-190 s for real) within their own timeout instead of spending
+    their tries in seconds: all 32 complete, none left to run again."""
+    from transformers import AutoTokenizer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(leg.folder))
+    gateway = Gateway(VLLMEngine(leg.url, model="smollm2"), renderer, model_name="smollm2")
+    client = RolloutClient(TwoTurns, gateway, store=str(tmp_path), exp_id="kill",
+                           max_concurrent=8, timeout=900, temperature=0.7)  # fmt: skip
+    tasks = [{"task_id": f"t{i}"} for i in range(32)]
+    with client:
+        batch = asyncio.create_task(asyncio.to_thread(lambda: list(client.run_batch(tasks))))
+        await leg.running(True, 300)  # decoding: the kill lands mid-generation
+        await leg.restart(MAX_MODEL_LEN)
+        records = [item.result for item in await batch]
+        client._loop.call(gateway.engine.close())
+    assert len(records) == 32
+    assert [r.status for r in records] == ["completed"] * 32, [r.reason for r in records]
+    assert all(len(r.trajectory.turns) == 2 for r in records if r.trajectory is not None)
+    # The kill caught some rollouts mid-conversation: each went again, as a second attempt.
+    assert any(r.attempts > 1 for r in records), [r.attempts for r in records]

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from rollway.engines import engine_from_spec
 from rollway.engines import vllm as vllm_module
@@ -416,3 +418,40 @@ async def test_a_server_restarted_with_another_context_length_is_noticed(
     finally:
         await engine.close()
     assert result.finish_reason == "stop"
+
+
+def tied_checkpoint(folder: Path, embedding: float, norm: float) -> Path:
+    """A tied-embedding model's folder (config and two small tensors); returned."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"tie_word_embeddings": true}')
+    tensors = {"model.embed_tokens.weight": torch.full((4, 2), embedding),
+               "model.norm.weight": torch.full((2,), norm)}  # fmt: skip
+    save_file(tensors, str(folder / "model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+async def test_a_cpu_server_refuses_a_new_tied_embedding_it_would_not_use(
+    tmp_path: Path, device: str
+) -> None:
+    """vLLM 0.32's CPU build packs the tied output layer once: after ``reload_weights`` it
+    still computes logits with the old embedding (found by the GRPO loop on the real server,
+    ratio 9e-3 off). A folder that changes the embedding is refused there, before vLLM is
+    asked; one that changes other weights only is loaded; a GPU server takes both."""
+    served = tied_checkpoint(tmp_path / "served", 1.0, 1.0)
+    norm_only = tied_checkpoint(tmp_path / "norm-only", 1.0, 2.0)
+    new_embedding = tied_checkpoint(tmp_path / "embedding", 1.5, 2.0)
+    with vllm(dev_mode=True, root=str(served), device=device) as (url, server):
+        engine = VLLMEngine(url)
+        try:
+            await engine.update_weights(norm_only, 1)
+            if device == "cpu":
+                with pytest.raises(ConfigError, match="token embedding") as refused:
+                    await engine.update_weights(new_embedding, 2)
+                assert refused.value.param == "source"
+            else:
+                await engine.update_weights(new_embedding, 2)
+        finally:
+            await engine.close()
+    loaded = [str(norm_only)] + ([str(new_embedding)] if device == "cuda" else [])
+    assert server.loaded == loaded and server.paused is None

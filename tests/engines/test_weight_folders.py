@@ -51,6 +51,7 @@ def test_a_folder_with_the_served_shapes_or_some_of_them_passes(
         ("empty", "holds no model.safetensors"),
         ("config only", "holds no model.safetensors"),
         ("garbled", "is not readable safetensors"),
+        ("index without a map", "holds no tensors"),
         ("misshapen", "'model.norm.weight' in .* has shape \\(3,\\), the served model's \\(4,\\)"),
         ("unknown", "tensors the served model lacks: lm_head.weight"),
     ],
@@ -65,6 +66,8 @@ def test_a_bad_folder_is_refused_naming_why(
         (folder / "config.json").write_text("{}")
     elif name == "garbled":
         (folder / "model.safetensors").write_bytes(b"\xff" * 16)
+    elif name == "index without a map":  # weight_map must map names to files
+        (folder / "model.safetensors.index.json").write_text('{"weight_map": ["a"]}')
     elif name == "misshapen":
         save_file({"model.norm.weight": torch.ones(3)}, str(folder / "model.safetensors"))
     elif name == "unknown":

@@ -94,7 +94,7 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
     assert before["k3_kl_on_policy"] <= before["logprob_diff_max_on_policy"] ** 2  # ~ d^2 / 2
     assert before["ratio_outside_on_policy"] == 0.0
     assert before["logprob_diff_max_stale"] == before["k3_kl_stale"] == 0.0  # no stale token
-    push_weights(client, trainer, "drain")
+    push_weights(client, trainer, config)
     assert trainer.version == client.policy_version == engine.policy_version == start + 1
 
     second = collect(client, task_set, 1, config)
@@ -108,7 +108,7 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
     assert float((initial - batch.behaviour_logprobs).abs().max()) > 1e-2
     after = train_step(trainer, second, config)
     assert after["policy_version"] == start + 1 and after["ratio_dev_on_policy"] < 1e-3
-    push_weights(client, trainer, "drain")  # the engine keeps the trainer's weights
+    push_weights(client, trainer, config)  # the engine keeps the trainer's weights
     assert engine.policy_version == start + 2
 
 
@@ -125,7 +125,7 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
         first = feed.take(0)
         assert feed.next is not None  # batch 1 runs while step 0 trains
         train_step(trainer, first, config)
-        push_weights(client, trainer, "drain")
+        push_weights(client, trainer, config)
         second = feed.take(1)
         assert feed.next is None
     batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
@@ -134,7 +134,7 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
         sampler = token_logprobs(previous, batch, config.temperature)
         current = token_logprobs(trainer.model, batch, config.temperature)
     metrics = train_step(trainer, second, config)
-    push_weights(client, trainer, "drain")
+    push_weights(client, trainer, config)
     assert sampled_versions(second) <= {start, start + 1}
     assert metrics["stale_tokens"] == int(old.sum()) > 0
     assert metrics["on_policy_tokens"] == metrics["tokens"] - int(old.sum())

@@ -207,3 +207,22 @@ def test_an_integer_past_64_bits_in_the_reward_info_or_messages_is_exported_exac
     (row,) = list(sample_rows([record]))
     assert orjson.loads(row["reward_info"].replace(str(huge), "0")) == {"expected": 0, "nan": None}
     assert str(huge) in row["reward_info"] and str(huge) in row["prompt_messages"]
+
+
+def test_rows_carry_top_logprobs_and_entropy_aligned_with_the_response(tmp_path: Path) -> None:
+    # Turn 0 recorded top ids and entropy; turn 1 (another request) did not: its tokens get
+    # the blanks, as the glue between them does.
+    asked = turn(0, [1, 2], [3, 4], [1, 1]) | {
+        "top_ids": [[3, 7], [4, 8]], "top_logprobs": [[-0.1, -2.5], [-0.2, -1.9]],
+        "entropy": [0.4, 0.7],
+    }  # fmt: skip
+    rec = record("top.0", [asked, turn(1, [1, 2, 3, 4, 9], [5], [1])])
+    path = tmp_path / "rows.parquet"
+    assert export_records([rec], path, "parquet") == 1
+    (row,) = pq.read_table(path).to_pylist()
+    assert row["response_ids"] == [3, 4, 9, 5] and row["loss_mask"] == [1, 1, 0, 1]
+    assert row["top_ids"] == [[3, 7], [4, 8], [], []]
+    assert row["top_logprobs"] == [[-0.1, -2.5], [-0.2, -1.9], [], []]
+    assert row["entropy"] == [0.4, 0.7, 0.0, 0.0]
+    (plain,) = sample_rows([record("plain.0", [turn(0, [1], [2], None)])])
+    assert plain["top_ids"] is None and plain["entropy"] is None

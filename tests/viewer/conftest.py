@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from rollway.agents import AgentLoop, RolloutContext
+from rollway.agents.folding import ContextFolding, DropToolOutputs, Footprint
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import Gateway
@@ -21,9 +22,19 @@ from rollway.gateway.chat_template import ChatRenderer
 from rollway.types import AgentResult
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
-from tests.conftest import ADD_TOOL
+from tests.conftest import ADD_TOOL, tool_call
 
 EXP_ID = "viewer-run"
+FOLDED_ID = "folded-run"
+#: A worked example the agent writes before the task: a tool call, its (long) result and an
+#: answer, none sampled by the model.
+FEW_SHOT: list[dict[str, Any]] = [
+    {"role": "user", "content": "What is 3 + 4?"},
+    {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", 3, 4)]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "7\n" + "add(3, 4) = 7; " * 30},
+    {"role": "assistant", "content": "3 + 4 = 7."},
+]
+REPORT = "Here is a long report to read before answering: " + "all is well. " * 25
 
 
 class TwoTurnAgent(AgentLoop):
@@ -44,6 +55,31 @@ class TwoTurnAgent(AgentLoop):
         return ctx.complete(messages, reward=float("5" in (reply.content or "")))
 
 
+class FoldingAgent(AgentLoop):
+    """A few-shot example, the task, then three turns through context folding whose budget the
+    second call fits and the third (after a long report) does not: the third folds the history
+    (the example's tool output dropped), so the rollout has two segments."""
+
+    name = "folding"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        messages: list[dict[str, Any]] = [*FEW_SHOT, {"role": "user", "content": ctx.task["q"]}]
+        sent = list(messages)
+        reply = await ctx.chat(messages, tools=[ADD_TOOL], max_tokens=8)
+        messages += [reply.message, {"role": "user", "content": "Go on."}]
+        probe = Footprint()
+        probe.observe(sent, reply)
+        folding = ContextFolding(probe.estimate(messages), [DropToolOutputs(keep_last=0)], margin=0)
+        folding.footprint.observe(sent, reply)
+        for follow_up in (REPORT, None):
+            reply = await folding.chat(ctx, messages, tools=[ADD_TOOL], max_tokens=8)
+            messages.append(reply.message)
+            if follow_up:
+                messages.append({"role": "user", "content": follow_up})
+        assert folding.folds == 1
+        return ctx.complete(messages, reward=1.0)
+
+
 @dataclass(frozen=True)
 class RealRun:
     folder: Path
@@ -62,6 +98,20 @@ def real_run(
         items = list(client.run_batch(tasks, group_size=2))
     assert sorted(i.result.status for i in items) == ["completed", "completed", "error", "error"]
     return RealRun(root / EXP_ID, renderer)
+
+
+@pytest.fixture(scope="session")
+def folded_run(
+    engine: EmbeddedEngine, renderer: ChatRenderer, tmp_path_factory: pytest.TempPathFactory
+) -> RealRun:
+    """One folded rollout (two segments) with few-shot messages, its entropy recorded."""
+    root = tmp_path_factory.mktemp("folded")
+    gateway = Gateway(engine, renderer, model_name="SmolLM2-135M-Instruct")
+    with RolloutClient(FoldingAgent, gateway, store=str(root), exp_id=FOLDED_ID, seed=5,
+                       max_retry_attempts=1, record_entropy=True) as client:  # fmt: skip
+        (item,) = client.run_batch([{"task_id": "fold", "q": "What is 2 + 3?"}])
+    assert item.success, item.error or item.result
+    return RealRun(root / FOLDED_ID, renderer)
 
 
 @pytest.fixture(scope="session")

@@ -89,19 +89,21 @@ async def _run(agent: AgentLoop, ctx: RolloutContext) -> Any:
 def result_problem(result: AgentResult) -> str | None:
     """What is wrong with an agent's result, if anything: it becomes the rollout's record, so
     a wrong type there would lose the rollout instead of recording the agent's mistake."""
-    if not isinstance(result.messages, list) or not all(
-        isinstance(m, dict) for m in result.messages
-    ):
+    # Read as objects: the agent's code made the result, and nothing enforced its annotations.
+    messages: object = result.messages
+    finish_reason: object = result.finish_reason
+    reward: object = result.reward
+    error: object = result.error
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         return "messages must be a list of message dicts"
-    if not isinstance(result.finish_reason, str):
-        return f"finish_reason must be a string, not {type(result.finish_reason).__name__}"
-    reward = result.reward
+    if not isinstance(finish_reason, str):
+        return f"finish_reason must be a string, not {type(finish_reason).__name__}"
     if reward is not None and (
         isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
     ):
         return f"reward must be a finite number or None, not {reward!r}"
-    if result.error is not None and not isinstance(result.error, str):
-        return f"error must be a string, not {type(result.error).__name__}"
+    if error is not None and not isinstance(error, str):
+        return f"error must be a string, not {type(error).__name__}"
     return None
 
 

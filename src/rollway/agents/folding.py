@@ -105,7 +105,8 @@ def split_history(messages: list[Message]) -> tuple[list[Message], list[list[Mes
         head_end += 1
     if head_end < len(messages) and messages[head_end]["role"] == "user":
         head_end += 1
-    head, exchanges = messages[:head_end], []
+    head = messages[:head_end]
+    exchanges: list[list[Message]] = []
     for message in messages[head_end:]:
         if message["role"] == "assistant" or not exchanges:
             exchanges.append([message])

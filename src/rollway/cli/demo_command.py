@@ -9,6 +9,12 @@ from typing import Annotated, Any
 import httpx
 import typer
 from openai import OpenAI
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessageParam,
+    ChatCompletionMessageToolCallParam,
+    ChatCompletionToolParam,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -16,7 +22,7 @@ from rollway.cli.options import EngineOption, ModelOption
 from rollway.gateway import build_gateway, create_app
 from rollway.web.background_server import BackgroundServer
 
-ADD_TOOL: dict[str, Any] = {
+ADD_TOOL: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "add",
@@ -30,14 +36,13 @@ ADD_TOOL: dict[str, Any] = {
 }
 
 
-def tool_call(call_id: str, a: int, b: int) -> dict[str, Any]:
+def tool_call(call_id: str, a: int, b: int) -> ChatCompletionMessageToolCallParam:
     arguments = json.dumps({"a": a, "b": b})
-    function = {"name": "add", "arguments": arguments}
-    return {"id": call_id, "type": "function", "function": function}
+    return {"id": call_id, "type": "function", "function": {"name": "add", "arguments": arguments}}
 
 
 # Two worked examples teach the 135M model the tool-call format.
-FEW_SHOT: list[dict[str, Any]] = [
+FEW_SHOT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is 3 + 4?"},
     {"role": "assistant", "content": None, "tool_calls": [tool_call("call_0", 3, 4)]},
     {"role": "user", "content": "What is 10 + 5?"},
@@ -64,7 +69,10 @@ def run(
         ).json()
         console.print(f"gateway {url}; rollout base URL {registered['base_url']}")
         client = OpenAI(base_url=registered["base_url"], api_key=registered["api_key"])
-        messages = [*FEW_SHOT, {"role": "user", "content": question}]
+        messages: list[ChatCompletionMessageParam] = [
+            *FEW_SHOT,
+            {"role": "user", "content": question},
+        ]
         for turn in (1, 2):
             reply = client.chat.completions.create(
                 model="default", messages=messages, tools=[ADD_TOOL]
@@ -73,7 +81,7 @@ def run(
             console.print(
                 f"[bold]turn {turn}[/] ({reply.choices[0].finish_reason}): {_show(message)}"
             )
-            messages.append(message.model_dump(exclude_none=True))
+            messages.append(_sent_back(message))
             messages.extend(_answer(message))
         trajectory = admin.get("/v1/rollouts/demo-1/trajectory?samples=true").json()
         admin.post("/v1/rollouts/demo-1/unregister")
@@ -81,11 +89,19 @@ def run(
     _print_summary(console, trajectory)
 
 
-def _answer(message: Any) -> list[dict[str, Any]]:
+def _sent_back(message: Any) -> ChatCompletionAssistantMessageParam:
+    """The model's reply as the next request carries it."""
+    sent: ChatCompletionAssistantMessageParam = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        sent["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    return sent
+
+
+def _answer(message: Any) -> list[ChatCompletionMessageParam]:
     """Tool results for the model's calls, or a nudge when it called none."""
     if not message.tool_calls:
         return [{"role": "user", "content": "Check that with the add tool."}]
-    results = []
+    results: list[ChatCompletionMessageParam] = []
     for call in message.tool_calls:
         try:
             args = json.loads(call.function.arguments)

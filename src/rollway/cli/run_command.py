@@ -75,6 +75,13 @@ def run(
     stop: Annotated[
         list[str] | None, typer.Option(help="A stop string (repeat the option for more).")
     ] = None,
+    top_logprobs: Annotated[
+        int,
+        typer.Option(min=0, max=20, help="Record each sampled token's N most likely tokens."),
+    ] = 0,
+    record_entropy: Annotated[
+        bool, typer.Option(help="Record each sampled token's entropy (embedded engine).")
+    ] = False,
     max_turns: Annotated[
         int | None, typer.Option(min=1, help="Model calls per rollout; past them: truncated.")
     ] = None,
@@ -214,6 +221,11 @@ def _sampling(s: dict[str, Any]) -> dict[str, Any]:
             sampling[name] = s[name]
     if s["stop"]:
         sampling["stop"] = tuple(s["stop"])
+    # Fixed only when asked: a fixed 0 would also refuse an agent's own top_logprobs request.
+    if s["top_logprobs"]:
+        sampling["top_logprobs"] = s["top_logprobs"]
+    if s["record_entropy"]:
+        sampling["record_entropy"] = True
     return sampling
 
 
@@ -270,4 +282,5 @@ def _load_reward(spec: str) -> RewardFn:
     fn = getattr(import_target(target, "reward"), attr, None)
     if not callable(fn):
         raise ConfigError(f"reward {spec!r} is not a callable", param="reward")
-    return fn
+    reward: RewardFn = fn  # the user's function: its signature is checked when it is called
+    return reward

@@ -37,11 +37,11 @@ def serve(
         raise ConfigError(f"unknown protocol {protocol!r}: {' | '.join(PROTOCOLS)}")
     if fault not in FAULTS:
         raise ConfigError(f"unknown fault {fault!r}: {' | '.join(FAULTS)}")
-    chosen: Fault = fault  # type: ignore[assignment]
+    chosen: Fault = fault  # type: ignore[assignment]  # checked against FAULTS above
     config = SimConfig(latency_s=latency_s, output_len=output_len)
     app = create_sim_server_app(
         config,
-        protocol=protocol,  # type: ignore[arg-type]
+        protocol=protocol,  # type: ignore[arg-type]  # checked against PROTOCOLS above
         fault=chosen,
         fault_count=fault_count,
         server_version=server_version,

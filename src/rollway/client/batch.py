@@ -26,7 +26,9 @@ class BatchItem:
     from_store: bool = False
 
     @classmethod
-    def of(cls, record: RolloutRecord, index: int, elapsed: float, from_store: bool = False):
+    def of(
+        cls, record: RolloutRecord, index: int, elapsed: float, from_store: bool = False
+    ) -> BatchItem:
         error = None if record.success else f"{record.status}: {record.reason}"
         return cls(record.success, record, error, index, elapsed, from_store)
 

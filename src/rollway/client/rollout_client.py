@@ -10,7 +10,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -319,12 +319,14 @@ class RolloutClient:
                 )
         return settings, listed
 
-    def _leased(self, items: Iterator[BatchItem]) -> Iterator[BatchItem]:
+    def _leased(self, items: Generator[BatchItem, None, None]) -> Iterator[BatchItem]:
         """A batch under the experiment's lease, taken before it plans anything."""
         with self._lease.held(self._loop), contextlib.closing(items):
             yield from items
 
-    async def _leased_async(self, items: AsyncIterator[BatchItem]) -> AsyncIterator[BatchItem]:
+    async def _leased_async(
+        self, items: AsyncGenerator[BatchItem, None]
+    ) -> AsyncIterator[BatchItem]:
         with self._lease.held(self._loop):
             async with contextlib.aclosing(items):
                 async for item in items:
@@ -336,7 +338,7 @@ class RolloutClient:
         group_size: int,
         resume: bool,
         settings: RolloutSettings,
-    ) -> Iterator[BatchItem]:
+    ) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
         done, todo = self._prepare(tasks, group_size, resume, settings)
         futures = {self._submit(spec, settings): index for index, spec in todo}
@@ -377,7 +379,7 @@ class RolloutClient:
         group_size: int,
         resume: bool,
         settings: RolloutSettings,
-    ) -> AsyncIterator[BatchItem]:
+    ) -> AsyncGenerator[BatchItem, None]:
         started = time.monotonic()
         done, todo = self._prepare(tasks, group_size, resume, settings)
         futures = {self._submit(spec, settings): index for index, spec in todo}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from rollway.types import ChatGeneration, GenerationChunk, GenerationResult, SamplingParams
@@ -50,7 +50,7 @@ class StreamingEngine(Protocol):
 
     def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]: ...
+    ) -> AsyncGenerator[GenerationChunk, None]: ...
 
 
 @runtime_checkable
@@ -99,11 +99,14 @@ class ModelInfo(Protocol):
     """An engine that knows its model. Every built-in engine declares all three (None where it
     does not know): the gateway names the model, templates with the engine's own tokenizer and
     bounds prompts by the context; without them it loads the tokenizer from the model folder
-    and lets the server enforce its own context."""
+    and lets the server enforce its own context. Read-only here: the gateway only reads them."""
 
-    model_name: str | None
-    tokenizer: Any | None
-    context_length: int | None
+    @property
+    def model_name(self) -> str | None: ...
+    @property
+    def tokenizer(self) -> Any | None: ...
+    @property
+    def context_length(self) -> int | None: ...
 
 
 @runtime_checkable

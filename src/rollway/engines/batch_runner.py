@@ -59,6 +59,10 @@ class Request:
     raw_logprobs: list[float] = field(default_factory=list)
     #: The mass top-p/top-k kept for each output id (filled only where the sampling cuts).
     kept_mass: list[float] = field(default_factory=list)
+    #: Per output id, where the sampling asks: the top ids, their logprobs, the entropy.
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    entropy: list[float] = field(default_factory=list)
     #: The weights version that sampled each output id.
     versions: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -108,21 +112,17 @@ class Request:
 
     def _result(self) -> GenerationResult:
         assert self.finish_reason is not None
-        kind = logprob_kind(self.sampling)
-        return GenerationResult(
-            self.output_ids,
-            self.logprobs,
-            self.finish_reason,
-            policy_versions=self.versions,
-            logprob_kind=kind,
-            raw_logprobs=self.raw_logprobs if kind != "raw_logprobs" else None,
-            kept_mass=self.kept_mass if cuts(self.sampling) else None,
-        )
+        return self._chunk(0, self.finish_reason).result()
 
     def _next_chunk(self, finish_reason: FinishReason | None) -> GenerationChunk:
         start = self.streamed
         self.streamed = len(self.output_ids)
-        kind = logprob_kind(self.sampling)
+        return self._chunk(start, finish_reason)
+
+    def _chunk(self, start: int, finish_reason: FinishReason | None) -> GenerationChunk:
+        """The tokens from output position ``start`` with what the sampling asked of them."""
+        sampling = self.sampling
+        kind = logprob_kind(sampling)
         return GenerationChunk(
             self.output_ids[start:],
             self.logprobs[start:],
@@ -130,7 +130,10 @@ class Request:
             policy_versions=self.versions[start:],
             logprob_kind=kind,
             raw_logprobs=self.raw_logprobs[start:] if kind != "raw_logprobs" else None,
-            kept_mass=self.kept_mass[start:] if cuts(self.sampling) else None,
+            kept_mass=self.kept_mass[start:] if cuts(sampling) else None,
+            top_ids=self.top_ids[start:] if sampling.top_logprobs else None,
+            top_logprobs=self.top_logprobs[start:] if sampling.top_logprobs else None,
+            entropy=self.entropy[start:] if sampling.record_entropy else None,
         )
 
     def _call_soon(self, callback: Callable[..., object], *args: object) -> None:
@@ -265,6 +268,11 @@ class BatchRunner:
             request.logprobs.append(sampled.logprob)
             request.raw_logprobs.append(sampled.raw_logprob)
             request.kept_mass.append(sampled.kept_mass)
+            if sampled.top_ids is not None and sampled.top_logprobs is not None:
+                request.top_ids.append(sampled.top_ids)
+                request.top_logprobs.append(sampled.top_logprobs)
+            if sampled.entropy is not None:
+                request.entropy.append(sampled.entropy)
             # Weights change only while no forward pass runs, so these logits are this version's.
             request.versions.append(version)
             next_ids[row] = token
@@ -297,7 +305,8 @@ class BatchRunner:
         return any(s in tail for s in stops)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        text: str = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
 
 def _check_full_attention(model: Any) -> None:

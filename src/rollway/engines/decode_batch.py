@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -40,8 +40,10 @@ class GrowingLayer(DynamicLayer):
     columns (zeros where a part is narrower), or empty (its first ``update`` allocates)."""
 
     def __init__(self, parts: Sequence[KV] = (), width: int = 0, room: int = _ROOM) -> None:
-        super().__init__()
+        # untyped_calls_exclude (pyproject.toml) does not reach calls through super().
+        super().__init__()  # type: ignore[no-untyped-call]
         self.room = room
+        self._columns = 0  # in use, of the buffers'
         if not parts:
             return
         keys = parts[0][0]
@@ -62,14 +64,18 @@ class GrowingLayer(DynamicLayer):
             batch, heads, length, dim = key_states.shape
             self._allocate(key_states, (batch, heads, length + self.room, dim))
             self._use(0)
-        start = self.keys.shape[2]
+        start = self._columns
         end = start + key_states.shape[2]
         if end > self._key_buffer.shape[2]:
             self._grow(end + max(self.room, end // 2))
         self._key_buffer[:, :, start:end] = key_states
         self._value_buffer[:, :, start:end] = value_states
-        self._use(end)
-        return self.keys, self.values
+        return self._use(end)
+
+    def kv(self) -> KV:
+        """``keys`` and ``values``, typed as set: HF types them optional (None until the
+        first ``update``; a batch's layers have all had theirs)."""
+        return self._key_buffer[:, :, : self._columns], self._value_buffer[:, :, : self._columns]
 
     def _allocate(self, like: torch.Tensor, shape: tuple[int, ...]) -> None:
         self.lazy_initialization(like, like)
@@ -78,15 +84,16 @@ class GrowingLayer(DynamicLayer):
         self._value_buffer = like.new_zeros(shape)
 
     def _grow(self, columns: int) -> None:
-        keys, values, length = self.keys, self.values, self.keys.shape[2]
+        keys, values = self.kv()
         self._allocate(keys, (*keys.shape[:2], columns, keys.shape[3]))
-        self._key_buffer[:, :, :length] = keys
-        self._value_buffer[:, :, :length] = values
-        self._use(length)
+        self._key_buffer[:, :, : self._columns] = keys
+        self._value_buffer[:, :, : self._columns] = values
+        self._use(self._columns)
 
-    def _use(self, columns: int) -> None:
-        self.keys = self._key_buffer[:, :, :columns]
-        self.values = self._value_buffer[:, :, :columns]
+    def _use(self, columns: int) -> KV:
+        self._columns = columns
+        self.keys, self.values = self.kv()
+        return self.keys, self.values
 
 
 @dataclass
@@ -146,19 +153,18 @@ class DecodeBatch(Generic[Row]):
             logits_to_keep=1,
             **{cache_argument(model): self.cache},
         )
-        return out.logits[:, -1, :].float()
+        logits: torch.Tensor = out.logits[:, -1, :].float()
+        return logits
 
     def merge(self, other: DecodeBatch[Row]) -> DecodeBatch[Row]:
         """Both batches' rows in one, right-aligned on the wider one's columns."""
         width = max(self.attention_mask.shape[1], other.attention_mask.shape[1])
-        layers = [
-            GrowingLayer([(mine.keys, mine.values), (theirs.keys, theirs.values)], width)
-            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
-        ]
+        pairs = zip(_growing(self.cache), _growing(other.cache), strict=True)
+        cache = Cache(layers=[GrowingLayer([a.kv(), b.kv()], width) for a, b in pairs])
         masks = [self.attention_mask, other.attention_mask]
         mask = torch.cat([_pad_mask(m, width) for m in masks])
         next_ids = torch.cat([self.next_ids, other.next_ids])
-        return DecodeBatch(self.rows + other.rows, Cache(layers=layers), mask, next_ids)
+        return DecodeBatch(self.rows + other.rows, cache, mask, next_ids)
 
     def select(self, keep: list[int]) -> DecodeBatch[Row] | None:
         """The rows at ``keep`` (None if none), without the columns none of them uses."""
@@ -168,12 +174,14 @@ class DecodeBatch(Generic[Row]):
         mask = self.attention_mask[index]
         start = int(mask.any(0).nonzero()[0])
         width = mask.shape[1] - start
-        layers = [
-            GrowingLayer([(layer.keys[index, :, start:], layer.values[index, :, start:])], width)
-            for layer in self.cache.layers
-        ]
+        kvs = [layer.kv() for layer in _growing(self.cache)]
+        cache = Cache(
+            layers=[
+                GrowingLayer([(k[index, :, start:], v[index, :, start:])], width) for k, v in kvs
+            ]
+        )
         rows = [self.rows[i] for i in keep]
-        return DecodeBatch(rows, Cache(layers=layers), mask[:, start:], self.next_ids[index])
+        return DecodeBatch(rows, cache, mask[:, start:], self.next_ids[index])
 
     def row_prefix(self, row: int, sequence: list[int]) -> CachedPrefix:
         """Row ``row``'s KV as a cache entry: the head of ``sequence`` (its prompt and output)
@@ -182,10 +190,8 @@ class DecodeBatch(Generic[Row]):
         if len(columns) > len(sequence):
             raise RuntimeError(f"row holds {len(columns)} tokens of KV, not {len(sequence)}")
         token_ids = torch.tensor(sequence[: len(columns)], dtype=torch.long)
-        kv = [
-            (layer.keys[row : row + 1, :, columns], layer.values[row : row + 1, :, columns])
-            for layer in self.cache.layers
-        ]
+        kvs = [layer.kv() for layer in _growing(self.cache)]
+        kv = [(k[row : row + 1, :, columns], v[row : row + 1, :, columns]) for k, v in kvs]
         return CachedPrefix(token_ids, DynamicCache(kv))
 
 
@@ -205,13 +211,23 @@ def extend_prefix(model: Any, base: Reuse, token_ids: torch.Tensor) -> CachedPre
 def cache_argument(model: Any) -> str:
     """What ``model``'s forward calls its KV cache, in and out: ``cache`` from transformers
     5.24, ``past_key_values`` before (5.24 still takes the old name, with a FutureWarning)."""
-    return _cache_argument(type(model))
+    forward: Callable[..., Any] = type(model).forward
+    return _cache_argument(forward)
 
 
 @functools.cache
-def _cache_argument(model_class: type) -> str:
-    parameters = inspect.signature(model_class.forward).parameters
+def _cache_argument(forward: Callable[..., Any]) -> str:
+    parameters = inspect.signature(forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _growing(cache: Cache) -> list[GrowingLayer]:
+    """A batch's cache layers, typed as they are: it builds its caches of ``GrowingLayer``s
+    only (``_stack_heads``, ``merge``, ``select``), where HF types any kind of layer."""
+    layers = [layer for layer in cache.layers if isinstance(layer, GrowingLayer)]
+    if len(layers) != len(cache.layers):
+        raise TypeError("a decode batch's cache holds a layer that is not a GrowingLayer")
+    return layers
 
 
 def _stack_heads(reuse: Sequence[Reuse], width: int, suffix: int, layers: int) -> Cache:

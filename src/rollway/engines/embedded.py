@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ class EmbeddedEngine:
     # Declared for the gateway (engines.base.ModelInfo): None, it does not know.
     model_name: str | None = None
     tokenizer: Any
-    context_length: int | None
+    context_length: int
 
     pause_modes: frozenset[PauseMode] = frozenset({"abort", "drain", "keep"})
 
@@ -154,7 +154,8 @@ class EmbeddedEngine:
             raise ConfigError("dtype float16 needs a GPU; on a CPU use bfloat16", "dtype")
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
-        lm.to(torch_device).eval()
+        # transformers wraps ``to`` with functools.wraps, whose type takes the model as argument 1.
+        lm.to(torch_device).eval()  # type: ignore[arg-type]
         return cls(
             lm,
             tokenizer,
@@ -177,7 +178,7 @@ class EmbeddedEngine:
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         chunks: _ChunkQueue = asyncio.Queue()
         request = self._submit(input_ids, sampling, request_id, chunks)
         finished = False

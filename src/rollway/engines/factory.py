@@ -185,6 +185,7 @@ def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> d
         try:
             options[key] = known[key](value)
         except ValueError:
-            kind = {int: "a whole number", float: "a number"}.get(known[key], "1 or 0")
+            kinds: dict[Callable[[str], Any], str] = {int: "a whole number", float: "a number"}
+            kind = kinds.get(known[key], "1 or 0")
             raise ConfigError(f"{what} {key}={value!r} is not {kind}", "engine") from None
     return options

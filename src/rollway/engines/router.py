@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,7 +141,7 @@ class RoutedEngine:
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         """``generate``'s endpoint, accounting and fail-over, its answer streamed
         (``engines.streaming.stream_generation``: an endpoint that cannot stream gives one
         chunk). Only a request refused before its first chunk goes to another endpoint; one
@@ -282,12 +282,13 @@ class RoutedEngine:
         targets = [e for e in self.endpoints if e.healthy]
         if not targets and what != "resume":
             raise EngineConnectError(f"cannot {what}: no healthy engine endpoint")
+        engines: list[WeightSync] = []
         for endpoint in targets:
             if not isinstance(endpoint.engine, WeightSync):
                 raise ConfigError(f"engine endpoint {endpoint.name} cannot take new weights")
+            engines.append(endpoint.engine)
         results = await asyncio.gather(
-            *[call(e.engine) for e in targets],
-            return_exceptions=True,  # type: ignore[arg-type]
+            *[call(engine) for engine in engines], return_exceptions=True
         )
         failed = [(e, r) for e, r in zip(targets, results, strict=True) if isinstance(r, Exception)]
         if failed and len(failed) == len(targets):

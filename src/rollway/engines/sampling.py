@@ -42,6 +42,11 @@ class SampledToken:
     logprob: float
     raw_logprob: float
     kept_mass: float = 1.0
+    #: The ``sampling.top_logprobs`` most likely ids and their logprobs (None: not asked).
+    top_ids: list[int] | None = None
+    top_logprobs: list[float] | None = None
+    #: The entropy of the distribution ``logprob`` is taken from (None: not asked).
+    entropy: float | None = None
 
 
 def is_greedy(sampling: SamplingParams) -> bool:
@@ -71,7 +76,7 @@ def choose_token(
     if is_greedy(sampling):
         token = int(torch.argmax(logits).item())
         logprob = float(raw[token].item())
-        return SampledToken(token, logprob, logprob)
+        return SampledToken(token, logprob, logprob, 1.0, *_extras(raw, sampling))
     scaled, scaled_logprobs = logits, raw
     if logprob_kind(sampling) == "processed_logprobs":
         scaled = logits / sampling.temperature
@@ -88,7 +93,24 @@ def choose_token(
     probs = torch.softmax(filtered, dim=-1)
     token = int(torch.multinomial(probs, 1, generator=generator).item())
     logprob = float(scaled_logprobs[token].item())
-    return SampledToken(token, logprob, float(raw[token].item()), min(kept, 1.0))
+    extras = _extras(scaled_logprobs, sampling)
+    return SampledToken(token, logprob, float(raw[token].item()), min(kept, 1.0), *extras)
+
+
+def _extras(
+    logprobs: torch.Tensor, sampling: SamplingParams
+) -> tuple[list[int] | None, list[float] | None, float | None]:
+    """The top logprobs and the entropy of one step's distribution, where ``sampling`` asks."""
+    top_ids = top_values = entropy = None
+    if sampling.top_logprobs:
+        top = torch.topk(logprobs, min(sampling.top_logprobs, logprobs.shape[-1]))
+        top_ids, top_values = top.indices.tolist(), top.values.tolist()
+    if sampling.record_entropy:
+        # Tokens of probability 0 (logprob -inf) add nothing: 0 * -inf would be NaN.
+        probs = logprobs.exp()
+        terms = torch.where(probs > 0, probs * logprobs, torch.zeros_like(probs))
+        entropy = max(0.0, -float(terms.sum().item()))
+    return top_ids, top_values, entropy
 
 
 def _filter_top_p(scaled: torch.Tensor, top_p: float) -> torch.Tensor:

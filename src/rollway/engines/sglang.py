@@ -67,7 +67,7 @@ import asyncio
 import logging
 import os
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 from rollway.engines.base import PauseMode, WeightSource
@@ -159,12 +159,15 @@ class SGLangEngine:
         finally:
             self._leave()
         return parse_generate_response(
-            body, policy_version=self.policy_version, logprob_kind=self.logprob_kind(sampling)
+            body,
+            policy_version=self.policy_version,
+            logprob_kind=self.logprob_kind(sampling),
+            top=sampling.top_logprobs,
         )
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         """``generate`` in pieces (``StreamingEngine``): ``/generate`` with ``"stream": true``,
         read by ``SGLangStream`` whichever way the server streams. Closing it early aborts the
         request at once (SGLang itself aborts a closed stream's request 2 s later)."""
@@ -172,7 +175,7 @@ class SGLangEngine:
         self._enter()
         finished = False
         server: SGLangServer | None = None
-        reader = SGLangStream()
+        reader = SGLangStream(sampling.top_logprobs)
         kind = self.logprob_kind(sampling)
         events: AsyncGenerator[Any, None] | None = None
         try:
@@ -189,7 +192,10 @@ class SGLangEngine:
                     raise
                 length = new.start + len(new.ids)
                 versions = token_versions(new.meta, length, self.policy_version, new.start)
-                chunk = GenerationChunk(new.ids, new.logprobs, new.finish_reason, versions, kind)
+                chunk = GenerationChunk(
+                    new.ids, new.logprobs, new.finish_reason, versions, kind,
+                    top_ids=new.top_ids, top_logprobs=new.top_logprobs,
+                )  # fmt: skip
                 if last is not None:
                     continue  # nothing but [DONE] follows the finish: read it, reuse the line
                 if chunk.finish_reason is not None:
@@ -238,6 +244,7 @@ class SGLangEngine:
             "return_logprob": True,
             "logprob_start_len": -1,
             "stream": stream,
+            **({"top_logprobs_num": sampling.top_logprobs} if sampling.top_logprobs else {}),
         }
 
     def sampling_params(self, sampling: SamplingParams, prompt_len: int) -> dict[str, Any]:

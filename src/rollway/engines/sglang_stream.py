@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from rollway.engines.sglang_wire import top_logprobs_of
 from rollway.errors import EngineError
 from rollway.types import FinishReason
 
@@ -36,12 +37,15 @@ class NewTokens:
     finish_reason: FinishReason | None
     start: int
     meta: dict[str, Any]
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
 
 
 class SGLangStream:
     """The reader of one stream; ``seen`` counts the tokens it handed out."""
 
-    def __init__(self) -> None:
+    def __init__(self, top: int = 0) -> None:
+        self.top = top
         self.seen = 0
 
     def read(self, event: Any) -> NewTokens:
@@ -57,6 +61,7 @@ class SGLangStream:
             new = self._new(pairs or [], meta.get("completion_tokens"), reason)
             ids = [int(p[1]) for p in new]
             logprobs = [float(p[0]) for p in new]
+            tops = self._new_tops(meta, len(pairs or []), len(new)) if self.top else (None, None)
         except (KeyError, TypeError, IndexError, ValueError) as exc:
             raise EngineError(f"malformed SGLang stream event: missing or bad {exc!r}") from exc
         if reason == "abort" and finish.get("status_code") is not None:
@@ -69,7 +74,14 @@ class SGLangStream:
         if same_length and output_ids[len(output_ids) - len(ids) :] != ids:
             raise EngineError("SGLang stream: output_ids and output_token_logprobs disagree")
         start, self.seen = self.seen, self.seen + len(ids)
-        return NewTokens(ids, logprobs, reason, start, meta)
+        return NewTokens(ids, logprobs, reason, start, meta, *tops)
+
+    def _new_tops(
+        self, meta: dict[str, Any], given: int, new: int
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The new tokens' top logprobs, cut from the event as its logprobs were."""
+        steps = meta.get("output_top_logprobs") or []
+        return top_logprobs_of(steps[given - new :] if new else [], new, self.top)
 
     def _new(self, pairs: list[Any], total: Any, reason: FinishReason | None) -> list[Any]:
         if not isinstance(total, int) or len(pairs) == total:  # the whole output so far
@@ -87,4 +99,4 @@ class SGLangStream:
 def _finish_reason(kind: Any) -> FinishReason:
     if kind not in get_args(FinishReason):
         raise ValueError(f"finish_reason type {kind!r}")
-    return kind  # type: ignore[no-any-return]
+    return kind  # type: ignore[no-any-return]  # a get_args test does not narrow to the Literal

@@ -34,12 +34,16 @@ class SGLangServer:
 
 
 def parse_generate_response(
-    body: Any, *, policy_version: int = 0, logprob_kind: LogprobKind = "raw_logprobs"
+    body: Any,
+    *,
+    policy_version: int = 0,
+    logprob_kind: LogprobKind = "raw_logprobs",
+    top: int = 0,
 ) -> GenerationResult:
     """Output ids, logprobs, finish reason and versions from a ``/generate`` answer;
     ``EngineError`` if malformed. ``policy_version`` stamps tokens the server gives no number
     for. An ``abort`` without logprobs (older SGLang, aborted before its first token) is an
-    empty ``abort`` result."""
+    empty ``abort`` result. ``top``: the top logprobs asked for (``top_logprobs_num``)."""
     try:
         meta = body["meta_info"]
         reason = _FINISH[meta["finish_reason"]["type"]]
@@ -54,7 +58,24 @@ def parse_generate_response(
     if pairs and "output_ids" in body and list(body["output_ids"]) != ids:
         raise EngineError("SGLang answer: output_ids and output_token_logprobs disagree")
     versions = token_versions(meta, len(ids), policy_version)
-    return GenerationResult(ids, logprobs, reason, versions, logprob_kind)
+    tops = top_logprobs_of(meta.get("output_top_logprobs"), len(ids), top) if top else (None, None)
+    return GenerationResult(
+        ids, logprobs, reason, versions, logprob_kind, top_ids=tops[0], top_logprobs=tops[1]
+    )
+
+
+def top_logprobs_of(steps: Any, tokens: int, top: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``top`` most likely ids and logprobs of each token from SGLang's
+    ``output_top_logprobs`` (asked with ``top_logprobs_num``): per token, ``[logprob, id,
+    text]`` triples, most likely first."""
+    try:
+        triples = [sorted(((float(t[0]), int(t[1])) for t in step), reverse=True)[:top]
+                   for step in steps]  # fmt: skip
+    except (TypeError, IndexError, ValueError) as exc:
+        raise EngineError(f"malformed SGLang output_top_logprobs: {exc!r}") from exc
+    if len(triples) != tokens:
+        raise EngineError(f"SGLang gave top logprobs for {len(triples)} of {tokens} tokens")
+    return [[i for _, i in step] for step in triples], [[lp for lp, _ in step] for step in triples]
 
 
 def token_versions(meta: dict[str, Any], length: int, fallback: int, start: int = 0) -> list[int]:

@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,7 @@ class SimEngine:
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         """``generate``'s tokens one chunk each, the first after ``latency_s + per_token_s``,
         each next ``per_token_s`` later; each stamped with the version sampling it."""
         if not input_ids:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -55,7 +55,7 @@ class EventStream:
         if self._response is not None:
             self._response.close()
 
-    async def events(self) -> AsyncIterator[Any]:
+    async def events(self) -> AsyncGenerator[Any, None]:
         """Each event's decoded JSON, up to ``[DONE]`` (not included)."""
         try:
             response = await self._open()

@@ -4,29 +4,22 @@ into the ``GenerationResult`` the non-streamed path would have recorded."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+import dataclasses
+from collections.abc import AsyncGenerator, Iterable
 
 from rollway.engines.base import Engine, StreamingEngine
 from rollway.errors import EngineError
-from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+from rollway.types import PER_TOKEN_EXTRAS, GenerationChunk, GenerationResult, SamplingParams
 
 
 async def stream_generation(
     engine: Engine, input_ids: list[int], sampling: SamplingParams, request_id: str
-) -> AsyncIterator[GenerationChunk]:
+) -> AsyncGenerator[GenerationChunk, None]:
     """The engine's chunks for this request; exactly one of them (the last) has a finish
     reason. An engine's stream that ends without one is an ``EngineError``."""
     if not isinstance(engine, StreamingEngine):
         result = await engine.generate(input_ids, sampling, request_id)
-        yield GenerationChunk(
-            result.output_ids,
-            result.logprobs,
-            result.finish_reason,
-            result.policy_versions,
-            result.logprob_kind,
-            result.raw_logprobs,
-            result.kept_mass,
-        )
+        yield GenerationChunk(**{name: getattr(result, name) for name in _RESULT_FIELDS})
         return
     stream = engine.generate_stream(input_ids, sampling, request_id)
     try:
@@ -35,7 +28,7 @@ async def stream_generation(
             if chunk.finish_reason is not None:
                 return
     finally:
-        await stream.aclose()  # type: ignore[attr-defined]
+        await stream.aclose()
     raise EngineError(f"the engine's stream for {request_id} ended without a finish reason")
 
 
@@ -43,7 +36,7 @@ def collect(chunks: Iterable[GenerationChunk]) -> GenerationResult:
     """The chunks of one request as one result; the last chunk must have finished it."""
     parts = list(chunks)
     for chunk in parts:
-        for name in ("logprobs", "policy_versions", "raw_logprobs", "kept_mass"):
+        for name in ("logprobs", *PER_TOKEN_EXTRAS):
             values = getattr(chunk, name)
             if values is not None and len(values) != len(chunk.output_ids):
                 raise EngineError(
@@ -58,12 +51,7 @@ def collect(chunks: Iterable[GenerationChunk]) -> GenerationResult:
         raise EngineError(
             f"the stream gave {given} policy versions for {len(whole.output_ids)} tokens"
         )
-    return GenerationResult(
-        whole.output_ids,
-        whole.logprobs,
-        parts[-1].finish_reason,
-        whole.policy_versions,
-        whole.logprob_kind,
-        whole.raw_logprobs,
-        whole.kept_mass,
-    )
+    return whole.result()
+
+
+_RESULT_FIELDS = tuple(field.name for field in dataclasses.fields(GenerationResult))

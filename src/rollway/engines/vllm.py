@@ -36,7 +36,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -64,7 +64,7 @@ from rollway.engines.vllm_wire import (
     versions_of,
     vllm_payload,
 )
-from rollway.engines.weight_folders import check_weights_folder
+from rollway.engines.weight_folders import check_weights_folder, tied_embedding_changed
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.types import (
     GenerationChunk,
@@ -77,6 +77,14 @@ log = logging.getLogger(__name__)
 _DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-sync routes are dev routes)"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _clock = time.monotonic  # a module name, so that a test can move it on
+#: Why a CPU server cannot take a new tied embedding by ``reload_weights`` (vLLM 0.32).
+_STALE_TIED_OUTPUT = (
+    "{folder} changes the token embedding, which this model ties to its output layer; vLLM's "
+    "CPU build computes that layer from a copy packed at start-up (oneDNN, "
+    "dispatch_cpu_unquantized_gemm) that reload_weights does not refresh, so its logprobs "
+    "would be up to 1e-2 off the new weights'. Keep the embedding frozen in training, or "
+    "restart the server on the new folder"
+)
 
 
 class VLLMEngine:
@@ -167,12 +175,13 @@ class VLLMEngine:
                 server_version=server.version,
                 logprob_kind=self.logprob_kind,
                 stamp=self._sampling_version,
+                top=sampling.top_logprobs,
             )
         return GenerationResult([], [], "abort", [], self.logprob_kind)
 
     async def generate_stream(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         """``generate`` in pieces (``StreamingEngine``): the same request with ``"stream":
         true``, read by ``vllm_stream.CompletionStream``. Held by a pause and sent again after
         a refusal by it, as ``generate``. ``abort`` or closing it early drops the connection
@@ -193,7 +202,7 @@ class VLLMEngine:
         while await self._gate.passed(request_id):
             await self._caught_up(server)
             pauses = self._pauses
-            reader = CompletionStream(missing_ids)
+            reader = CompletionStream(missing_ids, sampling.top_logprobs)
             try:
                 async for chunk in self._stream_chunks(url, payload, request_id, reader):
                     yield chunk
@@ -218,7 +227,7 @@ class VLLMEngine:
 
     async def _stream_chunks(
         self, url: str, payload: dict[str, Any], request_id: str, reader: CompletionStream
-    ) -> AsyncIterator[GenerationChunk]:
+    ) -> AsyncGenerator[GenerationChunk, None]:
         stream = EventStream(self.http, url, payload, _already_disconnected)
         events = stream.events()
         self._streams.add(request_id, stream)
@@ -249,7 +258,15 @@ class VLLMEngine:
         if finish is not None and delta.spans is not None:
             whole = versions_of(delta.spans, delta.start + len(delta.ids))
             versions = whole[delta.start :]
-        return GenerationChunk(delta.ids, delta.logprobs, finish, versions, self.logprob_kind)
+        return GenerationChunk(
+            delta.ids,
+            delta.logprobs,
+            finish,
+            versions,
+            self.logprob_kind,
+            top_ids=delta.top_ids,
+            top_logprobs=delta.top_logprobs,
+        )
 
     async def abort(self, request_id: str) -> None:
         self._gate.release(request_id)
@@ -337,7 +354,7 @@ class VLLMEngine:
             )
         server = await self._check_weight_sync()
         path = os.fspath(source)
-        await asyncio.to_thread(self._check_folder, path, server)
+        await asyncio.to_thread(self._check_folder, path, server, await self._on_cpu())
         pausing = not self._gate.closed
         if pausing:
             await self.pause("drain")
@@ -372,11 +389,26 @@ class VLLMEngine:
         self.policy_version = version
         self._last_load = path
 
-    def _check_folder(self, path: str, server: VLLMServer) -> None:
+    def _check_folder(self, path: str, server: VLLMServer, on_cpu: bool) -> None:
         """The folder as the server will see it, when this machine sees the same one."""
         folder = Path(path)
-        if urlsplit(self.base_url).hostname in _LOOPBACK or folder.exists():
-            check_weights_folder(folder, Path(server.root) if server.root else None)
+        if urlsplit(self.base_url).hostname not in _LOOPBACK and not folder.exists():
+            return
+        held = self._last_load or server.root  # what the server holds now
+        check_weights_folder(folder, Path(server.root) if server.root else None)
+        if on_cpu and held is not None and tied_embedding_changed(folder, Path(held)):
+            raise ConfigError(_STALE_TIED_OUTPUT.format(folder=path), "source")
+
+    async def _on_cpu(self) -> bool:
+        """Whether the server runs vLLM's CPU build (dev mode's ``/server_info``; False when
+        it does not say)."""
+        try:
+            info = await self._get_json("/server_info?config_format=json")
+        except EngineError:
+            return False
+        config = info.get("vllm_config") if isinstance(info, dict) else None
+        device = config.get("device_config") if isinstance(config, dict) else None
+        return isinstance(device, dict) and device.get("device") == "cpu"
 
     async def _caught_up(self, server: VLLMServer) -> None:
         """Once weights were pushed: the server still serves them, or is given them again

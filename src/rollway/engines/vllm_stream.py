@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from rollway.engines.vllm_wire import top_logprobs_of
 from rollway.errors import EngineError
 
 
@@ -34,14 +35,17 @@ class CompletionDelta:
     finish_reason: str | None
     spans: Any
     start: int
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
 
 
 class CompletionStream:
     """The reader of one stream; ``seen`` counts the tokens it handed out. ``missing_ids`` is
     the error for a server that sends no ``token_ids``."""
 
-    def __init__(self, missing_ids: str) -> None:
+    def __init__(self, missing_ids: str, top: int = 0) -> None:
         self.missing_ids = missing_ids
+        self.top = top
         self.seen = 0
 
     def read(self, event: Any) -> CompletionDelta | None:
@@ -66,14 +70,19 @@ class CompletionStream:
             raise EngineError(f"malformed vLLM stream chunk: missing or bad {exc!r}") from exc
         if len(ids) != len(logprobs):
             raise EngineError("vLLM stream chunk: token_ids and token_logprobs differ in length")
+        tops = top_logprobs_of(block, len(ids), self.top) if self.top and ids else ([], [])
         start, self.seen = self.seen, self.seen + len(ids)
         finish = choice.get("finish_reason")
-        return CompletionDelta(ids, logprobs, finish, choice.get("weight_versions"), start)
+        spans = choice.get("weight_versions")
+        if not self.top:
+            return CompletionDelta(ids, logprobs, finish, spans, start)
+        return CompletionDelta(ids, logprobs, finish, spans, start, *tops)
 
 
 def _error_of(event: Any) -> dict[str, Any] | None:
     if not isinstance(event, dict):
         return None
-    if isinstance(event.get("error"), dict):
-        return event["error"]
+    error = event.get("error")
+    if isinstance(error, dict):
+        return error
     return event if event.get("object") == "error" else None

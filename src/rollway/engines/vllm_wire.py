@@ -67,7 +67,7 @@ class VLLMServer:
 def logprob_kind_of(mode: str) -> LogprobKind:
     """The ``LogprobKind`` of a vLLM ``--logprobs-mode``; ``ConfigError`` for logit modes."""
     if mode in get_args(LogprobKind):
-        return mode  # type: ignore[return-value]
+        return mode  # type: ignore[return-value]  # a get_args test does not narrow to the Literal
     if mode in _LOGIT_MODES:
         raise ConfigError(
             f"vLLM --logprobs-mode {mode} returns logits, not logprobs: run the server with "
@@ -100,7 +100,10 @@ def vllm_payload(
         "top_k": sampling.top_k if sampling.top_k > 0 else -1,
         "stop": list(sampling.stop),
         "stop_token_ids": list(sampling.stop_token_ids),
-        "logprobs": 0,
+        # The sampled token's logprob always comes; N asks for the N most likely beside it,
+        # keyed "token_id:<id>" with return_tokens_as_token_ids (else by text, ambiguous).
+        "logprobs": sampling.top_logprobs,
+        "return_tokens_as_token_ids": True,
         "return_token_ids": True,
         "skip_special_tokens": False,
         "include_stop_str_in_output": True,
@@ -118,9 +121,11 @@ def parse_completion(
     server_version: str | None = None,
     logprob_kind: LogprobKind = "raw_logprobs",
     stamp: int | None = None,
+    top: int = 0,
 ) -> GenerationResult:
     """Ids, logprobs, finish reason and weight versions of a ``/v1/completions`` answer: from
-    the server's ``weight_versions`` spans when given, else ``stamp`` on every token."""
+    the server's ``weight_versions`` spans when given, else ``stamp`` on every token; and the
+    ``top`` most likely ids and logprobs of each token, where asked."""
     try:
         choice = body["choices"][0]
     except (KeyError, TypeError, IndexError) as exc:
@@ -137,12 +142,45 @@ def parse_completion(
         raise EngineError(f"malformed vLLM completion: missing or bad {exc!r}") from exc
     if len(ids) != len(logprobs):
         raise EngineError("vLLM completion: token_ids and token_logprobs differ in length")
+    tops = top_logprobs_of(choice["logprobs"], len(ids), top) if top else (None, None)
     versions: list[int] | None = None
     if choice.get("weight_versions") is not None:
         versions = versions_of(choice["weight_versions"], len(ids))
     elif stamp is not None:
         versions = [stamp] * len(ids)
-    return GenerationResult(ids, logprobs, finish_of(finish), versions, logprob_kind)
+    return GenerationResult(
+        ids,
+        logprobs,
+        finish_of(finish),
+        versions,
+        logprob_kind,
+        top_ids=tops[0],
+        top_logprobs=tops[1],
+    )
+
+
+def top_logprobs_of(block: Any, tokens: int, top: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The ``top`` most likely ids and logprobs of each token from vLLM's ``top_logprobs``: one
+    ``{"token_id:<id>": logprob}`` per token (``return_tokens_as_token_ids``), holding the top
+    ones and the sampled token, which makes ``top + 1`` where it is not among them."""
+    try:
+        steps = block["top_logprobs"]
+        pairs = [
+            sorted(((float(lp), _token_id(key)) for key, lp in step.items()), reverse=True)[:top]
+            for step in steps
+        ]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise EngineError(f"malformed vLLM top_logprobs: {exc!r}") from exc
+    if len(pairs) != tokens:
+        raise EngineError(f"vLLM gave top_logprobs for {len(pairs)} of {tokens} tokens")
+    return [[i for _, i in step] for step in pairs], [[lp for lp, _ in step] for step in pairs]
+
+
+def _token_id(key: str) -> int:
+    prefix, _, number = key.partition(":")
+    if prefix != "token_id":
+        raise ValueError(f"a top logprob keyed {key!r}, not token_id:<id>")
+    return int(number)
 
 
 def no_token_ids(server_version: str | None) -> str:

@@ -49,8 +49,9 @@ def safetensors_shapes(folder: Path) -> Shapes | None:
     if (folder / _SAFETENSORS).is_file():
         files = [folder / _SAFETENSORS]
     elif (folder / _SAFETENSORS_INDEX).is_file():
-        weight_map = _json(folder / _SAFETENSORS_INDEX).get("weight_map", {})
-        files = [folder / name for name in sorted(set(weight_map.values()))]
+        weight_map = _json(folder / _SAFETENSORS_INDEX).get("weight_map")
+        names = weight_map.values() if isinstance(weight_map, dict) else ()
+        files = [folder / name for name in sorted(set(names))]
     else:
         return None
     shapes: Shapes = {}
@@ -91,6 +92,33 @@ def _check_shapes(folder: Path, shapes: Shapes, expected: Shapes) -> None:
                 f"{expected[name]}",
                 "source",
             )
+
+
+def tied_embedding_changed(folder: Path, loaded: Path) -> bool:
+    """Whether ``folder`` brings a tied input embedding (``tie_word_embeddings``: the output
+    layer shares it) whose bytes differ from ``loaded``'s, the folder the server holds now.
+    False where either folder lacks it (a folder without it leaves it as it is)."""
+    config = folder / "config.json"
+    if not config.is_file() or not _json(config).get("tie_word_embeddings", False):
+        return False
+    new, old = _embedding_bytes(folder), _embedding_bytes(loaded)
+    return new is not None and old is not None and new != old
+
+
+def _embedding_bytes(folder: Path) -> bytes | None:
+    """The raw bytes of the ``embed_tokens`` tensor in ``model.safetensors``, if any."""
+    file = folder / _SAFETENSORS
+    if not file.is_file():
+        return None
+    with file.open("rb") as stream:
+        (length,) = struct.unpack("<Q", stream.read(8))
+        header = json.loads(stream.read(length))
+        names = [name for name in header if name.endswith("embed_tokens.weight")]
+        if not names:
+            return None
+        start, end = header[names[0]]["data_offsets"]
+        stream.seek(8 + length + start)
+        return stream.read(end - start)
 
 
 def _json(path: Path) -> dict[str, object]:

@@ -210,12 +210,14 @@ class RayExecutor:
             lambda w: w.actor.update_weights.remote(ref, version, mode)
         )
         self._last_update = (ref, version, mode)
-        return answers[0]
+        update: dict[str, Any] = answers[0]  # each worker's is the same
+        return update
 
     async def policy(self) -> dict[str, Any]:
         if isinstance(self._engine, RemoteGateway):
             return await self._engine.policy()
-        return (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
+        policy: dict[str, Any] = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
+        return policy
 
     async def _on_workers(self, call: Any) -> list[Any]:
         """``call`` on every live worker at once; a worker's failure fails the whole call."""
@@ -307,7 +309,7 @@ class RayExecutor:
             done, _ = await asyncio.wait({result, stop}, return_when=asyncio.FIRST_COMPLETED)
             if result not in done:  # cancelled: the worker ends it and records "cancelled"
                 worker.actor.cancel.remote(token)
-            record = await result
+            record: RolloutRecord = await result
         finally:
             stop.cancel()
         if self.return_trajectories:

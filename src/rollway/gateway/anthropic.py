@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -173,7 +173,7 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
             "input": json.loads(function["arguments"] or "{}")}  # fmt: skip
 
 
-async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncIterator[bytes]:
+async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncGenerator[bytes, None]:
     """A streamed turn as Anthropic stream events, in the order the SDK expects: a text block
     whose deltas come as the tokens do, then a block per tool call. The prompt's token count
     is known at the end: ``message_delta`` carries it (the SDK takes it from there)."""
@@ -191,15 +191,14 @@ async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncItera
             if not text_open:
                 yield _block_start(blocks, {"type": "text", "text": ""})
                 blocks, text_open = blocks + 1, True
-            delta = {"type": "text_delta", "text": piece.text}
-            yield _block_delta(blocks - 1, delta)
+            yield _block_delta(blocks - 1, {"type": "text_delta", "text": piece.text})
         else:
             block = _tool_use(piece.call)
             yield _block_start(
                 blocks, {k: block[k] for k in ("type", "id", "name")} | {"input": {}}
             )
-            yield _block_delta(blocks, {"type": "input_json_delta",
-                                        "partial_json": json.dumps(block["input"])})  # fmt: skip
+            arguments = json.dumps(block["input"])
+            yield _block_delta(blocks, {"type": "input_json_delta", "partial_json": arguments})
             yield _block_stop(blocks)
             blocks += 1
     if text_open:

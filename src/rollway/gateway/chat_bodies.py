@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import orjson
@@ -46,15 +46,32 @@ def completion_body(
 
 
 def logprobs_body(result: ChatResult, token_text: Callable[[int], str]) -> dict[str, Any]:
-    content = []
+    content: list[dict[str, Any]] = []
     if result.completion_ids is None:  # a chat-level engine: no tokens to name
         return {"content": content}
-    for token_id, logprob in zip(result.completion_ids, result.logprobs or [], strict=True):
-        text = token_text(token_id)
-        content.append(
-            {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
-        )
+    tops = _top_entries(result, token_text)
+    for at, (token_id, logprob) in enumerate(
+        zip(result.completion_ids, result.logprobs or [], strict=True)
+    ):
+        entry = _token_entry(token_text(token_id), logprob)
+        content.append({**entry, "top_logprobs": tops[at] if tops else []})
     return {"content": content}
+
+
+def _token_entry(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _top_entries(
+    result: ChatResult, token_text: Callable[[int], str]
+) -> list[list[dict[str, Any]]] | None:
+    """OpenAI's ``top_logprobs`` of each token, where the turn recorded them."""
+    if result.top_ids is None or result.top_logprobs is None:
+        return None
+    return [
+        [_token_entry(token_text(i), lp) for i, lp in zip(ids, values, strict=True)]
+        for ids, values in zip(result.top_ids, result.top_logprobs, strict=True)
+    ]
 
 
 async def sse_events(
@@ -63,7 +80,7 @@ async def sse_events(
     logprobs: Callable[[ChatResult], dict[str, Any] | None],
     include_usage: bool,
     token_ids: bool = False,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """A streamed turn as chat.completion.chunk events, the way the OpenAI SDKs read a stream:
     content and tool calls as they come; what was sampled (logprobs, ``token_ids``) rides on
     the last chunk, the one that finishes."""

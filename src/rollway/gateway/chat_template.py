@@ -82,7 +82,7 @@ class ChatRenderer:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
             raise TokenBudgetExceeded(least)
         if self._encode_fast is not None:
-            ids = self._encode_fast([text], add_special_tokens=False)[0].ids
+            ids: list[int] = self._encode_fast([text], add_special_tokens=False)[0].ids
         elif self._backend is not None and len(text) <= GIL_FREE_ABOVE_CHARS:
             ids = self._backend.encode(text, add_special_tokens=False).ids
         elif self._backend is not None:  # the batch call lets go of the GIL while it works
@@ -94,21 +94,30 @@ class ChatRenderer:
         return ids
 
     def decode(self, ids: list[int]) -> str:
+        text: str
         if self._backend is not None and not self._cleans_up_spaces:
-            return self._backend.decode(ids, skip_special_tokens=False)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+            text = self._backend.decode(ids, skip_special_tokens=False)
+        else:
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
 
     def decode_one(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
 
     def render(
-        self, messages: list[Message], tools: list[dict[str, Any]] | None, *, add_generation_prompt
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
     ) -> str:
         prepared = self._prepare(messages, tools)
         kwargs: dict[str, Any] = {"tools": tools} if (tools and self.native_tools) else {}
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             prepared, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
         )
+        return text
 
     def prompt_ids(
         self,
@@ -192,9 +201,10 @@ class ChatRenderer:
         return all(m["role"] in ROLES or m["role"] == "developer" for m in messages)
 
     def _render_prepared(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        text: str = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+        return text
 
     def _base_render(self, tools: list[dict[str, Any]] | None) -> str:
         key = json.dumps(tools, sort_keys=True) if tools else ""

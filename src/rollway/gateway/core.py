@@ -11,7 +11,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 from rollway import tracing
@@ -150,7 +150,7 @@ class Gateway:
 
     async def chat_stream(
         self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
-    ) -> AsyncIterator[TurnPiece]:
+    ) -> AsyncGenerator[TurnPiece, None]:
         """``chat`` as the engine samples: ``ContentDelta``s as its text comes, each tool call
         (a ``ToolCallDelta``) once the answer is parsed, and last the ``ChatResult``, the same
         answer and the same recorded turn as ``chat``. Closing it early aborts the generation.

@@ -7,8 +7,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import anyio
 
@@ -84,8 +85,10 @@ class EngineCalls:
             spent += latency
             versions = result.policy_versions
             if versions is not None and len(versions) != len(result.output_ids):
-                error = EngineError(f"the engine gave {len(versions)} policy versions for "
-                                    f"{len(result.output_ids)} tokens")  # fmt: skip
+                error = EngineError(
+                    f"the engine gave {len(versions)} policy versions for "
+                    f"{len(result.output_ids)} tokens"
+                )
                 self.failed(state, error)
                 raise error
             if result.finish_reason != "abort" or state.cancelled:
@@ -103,7 +106,7 @@ class EngineCalls:
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingParams,
-    ) -> AsyncIterator[GenerationChunk | Sampled]:
+    ) -> AsyncGenerator[GenerationChunk | Sampled, None]:
         """``sample``, streamed: the engine's chunks as they come, then the ``Sampled`` turn.
 
         When the engine aborts it for someone else (a pause in abort mode), the tokens it gave
@@ -165,7 +168,7 @@ class EngineCalls:
                 with anyio.CancelScope(shield=True):
                     await engine.abort(request_id)
 
-    def _too_many_aborts(self, state: RolloutState, request_id: str) -> None:
+    def _too_many_aborts(self, state: RolloutState, request_id: str) -> NoReturn:
         error = EngineError(
             f"the engine aborted turn {request_id} {self.max_reissues + 1} times; "
             "is something pausing it in abort mode over and over?"

@@ -76,11 +76,12 @@ class LocalGateway:
     async def update_weights(
         self, source: Any, version: int | None = None, mode: str = "abort"
     ) -> dict[str, Any]:
+        # Any str: weights.update checks the mode at run time and names a bad one.
         update = await self.gateway.weights.update(source, version, mode)  # type: ignore[arg-type]
         return update.to_dict()
 
     async def pause(self, mode: str = "abort") -> None:
-        await self.gateway.weights.pause(mode)  # type: ignore[arg-type]
+        await self.gateway.weights.pause(mode)  # type: ignore[arg-type]  # checked there too
 
     async def resume(self) -> None:
         await self.gateway.weights.resume()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -125,8 +125,8 @@ def create_app(
         return JSONResponse(response_body(result, model, response_id, body))
 
     async def _remembering(
-        pieces: AsyncIterator[TurnPiece], rollout_id: str, response_id: str
-    ) -> AsyncIterator[TurnPiece]:
+        pieces: AsyncGenerator[TurnPiece, None], rollout_id: str, response_id: str
+    ) -> AsyncGenerator[TurnPiece, None]:
         """The turn's pieces; its answer names the conversation, as the JSON route does."""
         async with contextlib.aclosing(pieces):
             async for piece in pieces:

@@ -134,7 +134,8 @@ class RemoteGateway:
                 "source",
             )
         body = {"source": os.fspath(source), "version": version, "mode": mode}
-        return await self._admin("POST", f"{self.url}/admin/weights", body)
+        update: dict[str, Any] = await self._admin("POST", f"{self.url}/admin/weights", body)
+        return update
 
     async def pause(self, mode: str = "abort") -> None:
         await self._admin("POST", f"{self.url}/admin/pause", {"mode": mode})
@@ -144,7 +145,8 @@ class RemoteGateway:
 
     async def policy(self) -> dict[str, Any]:
         """The engine's policy version (None: no versions), pause state and pause modes."""
-        return await self._admin("GET", f"{self.url}/admin/policy")
+        policy: dict[str, Any] = await self._admin("GET", f"{self.url}/admin/policy")
+        return policy
 
     async def health(self) -> bool:
         """Whether the gateway answers its liveness route (rollouts wait while it does not)."""

@@ -30,7 +30,7 @@ class ChatCompletionBody(ChatCompletionRequest):
     An in-process caller's messages are its own objects (``callers_objects``), which it may
     change after the call: the rollout keeps copies of them to check the next request."""
 
-    messages: SkipValidation[list[Any]]  # type: ignore[assignment]
+    messages: SkipValidation[list[Any]]
     _callers_objects: bool = PrivateAttr(default=False)
 
     @classmethod

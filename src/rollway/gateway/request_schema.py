@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollway.types import SamplingParams
+from rollway.types import MAX_TOP_LOGPROBS, SamplingParams
 
 
 class _Strict(BaseModel):
@@ -75,11 +75,24 @@ class SamplingFields(_Strict):
     stop_token_ids: list[int] | None = None
     #: A 64-bit seed: what engines (torch, SGLang, vLLM) accept.
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    #: Recorded on every turn (and answered where ``logprobs`` is asked): OpenAI's field.
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    #: rollway's: record each sampled token's entropy (engines that see the logits).
+    record_entropy: bool | None = None
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The fields that were set, as SamplingParams keyword arguments."""
         data = self.model_dump(
-            include={"temperature", "top_p", "top_k", "max_tokens", "seed"}, exclude_none=True
+            include={
+                "temperature",
+                "top_p",
+                "top_k",
+                "max_tokens",
+                "seed",
+                "top_logprobs",
+                "record_entropy",
+            },
+            exclude_none=True,
         )
         if data.get("top_k") == -1:
             data["top_k"] = 0
@@ -119,7 +132,6 @@ class ChatCompletionRequest(SamplingFields):
         description="vLLM's extension: the answer also carries the completion's token ids "
         "(choice.token_ids) and rollway.logprobs and rollway.turn_index.",
     )
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
     n: int = Field(default=1, ge=1, le=1)
     frequency_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
     presence_penalty: float | None = Field(default=None, ge=0.0, le=0.0)

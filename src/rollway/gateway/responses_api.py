@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -52,9 +52,10 @@ class FunctionCallOutputItem(_Lenient):
 
 def _item_type(item: Any) -> str | None:
     """A message item may leave out its ``type``."""
-    if isinstance(item, dict):
-        return item.get("type", "message")
-    return getattr(item, "type", None)
+    kind: str | None = (
+        item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+    )
+    return kind
 
 
 InputItem = Annotated[
@@ -245,7 +246,7 @@ def _pending(model: str, response_id: str, request: ResponsesRequest) -> dict[st
 
 async def sse_events(
     pieces: AsyncIterator[TurnPiece], model: str, response_id: str, request: ResponsesRequest
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """A streamed turn as Responses API events, in the order the openai SDK expects: the
     message item's text deltas as the tokens come, then each function call item."""
     sequence = iter(range(1 << 30))

@@ -199,12 +199,13 @@ def _canonical_json(arguments: str | dict[str, Any]) -> str:
     call. The json module, not orjson: orjson writes NaN, Infinity and 1e400 all as null and
     reads integers past 64 bits as floats, so values the template renders differently would
     share a key (and a changed earlier call would pass for the old one)."""
+    value: Any = arguments
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            value = json.loads(arguments)
         except (ValueError, RecursionError):
             return arguments
     try:
-        return json.dumps(arguments, sort_keys=True)
+        return json.dumps(value, sort_keys=True)
     except (ValueError, RecursionError):  # nested past the recursion limit: keep its text
-        return repr(arguments)
+        return repr(value)

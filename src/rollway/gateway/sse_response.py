@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 import anyio
@@ -23,12 +23,12 @@ T = TypeVar("T")
 ErrorEvent = Callable[[RollwayError], bytes]
 
 
-async def first_awaited(pieces: AsyncIterator[T]) -> AsyncIterator[T]:
+async def first_awaited(pieces: AsyncGenerator[T, None]) -> AsyncGenerator[T, None]:
     """``pieces`` with its first item already awaited here, so that what fails before any
     byte is sent raises from this call."""
     first = await anext(pieces)
 
-    async def resumed() -> AsyncIterator[T]:
+    async def resumed() -> AsyncGenerator[T, None]:
         async with contextlib.aclosing(pieces):
             yield first
             async for piece in pieces:
@@ -43,22 +43,24 @@ class EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[bytes], error_event: ErrorEvent) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], error_event: ErrorEvent) -> None:
         self._events = events
-        super().__init__(_ending_in_error(events, error_event))
+        # Kept as the generator it is: ``body_iterator`` is typed as any async iterable.
+        self._body = _ending_in_error(events, error_event)
+        super().__init__(self._body)
 
     async def stream_response(self, send: Send) -> None:
         try:
             await super().stream_response(send)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-                await self._events.aclose()  # type: ignore[attr-defined]
+                await self._body.aclose()
+                await self._events.aclose()
 
 
 async def _ending_in_error(
     events: AsyncIterator[bytes], error_event: ErrorEvent
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     try:
         async for event in events:
             yield event

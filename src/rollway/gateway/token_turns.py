@@ -5,7 +5,7 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,7 +80,7 @@ class TokenTurns:
         request: ChatCompletionRequest,
         conversation: Conversation,
         tools: list[dict[str, Any]] | None,
-    ) -> AsyncIterator[TurnPiece]:
+    ) -> AsyncGenerator[TurnPiece, None]:
         """``answer`` as the tokens come: content deltas, then the rest of the answer and the
         ``ChatResult``, recorded from the collected chunks exactly as ``answer`` records."""
         turn = await self._plan(state, request, conversation, tools)
@@ -95,10 +95,10 @@ class TokenTurns:
         )
         try:
             async with contextlib.aclosing(chunks):
-                async for piece in chunks:
-                    if isinstance(piece, Sampled):
-                        sampled = piece
-                    elif delta := text.push(piece.output_ids):
+                async for chunk in chunks:
+                    if isinstance(chunk, Sampled):
+                        sampled = chunk
+                    elif delta := text.push(chunk.output_ids):
                         yield ContentDelta(delta)
             assert sampled is not None  # sample_stream ends with it or raises
             answer = self._finish(state, turn, sampled)
@@ -156,6 +156,7 @@ class TokenTurns:
             message, finish, prompt_tokens, len(result.output_ids),
             completion_ids=result.output_ids, logprobs=result.logprobs,
             turn_index=recorded.index, stop_sequence=stop,
+            top_ids=result.top_ids, top_logprobs=result.top_logprobs,
         )  # fmt: skip
 
     def truncate(self, state: RolloutState, reason: str) -> None:
@@ -216,7 +217,8 @@ class TokenTurns:
         segment = plan.segment
         extends = segment is not None
         # A concurrent call may have extended the same parent first: then this is a branch.
-        if segment is None or state.last_in_segment(segment).index != plan.parent:
+        last = None if segment is None else state.last_in_segment(segment)
+        if last is None or last.index != plan.parent:
             segment, extends = state.next_segment(), False
         result = sampled.result
         hashes = state.sequence_hashes
@@ -244,6 +246,9 @@ class TokenTurns:
             logprob_kind=result.logprob_kind,
             raw_logprobs=result.raw_logprobs,
             kept_mass=result.kept_mass,
+            top_ids=result.top_ids,
+            top_logprobs=result.top_logprobs,
+            entropy=result.entropy,
             reissued=sampled.reissued,
             special_tokens_at=specials,
         )

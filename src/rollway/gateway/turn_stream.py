@@ -13,7 +13,7 @@ deltas always add up to it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,7 @@ class TurnText:
     def __init__(
         self,
         renderer: ChatRenderer,
-        stop: list[str],
+        stop: Sequence[str],
         tools: bool,
         special_ids: frozenset[int],
     ) -> None:

@@ -119,7 +119,8 @@ class WeightControl:
         async with self._lock:
             version = engine.policy_version + 1 if version is None else version
             self._check_version(engine, version)
-            own_pause = self.paused is None
+            held = self.paused  # the caller's pause, if it made one
+            own_pause = held is None
             started = time.perf_counter()
             if own_pause:
                 await self._pause_engine(engine, mode)
@@ -133,8 +134,7 @@ class WeightControl:
                 await engine.resume()
             done = time.perf_counter()
         log.info("weights updated", extra={"stage": "weights", "version": version})
-        return WeightUpdate(version, mode if own_pause else self.paused, paused - started,
-                            done - paused)  # fmt: skip
+        return WeightUpdate(version, held or mode, paused - started, done - paused)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         engine = self._engine()

@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from rollway.checks import check_count, check_seconds
@@ -17,6 +17,9 @@ from rollway.gateway.request_schema import SamplingFields
 from rollway.retry import ROLLOUT_ATTEMPTS, Backoff, RetryPolicy, is_transient
 from rollway.types import SamplingParams
 from rollway.web.handlers import parse_model
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 #: A rollout's default time limit: no configuration hangs forever unless asked to.
 DEFAULT_TIMEOUT_S = 900.0
@@ -83,6 +86,8 @@ class RolloutOptions(TypedDict, total=False):
     stop: str | Sequence[str]
     stop_token_ids: Sequence[int]
     seed: int
+    top_logprobs: int
+    record_entropy: bool
     max_turns: int | None
     max_seq_len: int | None
     timeout: float | None
@@ -215,7 +220,7 @@ def sampling_fields(sampling: SamplingParams | Mapping[str, Any]) -> dict[str, A
 
 #: Sampling fields that hold numbers: pydantic's lax mode would turn "0.5" into 0.5 and True
 #: into 1, which hides a caller's mistake.
-_NUMERIC_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+_NUMERIC_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed", "top_logprobs")
 
 
 def _refuse_loose_numbers(given: Mapping[str, Any]) -> None:
@@ -225,9 +230,14 @@ def _refuse_loose_numbers(given: Mapping[str, Any]) -> None:
             raise InvalidFieldsError(
                 f"{name}: must be a number, not {type(value).__name__} {value!r}", param=name
             )
+    entropy = given.get("record_entropy")
+    if entropy is not None and not isinstance(entropy, bool):
+        raise InvalidFieldsError(
+            f"record_entropy: must be true or false, not {entropy!r}", param="record_entropy"
+        )
 
 
-ConfigT = TypeVar("ConfigT")
+ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
 
 
 def config_object(cls: type[ConfigT], given: Any, name: str) -> ConfigT | None:
@@ -241,7 +251,7 @@ def config_object(cls: type[ConfigT], given: Any, name: str) -> ConfigT | None:
             f"{type(given).__name__}",
             name,
         )
-    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    known = [f.name for f in dataclasses.fields(cls)]
     for key in given:
         if key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)

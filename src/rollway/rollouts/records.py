@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
+from rollway.rollouts.config import RolloutSettings
+from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.types import ErrorKind, RolloutMetrics, RolloutRecord, Status, Trajectory
 
 

@@ -24,14 +24,15 @@ from rollway.errors import (
     error_kind,
 )
 from rollway.events import EventBus, RolloutStarted
-from rollway.gateway.core import Registration
+from rollway.gateway.chat_answer import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
 from rollway.rollouts.availability import Availability, Outage, OutageWaits
+from rollway.rollouts.config import RolloutSettings
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
-from rollway.rollouts.spec import RolloutSettings, RolloutSpec, attempt_id
+from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.store.base import Store
 from rollway.types import (
     AgentResult,
@@ -139,7 +140,7 @@ class RolloutRunner:
                 log_stage(log, "outage", record.rollout_id, reason=record.reason)
 
         retries = policy.retrying(give_up=lambda: cancel.is_set() or outages.ended)
-        record = await retries(attempt_through_outages)
+        record: RolloutRecord = await retries(attempt_through_outages)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
         await asyncio.to_thread(self.store.write, record)
         # Only now: a client that dies before the write finds the rollout still on a shared
@@ -175,7 +176,8 @@ class RolloutRunner:
         register = self._registration(spec)
         ctx: RolloutContext | None = None
         result: AgentResult | None = None
-        trajectory, cleanup_errors = None, []
+        trajectory: Trajectory | None = None
+        cleanup_errors: list[str] = []
         try:
             registration = await self._register(rollout_id, register)
             log_stage(log, "register", rollout_id)
@@ -212,7 +214,8 @@ class RolloutRunner:
                 # A program agent exits on the gateway's 502: the engine failed, not the agent.
                 reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
                 outcome = AgentOutcome("error", "engine", reason + str(outcome.reason))
-        reward, reward_info = None, {}
+        reward: float | None = None
+        reward_info: dict[str, Any] = {}
         if outcome.status == "completed" and trajectory is not None:
             if trajectory.truncation_reason is not None:  # a gateway limit ended it
                 outcome.status = "truncated"

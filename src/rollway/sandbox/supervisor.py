@@ -120,6 +120,7 @@ def wait_for_command(main: int, grace: float) -> tuple[int, float | None]:
     code: int | None = None
     deadline: float | None = None
     killed = False
+    info: signal.struct_siginfo | None
     while code is None:
         if deadline is None or killed:
             info = signal.sigwaitinfo(_SIGNALS)

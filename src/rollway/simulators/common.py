@@ -258,7 +258,8 @@ class RequireBearer:
         await self.app(scope, receive, send)
 
     def _open(self, scope: Scope) -> bool:
-        return scope["method"] == "OPTIONS" or scope["path"].startswith(self.open_prefixes)
+        path: str = scope["path"]
+        return scope["method"] == "OPTIONS" or path.startswith(self.open_prefixes)
 
 
 class Dropped(Response):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import orjson
 from starlette.requests import Request
@@ -26,8 +27,10 @@ def routes(sim: Simulator) -> list[Route]:
         fault = sim.next_fault()
         result = await generate_until_disconnect(request, sim, rid, prompt, sampling, fault)
         words = [f"tok{t}" for t in result.output_ids]
-        entries = [{"token": w, "logprob": lp, "bytes": None, "top_logprobs": []}
-                   for w, lp in zip(words, result.logprobs, strict=True)]  # fmt: skip
+        entries: list[dict[str, Any]] = [
+            {"token": w, "logprob": lp, "bytes": None, "top_logprobs": []}
+            for w, lp in zip(words, result.logprobs, strict=True)
+        ]
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": " ".join(words)},

@@ -244,6 +244,12 @@ class _Server:
             scale = self._logprob_scale(temperature)
             pairs = zip(output.logprobs, output.output_ids, strict=True)
             meta["output_token_logprobs"] = [[lp * scale, t, None] for lp, t in pairs]
+            top = int(body.get("top_logprobs_num") or 0)
+            if top:  # made-up alternatives: the sampled token first, then lesser ones
+                meta["output_top_logprobs"] = [
+                    [[lp * scale - k, t + k, None] for k in range(top)]
+                    for lp, t in zip(output.logprobs, output.output_ids, strict=True)
+                ]
         meta["weight_version"] = self.sim.label
         if self.version.latest:  # utils/weight_versions.py: newest only
             meta["weight_versions"] = _spans(labels, self.sim.label)
@@ -412,8 +418,8 @@ class _Server:
         )
 
     async def models(self, request: Request) -> Response:
-        card = {"id": "sim", "object": "model", "root": "sim"}
-        card["max_model_len"] = self.options.context_length  # type: ignore[assignment]
+        card: dict[str, Any] = {"id": "sim", "object": "model", "root": "sim"}
+        card["max_model_len"] = self.options.context_length
         return JSONResponse({"object": "list", "data": [card]})
 
     async def weight_version(self, request: Request) -> Response:

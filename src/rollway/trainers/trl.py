@@ -122,8 +122,9 @@ class _RolloutFunc:
         records: list[RolloutRecord | None] = [None] * len(prompts)
         for item in self.client.run_batch(tasks, group_size=group, resume=False, **sampling):
             records[item.index] = self._full(item.result)
-        assert all(r is not None for r in records)
-        return records  # type: ignore[return-value]
+        done = [r for r in records if r is not None]
+        assert len(done) == len(records)  # run_batch yields one item per task and rollout
+        return done
 
     def _full(self, record: RolloutRecord) -> RolloutRecord:
         # Ray workers send records back light; their trajectories are in the store.

@@ -25,6 +25,13 @@ import orjson
 
 from rollway.errors import TRANSIENT_KINDS, ConfigError
 from rollway.store import Store, index_row, read_index, store_from_uri
+from rollway.viewer.run_stats import (
+    SUCCESS,
+    advantages,
+    mean,
+    scored_rewards,
+    version_stats,
+)
 
 Row = dict[str, Any]
 #: Columns a listing sorts on (index_row's fields).
@@ -35,7 +42,6 @@ ROLLOUT_COLUMNS = frozenset(
 GROUP_COLUMNS = frozenset(
     {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task", "flat"}
 )
-SUCCESS = frozenset({"completed", "truncated"})
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,18 @@ class _Snapshot:
     def totals(self) -> dict[str, Any]:
         return _totals(self.rows, self.groups)
 
+    @functools.cached_property
+    def advantages(self) -> dict[str, float | None]:
+        return advantages(self.rows, self.groups)
+
+    @functools.cached_property
+    def versions(self) -> list[Row]:
+        return version_stats(self.rows)
+
+    def with_advantage(self, rows: list[Row]) -> list[Row]:
+        """Copies of ``rows`` (index rows stay as read) with their GRPO advantage."""
+        return [{**row, "advantage": self.advantages[row["key"]]} for row in rows]
+
 
 class RunIndex:
     """Thread-safe; every read first checks (at most every ``recheck_s``) whether the index
@@ -130,8 +148,22 @@ class RunIndex:
             "matched": len(matched),
             "offset": offset,
             "limit": limit,
-            "rows": matched[offset : offset + limit],
+            "rows": snapshot.with_advantage(matched[offset : offset + limit]),
         }
+
+    def group(self, group_id: str, limit: int) -> dict[str, Any] | None:
+        """One group's statistics and its first ``limit`` rollouts in sample order, each with
+        its advantage (None: no such group in the listing)."""
+        snapshot = self._current()
+        stats = next((g for g in snapshot.groups if g["group_id"] == group_id), None)
+        if stats is None:
+            return None
+        members = self._view(snapshot, Query(group=group_id, sort="sample_index"))
+        return {**stats, "rollouts": snapshot.with_advantage(members[:limit])}
+
+    def versions(self) -> list[Row]:
+        """Per policy version: rollouts, mean reward and completion rate (``version_stats``)."""
+        return self._current().versions
 
     def groups(
         self, text: str, sort: str, descending: bool, offset: int, limit: int
@@ -254,19 +286,15 @@ def _groups(rows: list[Row]) -> list[Row]:
     groups = []
     for group_id, group in members.items():
         transient = sum(r["error_kind"] in TRANSIENT_KINDS for r in group)
-        rewards = [
-            r["reward"]
-            for r in group
-            if r["error_kind"] not in TRANSIENT_KINDS and r["reward"] is not None
-        ]
-        mean = math.fsum(rewards) / len(rewards) if rewards else None
+        rewards = scored_rewards(group)
+        average = mean(rewards)
         groups.append({
             "group_id": group_id,
             "first_task": group[0]["task_index"],
             "n": len(group),
             "scored": len(rewards),
-            "mean_reward": mean,
-            "std_reward": _pstdev(rewards, mean),
+            "mean_reward": average,
+            "std_reward": _pstdev(rewards, average),
             "success_rate": sum(r["status"] in SUCCESS for r in group) / len(group),
             "infrastructure_failures": transient,
             # No GRPO signal: fewer than two different rewards (export's flat_groups).
@@ -284,11 +312,7 @@ def _pstdev(values: list[float], mean: float | None) -> float | None:
 
 
 def _totals(rows: list[Row], groups: list[Row]) -> dict[str, Any]:
-    scored = [
-        r["reward"]
-        for r in rows
-        if r["error_kind"] not in TRANSIENT_KINDS and r["reward"] is not None
-    ]
+    scored = scored_rewards(rows)
     tokens = [r["sampled_tokens"] for r in rows if r.get("sampled_tokens") is not None]
     elapsed = [r["elapsed_s"] for r in rows if r.get("elapsed_s") is not None]
     return {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,7 @@ class TokenTexts:
     def texts(self, model_names: list[str], ids: set[int]) -> tuple[str, dict[int, str]] | None:
         """(the tokenizer's name, text of each id) with the first tokenizer that loads."""
         with self._lock:
-            for name in [self._explicit] if self._explicit else model_names:
-                tokenizer = self._tokenizer(name)
-                if tokenizer is None:
-                    continue
+            for name, tokenizer in self._loaded(model_names):
                 known = self._texts.setdefault(name, {})
                 missing = sorted(i for i in ids if i not in known)
                 try:
@@ -42,6 +40,28 @@ class TokenTexts:
                     continue
                 return name, {i: known[i] for i in ids}
         return None
+
+    def decode(self, model_names: list[str], ids: list[int]) -> str | None:
+        """``ids`` decoded as one text (a character split over several ids comes out whole),
+        special tokens kept; None when no tokenizer loads or it cannot decode them."""
+        with self._lock:
+            for name, tokenizer in self._loaded(model_names):
+                try:
+                    return str(
+                        tokenizer.decode(
+                            ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+                        )
+                    )
+                except Exception as exc:  # an id past the vocabulary: another model's ids
+                    log.info("tokenizer %s cannot decode these ids: %r", name, exc)
+        return None
+
+    def _loaded(self, model_names: list[str]) -> Iterator[tuple[str, Any]]:
+        """Each tokenizer that loads, the explicit one alone when given (under the lock)."""
+        for name in [self._explicit] if self._explicit else model_names:
+            tokenizer = self._tokenizer(name)
+            if tokenizer is not None:
+                yield name, tokenizer
 
     def _tokenizer(self, name: str) -> Any:
         if name not in self._tokenizers:
@@ -132,6 +152,8 @@ def _page(trajectory: Trajectory, sample: Sample, offset: int, limit: int) -> di
         "loss_mask": sample.loss_mask[first:last],
         "logprobs": sample.logprobs[first:last],
         "policy_versions": versions[first:last] if versions is not None else None,
+        # Present where the run asked for it (record_entropy): the page's entropy shading.
+        "entropy": sample.entropy[first:last] if sample.entropy is not None else None,
         # A turn's prompt is the stream so far: its completion follows it.
         "turns": [
             {"index": t.index, "start": t.prompt_len,
@@ -147,9 +169,13 @@ def token_texts(
 ) -> tuple[str | None, dict[str, str]]:
     """The tokenizer used (None: ids only) and the text of every id the samples hold."""
     ids = {i for view in views for i in view["ids"]}
-    names = [n for n in (trajectory.model, config_model) if n]
-    found = texts.texts(list(dict.fromkeys(names)), ids) if ids else None
+    found = texts.texts(model_names(trajectory, config_model), ids) if ids else None
     if found is None:
         return None, {}
     name, by_id = found
     return name, {str(i): text for i, text in by_id.items()}
+
+
+def model_names(trajectory: Trajectory, config_model: str | None) -> list[str]:
+    """The models whose tokenizer may decode the trajectory's ids, the trajectory's first."""
+    return list(dict.fromkeys(n for n in (trajectory.model, config_model) if n))

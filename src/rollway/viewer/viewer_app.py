@@ -4,6 +4,7 @@ its own page. Blocking reads run in worker threads."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,134 +29,173 @@ ASSETS = Path(__file__).parent / "assets"
 MAX_PAGE = 500
 
 
-def create_viewer_app(
-    location: RunLocation, *, tokenizer: str | None = None, index: RunIndex | None = None
-) -> Starlette:
-    """The viewer over ``location``; ``tokenizer`` (a folder or hub id) overrides the model's."""
-    index = index or RunIndex(location)
-    texts = TokenTexts(tokenizer)
+@dataclass(frozen=True)
+class Viewer:
+    """What the handlers read: the run, its listing, and the token decoder."""
 
-    async def run_info(request: Request) -> Response:
-        totals = await run_in_threadpool(index.totals)
-        config = await run_in_threadpool(location.read_config)
-        return JSONResponse({"name": location.name, "config": config, "totals": totals})
+    location: RunLocation
+    index: RunIndex
+    texts: TokenTexts
 
-    async def rollouts(request: Request) -> Response:
-        params = request.query_params
-        version = params.get("policy_version", "")
-        query = Query(
-            status=frozenset(s for s in params.get("status", "").split(",") if s),
-            group=params.get("group") or None,
-            policy_version=_whole("policy_version", version) if version else None,
-            text=params.get("q", ""),
-            sort=_column(params.get("sort", "task_index"), ROLLOUT_COLUMNS),
-            descending=_descending(params.get("order", "asc")),
-        )
-        offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
-        return JSONResponse(await run_in_threadpool(index.rollouts, query, offset, limit))
-
-    async def groups(request: Request) -> Response:
-        params = request.query_params
-        sort = _column(params.get("sort", "first_task"), GROUP_COLUMNS)
-        descending = _descending(params.get("order", "asc"))
-        offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
-        answer = await run_in_threadpool(
-            index.groups, params.get("q", ""), sort, descending, offset, limit
-        )
-        return JSONResponse(answer)
-
-    def _record(key: str) -> RolloutRecord:
+    def record(self, key: str) -> RolloutRecord:
         """The run's record ``key`` (read in a worker thread); unknown keys are a 404."""
-        record = location.store.get(key) if is_safe_id(key) else None
+        record = self.location.store.get(key) if is_safe_id(key) else None
         if record is None:
             raise UnknownRolloutError(f"no rollout {key!r} in this run")
         return record
 
-    async def rollout(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(_detail, request.path_params["key"]))
+    def run_info(self) -> dict[str, Any]:
+        return {
+            "name": self.location.name,
+            "config": self.location.read_config(),
+            "totals": self.index.totals(),
+            "versions": self.index.versions(),
+        }
 
-    def _detail(key: str) -> dict[str, Any]:
-        return rollout_detail(_record(key), location, texts, location.read_config())
+    def detail(self, key: str) -> dict[str, Any]:
+        record = self.record(key)
+        group = self.index.group(record.group_id, MAX_PAGE)
+        config = self.location.read_config()
+        return rollout_detail(record, self.location, self.texts, config, group)
 
-    async def tokens(request: Request) -> Response:
-        key = request.path_params["key"]
-        params = request.query_params
-        segment = _whole("segment", params.get("segment", "0"))
-        offset, limit = _whole("offset", params.get("offset", "0")), PAGE_TOKENS
-        if "limit" in params:
-            limit = _whole("limit", params["limit"])
-            if not 1 <= limit <= PAGE_TOKENS:
-                raise InvalidFieldsError(f"limit: 1 to {PAGE_TOKENS}", param="limit")
-        return JSONResponse(await run_in_threadpool(_tokens, key, segment, offset, limit))
-
-    def _tokens(key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
-        record = _record(key)
-        page = token_page(record.trajectory, segment, offset, limit) if record.trajectory else None
-        if page is None:
+    def tokens(self, key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
+        record = self.record(key)
+        trajectory = record.trajectory
+        page = token_page(trajectory, segment, offset, limit) if trajectory else None
+        if trajectory is None or page is None:
             raise UnknownRolloutError(f"rollout {key!r} has no segment {segment}")
-        assert record.trajectory is not None
-        model = location.read_config().get("model")
+        model = self.location.read_config().get("model")
         name, found = token_texts(
-            texts, record.trajectory, [page], model if isinstance(model, str) else None
+            self.texts, trajectory, [page], model if isinstance(model, str) else None
         )
         return {**page, "tokenizer": name, "texts": found}
 
-    async def listing_page(request: Request) -> Response:
-        return FileResponse(ASSETS / "index.html")
 
-    async def rollout_page(request: Request) -> Response:
-        return FileResponse(ASSETS / "rollout.html")
+def _viewer(request: Request) -> Viewer:
+    viewer: Viewer = request.app.state.viewer
+    return viewer
 
-    page = (Param("offset", "query", int, "First row (default 0)"),
-            Param("limit", "query", int, f"Rows, 1 to {MAX_PAGE} (default 50)"),
-            Param("sort", "query", str, "Column to sort on"),
-            Param("order", "query", str, "asc or desc"),
-            Param("q", "query", str, "Case-insensitive text filter"))  # fmt: skip
-    endpoints = [
-        Endpoint("GET", "/api/run", run_info, "The run's name, config and totals"),
-        Endpoint(
-            "GET",
-            "/api/rollouts",
-            rollouts,
-            "A page of rollouts, filtered and sorted",
-            params=(
-                *page,
-                Param("status", "query", str, "Statuses, comma-separated"),
-                Param("group", "query", str, "One group id"),
-                Param("policy_version", "query", int, "One policy version (the oldest sampled)"),
-            ),
-            errors=(422,),
+
+async def run_info(request: Request) -> Response:
+    return JSONResponse(await run_in_threadpool(_viewer(request).run_info))
+
+
+async def rollouts(request: Request) -> Response:
+    params = request.query_params
+    version = params.get("policy_version", "")
+    query = Query(
+        status=frozenset(s for s in params.get("status", "").split(",") if s),
+        group=params.get("group") or None,
+        policy_version=_whole("policy_version", version) if version else None,
+        text=params.get("q", ""),
+        sort=_column(params.get("sort", "task_index"), ROLLOUT_COLUMNS),
+        descending=_descending(params.get("order", "asc")),
+    )
+    offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
+    index = _viewer(request).index
+    return JSONResponse(await run_in_threadpool(index.rollouts, query, offset, limit))
+
+
+async def groups(request: Request) -> Response:
+    params = request.query_params
+    sort = _column(params.get("sort", "first_task"), GROUP_COLUMNS)
+    descending = _descending(params.get("order", "asc"))
+    offset, limit = _page(params.get("offset", "0"), params.get("limit", "50"))
+    index = _viewer(request).index
+    answer = await run_in_threadpool(
+        index.groups, params.get("q", ""), sort, descending, offset, limit
+    )
+    return JSONResponse(answer)
+
+
+async def rollout(request: Request) -> Response:
+    detail = _viewer(request).detail
+    return JSONResponse(await run_in_threadpool(detail, request.path_params["key"]))
+
+
+async def tokens(request: Request) -> Response:
+    params = request.query_params
+    segment = _whole("segment", params.get("segment", "0"))
+    offset, limit = _whole("offset", params.get("offset", "0")), PAGE_TOKENS
+    if "limit" in params:
+        limit = _whole("limit", params["limit"])
+        if not 1 <= limit <= PAGE_TOKENS:
+            raise InvalidFieldsError(f"limit: 1 to {PAGE_TOKENS}", param="limit")
+    key = request.path_params["key"]
+    page = _viewer(request).tokens
+    return JSONResponse(await run_in_threadpool(page, key, segment, offset, limit))
+
+
+async def listing_page(request: Request) -> Response:
+    return FileResponse(ASSETS / "index.html")
+
+
+async def rollout_page(request: Request) -> Response:
+    return FileResponse(ASSETS / "rollout.html")
+
+
+_PAGE = (Param("offset", "query", int, "First row (default 0)"),
+         Param("limit", "query", int, f"Rows, 1 to {MAX_PAGE} (default 50)"),
+         Param("sort", "query", str, "Column to sort on"),
+         Param("order", "query", str, "asc or desc"),
+         Param("q", "query", str, "Case-insensitive text filter"))  # fmt: skip
+ENDPOINTS = [
+    Endpoint(
+        "GET",
+        "/api/run",
+        run_info,
+        "The run's name, config, totals, and reward and completion per policy version",
+    ),
+    Endpoint(
+        "GET",
+        "/api/rollouts",
+        rollouts,
+        "A page of rollouts, filtered and sorted, each with its GRPO advantage",
+        params=(
+            *_PAGE,
+            Param("status", "query", str, "Statuses, comma-separated"),
+            Param("group", "query", str, "One group id"),
+            Param("policy_version", "query", int, "One policy version (the oldest sampled)"),
         ),
-        Endpoint(
-            "GET", "/api/groups", groups, "A page of group statistics", params=page, errors=(422,)
+        errors=(422,),
+    ),
+    Endpoint(
+        "GET", "/api/groups", groups, "A page of group statistics", params=_PAGE, errors=(422,)
+    ),
+    Endpoint(
+        "GET",
+        "/api/rollouts/{key}",
+        rollout,
+        "One rollout's record, its conversation by segment, its group's rollouts with their "
+        "advantages, and the first page of each sample's token stream",
+        errors=(404,),
+    ),
+    Endpoint(
+        "GET",
+        "/api/rollouts/{key}/tokens",
+        tokens,
+        "A page of one sample's token stream",
+        params=(
+            Param("segment", "query", int, "The sample's segment (default 0)"),
+            Param("offset", "query", int, "First token of the stream (default 0)"),
+            Param("limit", "query", int, f"Tokens, 1 to {PAGE_TOKENS} (the default)"),
         ),
-        Endpoint(
-            "GET",
-            "/api/rollouts/{key}",
-            rollout,
-            "One rollout's record, and the first page of each sample's token stream",
-            errors=(404,),
-        ),
-        Endpoint(
-            "GET",
-            "/api/rollouts/{key}/tokens",
-            tokens,
-            "A page of one sample's token stream",
-            params=(
-                Param("segment", "query", int, "The sample's segment (default 0)"),
-                Param("offset", "query", int, "First token of the stream (default 0)"),
-                Param("limit", "query", int, f"Tokens, 1 to {PAGE_TOKENS} (the default)"),
-            ),
-            errors=(404, 422),
-        ),
-    ]
+        errors=(404, 422),
+    ),
+]
+
+
+def create_viewer_app(
+    location: RunLocation, *, tokenizer: str | None = None, index: RunIndex | None = None
+) -> Starlette:
+    """The viewer over ``location``; ``tokenizer`` (a folder or hub id) overrides the model's."""
     routes = routes_and_document(
-        endpoints,
+        ENDPOINTS,
         title="rollway view",
         description="A run's rollouts, for the viewer's pages.",
         security={},
     )
-    return Starlette(
+    app = Starlette(
         routes=[
             *routes,
             Route("/", listing_page, methods=["GET"]),
@@ -164,6 +204,8 @@ def create_viewer_app(
         ],
         exception_handlers={HTTPException: route_error},
     )
+    app.state.viewer = Viewer(location, index or RunIndex(location), TokenTexts(tokenizer))
+    return app
 
 
 def _column(name: str, allowed: frozenset[str]) -> str:

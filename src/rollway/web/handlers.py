@@ -67,7 +67,9 @@ def guarded(handler: Handler) -> Handler:
     return wrapper
 
 
-async def read_json(request: Request, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> Any:
+async def read_json(
+    request: Request, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> dict[str, Any]:
     """The body as a JSON object ({} when empty), refusing bodies over ``max_body_bytes``
     before reading them all."""
     declared = request.headers.get("content-length")

@@ -107,8 +107,7 @@ def routes_and_document(
 ) -> list[Route]:
     """The endpoints' routes plus ``GET /openapi.json`` serving their document;
     ``security`` maps each scheme name to what the key is."""
-    document = openapi_document(endpoints, title=title, description=description,
-                                security=security)  # fmt: skip
+    document = openapi_document(endpoints, title=title, description=description, security=security)
 
     async def serve(request: Request) -> Response:
         return JSONResponse(document)
@@ -119,8 +118,8 @@ def routes_and_document(
 def openapi_document(
     endpoints: Sequence[Endpoint], *, title: str, description: str, security: dict[str, str]
 ) -> dict[str, Any]:
-    models = {ErrorBody, ServerSentEvent, *(e.body for e in endpoints if e.body),
-              *_answers(endpoints)}  # fmt: skip
+    bodies = {e.body for e in endpoints if e.body}
+    models: set[type[BaseModel]] = {ErrorBody, ServerSentEvent, *bodies, *_answers(endpoints)}
     refs, defs = models_json_schema(
         [(m, "validation") for m in sorted(models, key=lambda m: m.__name__)], ref_template=_REF
     )

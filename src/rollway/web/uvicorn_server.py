@@ -45,6 +45,7 @@ class RequestDeadlineProtocol(HttpToolsProtocol):
         self._received = 0  # requests fully received
         self._answered = 0  # responses completed
 
+    # uvicorn's own annotation: an asyncio.Transport, narrower than BaseProtocol's.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
@@ -103,7 +104,8 @@ def uvicorn_config(app: ASGIApp, limits: ServerLimits, **options: Any) -> uvicor
     return uvicorn.Config(
         app,
         http=protocol,
-        timeout_keep_alive=limits.keep_alive_s,
+        # uvicorn annotates int, but hands it to loop.call_later: fractions of a second work.
+        timeout_keep_alive=limits.keep_alive_s,  # type: ignore[arg-type]
         limit_concurrency=limits.max_connections,
         **(defaults | options),
     )

@@ -42,6 +42,7 @@ async function loadRun() {
   const select = document.getElementById("status");
   for (const status of Object.keys(t.by_status)) select.append(el("option", { value: status, text: status }));
   select.value = state.status;
+  renderVersions(run.versions);
 }
 
 async function loadRollouts() {
@@ -56,6 +57,7 @@ async function loadRollouts() {
     el("td", {}, el("a", { href: `/rollouts/${encodeURIComponent(row.key)}`, text: row.key })),
     el("td", {}, statusChip(row.status)),
     el("td", { class: "num", text: num(row.reward) }),
+    el("td", { class: "num", "data-advantage": row.advantage ?? "", text: num(row.advantage, 2) }),
     el("td", {}, el("a", { href: "#", class: "group-link", text: row.group_id, onclick: (e) => { e.preventDefault(); filterGroup(row.group_id); } })),
     el("td", { class: "num", "data-version": row.policy_version ?? "" },
       row.policy_version === null || row.policy_version === undefined ? "–"
@@ -124,7 +126,7 @@ function refresh() {
 }
 
 function showError(error) {
-  document.querySelector("#rollouts tbody").replaceChildren(el("tr", {}, el("td", { colspan: 9, class: "problem", text: String(error.message || error) })));
+  document.querySelector("#rollouts tbody").replaceChildren(el("tr", {}, el("td", { colspan: 10, class: "problem", text: String(error.message || error) })));
 }
 
 function wire() {
