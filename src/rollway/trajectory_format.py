@@ -32,12 +32,19 @@ class Turn(Protocol):
     policy_versions: list[int] | None
     raw_logprobs: list[float] | None
     kept_mass: list[float] | None
-    top_ids: list[list[int]] | None
-    top_logprobs: list[list[float]] | None
-    entropy: list[float] | None
 
     @property
     def logprob_kind(self) -> str: ...  # read-only: a turn's is one of types.LogprobKind
+
+    # Read-only: a turn keeps them in its ``distribution``.
+    @property
+    def top_ids(self) -> list[list[int]] | None: ...
+
+    @property
+    def top_logprobs(self) -> list[list[float]] | None: ...
+
+    @property
+    def entropy(self) -> list[float] | None: ...
 
 
 FORMAT_VERSION = 2

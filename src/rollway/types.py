@@ -77,7 +77,7 @@ class SamplingParams:
 
     def to_dict(self) -> dict[str, Any]:
         # By hand: dataclasses.asdict deep-copies recursively, a cost on every recorded turn.
-        return {
+        fields: dict[str, Any] = {
             "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
@@ -85,9 +85,14 @@ class SamplingParams:
             "stop": list(self.stop),
             "stop_token_ids": list(self.stop_token_ids),
             "seed": self.seed,
-            "top_logprobs": self.top_logprobs,
-            "record_entropy": self.record_entropy,
         }
+        # What to record beside the tokens, only where asked: most turns ask nothing, and a
+        # turn's sampling dict is kept on every recorded turn.
+        if self.top_logprobs:
+            fields["top_logprobs"] = self.top_logprobs
+        if self.record_entropy:
+            fields["record_entropy"] = True
+        return fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +250,34 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class StepDistribution(_Wire):
+    """Per completion id of a turn, what was asked of its step's distribution (the one its
+    logprob is taken from, of the turn's logprob_kind)."""
+
+    top_ids: list[list[int]] | None = Field(
+        default=None,
+        description="The ids of the sampling.top_logprobs most likely tokens at each step, most "
+        "likely first; None when not asked or the engine gives none.",
+    )
+    top_logprobs: list[list[float]] | None = Field(
+        default=None, description="The logprobs of top_ids, aligned with them."
+    )
+    entropy: list[float] | None = Field(
+        default=None,
+        description="The entropy (nats) of each step's distribution; None when not asked "
+        "(sampling.record_entropy) or the engine cannot give it.",
+    )
+
+    @staticmethod
+    def of(result: GenerationResult) -> StepDistribution | None:
+        """What ``result`` holds of it; None when nothing."""
+        if result.top_ids is None and result.entropy is None:
+            return None
+        return StepDistribution.model_construct(
+            top_ids=result.top_ids, top_logprobs=result.top_logprobs, entropy=result.entropy
+        )
+
+
 class Turn(_Wire):
     """One model call: the prompt ids it added to its segment and the completion ids sampled.
     Its whole prompt (exactly what the engine got) is ``Trajectory.prompt_ids(index)``."""
@@ -294,19 +327,10 @@ class Turn(_Wire):
         description="Per completion id: the mass of the tokens top-p/top-k kept, under "
         "log_softmax(logits / T); None when nothing was cut.",
     )
-    top_ids: list[list[int]] | None = Field(
+    distribution: StepDistribution | None = Field(
         default=None,
-        description="Per completion id: the ids of the sampling.top_logprobs most likely "
-        "tokens at that step, most likely first; None when not asked or the engine gives none.",
-    )
-    top_logprobs: list[list[float]] | None = Field(
-        default=None,
-        description="The logprobs of top_ids (of logprob_kind), aligned with them.",
-    )
-    entropy: list[float] | None = Field(
-        default=None,
-        description="Per completion id: the entropy (nats) of the distribution its logprob is "
-        "taken from; None when not asked (sampling.record_entropy) or the engine cannot.",
+        description="What the engine saw of each step's distribution beyond the sampled token, "
+        "where the sampling asked (top_logprobs, record_entropy); None when nothing was.",
     )
     reissued: int = Field(
         default=0,
@@ -319,6 +343,20 @@ class Turn(_Wire):
         "answer (a <|im_start|> mid-answer: the model opening a turn of its own); the content "
         "leaves them out. The special token that ends an answer is not one.",
     )
+
+    # One field for the three, read through these: each field a turn has costs every turn
+    # held in flight (a turn's __dict__ doubles past 21 fields).
+    @property
+    def top_ids(self) -> list[list[int]] | None:
+        return self.distribution.top_ids if self.distribution else None
+
+    @property
+    def top_logprobs(self) -> list[list[float]] | None:
+        return self.distribution.top_logprobs if self.distribution else None
+
+    @property
+    def entropy(self) -> list[float] | None:
+        return self.distribution.entropy if self.distribution else None
 
 
 class Sample(_Wire):
@@ -346,8 +384,8 @@ class Sample(_Wire):
     )
     top_ids: list[list[int]] | None = Field(
         default=None,
-        description="Aligned with response_ids: each sampled token's top ids (Turn.top_ids; [] "
-        "where mask is 0); None when no turn of the segment has them.",
+        description="Aligned with response_ids: each sampled token's top ids (from "
+        "Turn.distribution; [] where mask is 0); None when no turn of the segment has them.",
     )
     top_logprobs: list[list[float]] | None = Field(
         default=None, description="Aligned with top_ids: their logprobs ([] where mask is 0)."

@@ -22,10 +22,11 @@ def test_the_sdk_gets_top_logprobs_and_the_turn_records_them(served: Served) -> 
     )
     tokens = reply.choices[0].logprobs.content
     turn = fetch_trajectory(served, reg["rollout_id"])["turns"][0]
-    assert len(tokens) == len(turn["completion_ids"]) == len(turn["top_ids"])
-    assert turn["sampling"]["top_logprobs"] == 3 and turn["entropy"] is None
+    steps = turn["distribution"]
+    assert len(tokens) == len(turn["completion_ids"]) == len(steps["top_ids"])
+    assert turn["sampling"]["top_logprobs"] == 3 and steps["entropy"] is None
     for token, top_ids, top_values in zip(
-        tokens, turn["top_ids"], turn["top_logprobs"], strict=True
+        tokens, steps["top_ids"], steps["top_logprobs"], strict=True
     ):
         assert [entry.logprob for entry in token.top_logprobs] == top_values
         assert len(top_ids) == 3 and top_values == sorted(top_values, reverse=True)
@@ -48,9 +49,10 @@ def test_registered_top_logprobs_and_entropy_are_recorded_on_every_turn(served: 
     ]
     client.chat.completions.create(model="m", messages=messages)
     trajectory = fetch_trajectory(served, reg["rollout_id"], samples=True)
-    for turn in trajectory["turns"]:
-        assert len(turn["top_ids"]) == len(turn["entropy"]) == len(turn["completion_ids"])
-        assert all(value >= 0.0 for value in turn["entropy"])
+    steps = [turn["distribution"] for turn in trajectory["turns"]]
+    for turn, step in zip(trajectory["turns"], steps, strict=True):
+        assert len(step["top_ids"]) == len(step["entropy"]) == len(turn["completion_ids"])
+        assert all(value >= 0.0 for value in step["entropy"])
     (sample,) = trajectory["samples"]
     assert len(sample["top_ids"]) == len(sample["entropy"]) == len(sample["response_ids"])
     for mask, top_ids, entropy in zip(
@@ -58,7 +60,7 @@ def test_registered_top_logprobs_and_entropy_are_recorded_on_every_turn(served: 
     ):
         assert (len(top_ids) == 2) if mask else (top_ids == [] and entropy == 0.0)
     sampled = [e for e, m in zip(sample["entropy"], sample["loss_mask"], strict=True) if m]
-    assert sampled == [e for turn in trajectory["turns"] for e in turn["entropy"]]
+    assert sampled == [e for step in steps for e in step["entropy"]]
 
 
 @pytest.mark.parametrize("bad", [21, -1, "3"])

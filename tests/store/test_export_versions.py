@@ -212,10 +212,10 @@ def test_an_integer_past_64_bits_in_the_reward_info_or_messages_is_exported_exac
 def test_rows_carry_top_logprobs_and_entropy_aligned_with_the_response(tmp_path: Path) -> None:
     # Turn 0 recorded top ids and entropy; turn 1 (another request) did not: its tokens get
     # the blanks, as the glue between them does.
-    asked = turn(0, [1, 2], [3, 4], [1, 1]) | {
+    asked = turn(0, [1, 2], [3, 4], [1, 1]) | {"distribution": {
         "top_ids": [[3, 7], [4, 8]], "top_logprobs": [[-0.1, -2.5], [-0.2, -1.9]],
         "entropy": [0.4, 0.7],
-    }  # fmt: skip
+    }}  # fmt: skip
     rec = record("top.0", [asked, turn(1, [1, 2, 3, 4, 9], [5], [1])])
     path = tmp_path / "rows.parquet"
     assert export_records([rec], path, "parquet") == 1

@@ -60,9 +60,9 @@ def test_a_rollout_page_lists_its_group_with_advantages(
 def shaded_trajectory() -> Trajectory:
     """Every sampled token at logprob -0.5; entropies of 0 and 3 nats alternating."""
     turns = [
-        turn(0, 0, [1, 2, 3], [4, 5]) | {"entropy": [0.0, 3.0]},
-        turn(1, 0, [1, 2, 3, 4, 5, 6, 7], [8]) | {"entropy": [0.0]},
-        turn(2, 1, [1, 9], [10, 11, 12]) | {"entropy": [3.0, 0.0, 3.0]},
+        turn(0, 0, [1, 2, 3], [4, 5]) | {"distribution": {"entropy": [0.0, 3.0]}},
+        turn(1, 0, [1, 2, 3, 4, 5, 6, 7], [8]) | {"distribution": {"entropy": [0.0]}},
+        turn(2, 1, [1, 9], [10, 11, 12]) | {"distribution": {"entropy": [3.0, 0.0, 3.0]}},
     ]
     return Trajectory(
         rollout_id="r", model="m", sampling={}, max_turns=None, max_seq_len=None, messages=[],

@@ -48,7 +48,7 @@ class ChatTurns:
             finish_reason=answer.finish_reason,
             content=message.get("content"),
             tool_calls=message.get("tool_calls") or [],
-            sampling=sampling.to_dict(),
+            sampling=state.recorded_sampling(sampling),
             latency_ms=latency * 1000.0,
             prompt_hash=prompt_hash([]),
         )

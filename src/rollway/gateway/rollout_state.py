@@ -171,6 +171,14 @@ class RolloutState:
             merged["seed"] += self.turns_started
         return SamplingParams(**merged)
 
+    def recorded_sampling(self, sampling: SamplingParams) -> dict[str, Any]:
+        """``sampling`` as a turn records it: the previous turn's own dict where they are
+        equal (turns of a rollout mostly sample alike; a dict a turn saves memory over long
+        rollouts held in flight). Recorded dicts are never changed in place."""
+        fields = sampling.to_dict()
+        previous = self.turns[-1].sampling if self.turns else None
+        return previous if previous == fields else fields
+
     def mark_truncated(self, reason: str) -> bool:
         """Record why the rollout was cut; True the first time (the reason that counts)."""
         if self.truncation_reason is not None:

@@ -21,7 +21,7 @@ from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import Conversation, RolloutState, SequenceTip
 from rollway.gateway.tool_calls import ParsedToolCalls, parse_tool_calls
 from rollway.gateway.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
-from rollway.types import ChatResult, GenerationResult, SamplingParams, Turn
+from rollway.types import ChatResult, GenerationResult, SamplingParams, StepDistribution, Turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,16 +239,14 @@ class TokenTurns:
             content=parsed.content,
             tool_calls=parsed.tool_calls,
             tool_call_parse_error=parsed.error,
-            sampling=sampling.to_dict(),
+            sampling=state.recorded_sampling(sampling),
             latency_ms=sampled.latency * 1000.0,
             prompt_hash=digest,
             policy_versions=result.policy_versions,
             logprob_kind=result.logprob_kind,
             raw_logprobs=result.raw_logprobs,
             kept_mass=result.kept_mass,
-            top_ids=result.top_ids,
-            top_logprobs=result.top_logprobs,
-            entropy=result.entropy,
+            distribution=StepDistribution.of(result),
             reissued=sampled.reissued,
             special_tokens_at=specials,
         )

@@ -24,7 +24,7 @@ from rollway.viewer.token_view import (
 MAX_DEBUG_EVENTS = 2000
 #: A turn's per-token fields, which the page reads from the samples' token pages instead.
 PER_TOKEN = {"new_prompt_ids", "completion_ids", "logprobs", "policy_versions", "raw_logprobs",
-             "kept_mass", "top_ids", "top_logprobs", "entropy"}  # fmt: skip
+             "kept_mass", "distribution"}  # fmt: skip
 
 
 def rollout_detail(
