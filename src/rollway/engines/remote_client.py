@@ -329,3 +329,12 @@ def _log_connect_retry(state: RetryCallState) -> None:
 
 async def _already_disconnected() -> None:
     return None
+
+
+def most_likely(
+    steps: list[list[tuple[float, int]]], top: int
+) -> tuple[list[list[int]], list[list[float]]]:
+    """Per token, the ``top`` highest ``(logprob, id)`` pairs a server gave, most likely first,
+    as ids and logprobs apart (a server may give more than asked, or in its own order)."""
+    ordered = [sorted(step, reverse=True)[:top] for step in steps]
+    return [[i for _, i in step] for step in ordered], [[lp for lp, _ in step] for step in ordered]

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rollway.engines.remote_client import most_likely
 from rollway.errors import EngineError
 from rollway.types import FinishReason, GenerationResult, LogprobKind
 
@@ -69,13 +70,12 @@ def top_logprobs_of(steps: Any, tokens: int, top: int) -> tuple[list[list[int]],
     ``output_top_logprobs`` (asked with ``top_logprobs_num``): per token, ``[logprob, id,
     text]`` triples, most likely first."""
     try:
-        triples = [sorted(((float(t[0]), int(t[1])) for t in step), reverse=True)[:top]
-                   for step in steps]  # fmt: skip
+        pairs = [[(float(t[0]), int(t[1])) for t in step] for step in steps]
     except (TypeError, IndexError, ValueError) as exc:
         raise EngineError(f"malformed SGLang output_top_logprobs: {exc!r}") from exc
-    if len(triples) != tokens:
-        raise EngineError(f"SGLang gave top logprobs for {len(triples)} of {tokens} tokens")
-    return [[i for _, i in step] for step in triples], [[lp for lp, _ in step] for step in triples]
+    if len(pairs) != tokens:
+        raise EngineError(f"SGLang gave top logprobs for {len(pairs)} of {tokens} tokens")
+    return most_likely(pairs, top)
 
 
 def token_versions(meta: dict[str, Any], length: int, fallback: int, start: int = 0) -> list[int]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, get_args
 
 from rollway.engines.base import PauseMode
+from rollway.engines.remote_client import most_likely
 from rollway.errors import ConfigError, EngineError
 from rollway.types import FinishReason, GenerationResult, LogprobKind, SamplingParams
 
@@ -164,16 +165,13 @@ def top_logprobs_of(block: Any, tokens: int, top: int) -> tuple[list[list[int]],
     ``{"token_id:<id>": logprob}`` per token (``return_tokens_as_token_ids``), holding the top
     ones and the sampled token, which makes ``top + 1`` where it is not among them."""
     try:
-        steps = block["top_logprobs"]
-        pairs = [
-            sorted(((float(lp), _token_id(key)) for key, lp in step.items()), reverse=True)[:top]
-            for step in steps
-        ]
+        steps = [[(float(lp), _token_id(key)) for key, lp in step.items()]
+                 for step in block["top_logprobs"]]  # fmt: skip
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(f"malformed vLLM top_logprobs: {exc!r}") from exc
-    if len(pairs) != tokens:
-        raise EngineError(f"vLLM gave top_logprobs for {len(pairs)} of {tokens} tokens")
-    return [[i for _, i in step] for step in pairs], [[lp for lp, _ in step] for step in pairs]
+    if len(steps) != tokens:
+        raise EngineError(f"vLLM gave top_logprobs for {len(steps)} of {tokens} tokens")
+    return most_likely(steps, top)
 
 
 def _token_id(key: str) -> int:
