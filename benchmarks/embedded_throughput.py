@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.types import SamplingParams
+from rollway.generation import SamplingParams
 
 SYSTEM = (
     "You are a patient tutor. You answer in two or three short sentences, you explain your "

@@ -29,11 +29,11 @@ import aiohttp
 from transformers import AutoTokenizer
 
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.engines.models import resolve_model_path
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import SamplingParams
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import SamplingParams
+from rollway.model_folders import resolve_model_path
 
 TURNS = 5
 TOOL = {

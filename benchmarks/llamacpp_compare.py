@@ -47,8 +47,8 @@ import torch
 from embedded_throughput import SYSTEM, TASKS, render
 from peers import Unavailable, install_venv, machine_header
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.engines.models import packaged_gguf
-from rollway.types import SamplingParams
+from rollway.generation import SamplingParams
+from rollway.model_folders import packaged_gguf
 
 LLAMA_SPEC = "llama-cpp-python==0.3.36"
 # Tuned to this CPU; no multimodal library (not needed here, and it halves the build).

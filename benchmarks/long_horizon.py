@@ -38,9 +38,10 @@ import orjson
 
 import rollway
 from rollway.gateway import Gateway, build_gateway
+from rollway.results import RolloutRecord
 from rollway.store.export import export_records
 from rollway.store.file import FileStore
-from rollway.types import RolloutRecord, Trajectory
+from rollway.trajectory import Trajectory
 
 #: Observations are slices of rollway's own source: what a software agent's tools print.
 SOURCE = "\n".join(path.read_text() for path in sorted(Path(rollway.__file__).parent.rglob("*.py")))

@@ -27,7 +27,7 @@ from typing import Any
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.executors import RayExecutor
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 TURNS = 3
 ENGINE = "sim://?latency_s=0.05&output_len=16"

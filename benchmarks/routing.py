@@ -21,11 +21,11 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from rollway.engines import engine_from_spec
-from rollway.engines.models import resolve_model_path
-from rollway.engines.router import RoutedEngine
+from rollway.engines.remote.router import RoutedEngine
 from rollway.errors import EngineError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.model_folders import resolve_model_path
 
 TURNS = 5
 

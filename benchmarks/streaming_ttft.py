@@ -21,7 +21,7 @@ import orjson
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
 
 QUESTION = [{"role": "user", "content": "Tell me a short story about a lighthouse."}]

@@ -42,9 +42,9 @@ from benchmarks.gateway_overhead import start_http_gateway
 
 from rollway.engines.base import Engine
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.engines.models import prepare_default_model
-from rollway.engines.vllm import VLLMEngine
-from rollway.types import SamplingParams
+from rollway.engines.remote.vllm import VLLMEngine
+from rollway.generation import SamplingParams
+from rollway.model_folders import prepare_default_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "vllm_server.sh"

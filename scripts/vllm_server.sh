@@ -29,7 +29,7 @@ install() {
 }
 
 model_dir() {
-    .venv/bin/python -c "from rollway.engines.models import prepare_default_model as p; print(p())"
+    .venv/bin/python -c "from rollway.model_folders import prepare_default_model as p; print(p())"
 }
 
 serve() {

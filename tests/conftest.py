@@ -17,7 +17,7 @@ from rollway.cli.demo_command import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
@@ -27,7 +27,7 @@ __all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
 pytest_plugins = [
     "tests.agents.server.fixtures",
     "tests.store.s3_fixtures",
-    "tests.engines.vllm_servers",
+    "tests.engines.remote.vllm_servers",
 ]
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 
 import pytest
 
 import rollway
-from rollway.types import AgentResult, ChatResult
+from rollway.deprecated import MOVED_MODULES
+from rollway.generation import ChatResult
+from rollway.results import AgentResult
 
 
 @pytest.mark.parametrize(
@@ -38,3 +42,27 @@ def test_other_unknown_names_are_still_attribute_errors() -> None:
     with pytest.raises(AttributeError, match="no attribute 'NoSuchThing'"):
         _ = rollway.NoSuchThing  # type: ignore[attr-defined]
     assert "RolloutResult" not in rollway.__all__ and "ChatReply" not in rollway.__all__
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(MOVED_MODULES.items()))
+def test_a_moved_module_imports_under_its_old_path_as_the_same_module(old: str, new: str) -> None:
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated; use {new}"):
+        moved = importlib.import_module(old)
+    assert moved is importlib.import_module(new)
+    assert moved.__spec__ is not None and moved.__spec__.name == new  # its own spec, unharmed
+    assert importlib.util.find_spec(new) is not None
+
+
+def test_from_an_old_path_a_class_is_the_same_class() -> None:
+    sys.modules.pop("rollway.engines.vllm", None)  # an old path warns at its first import
+    with pytest.warns(DeprecationWarning):
+        from rollway.engines.vllm import VLLMEngine as Old  # type: ignore[import-not-found]
+    from rollway.engines.remote.vllm import VLLMEngine
+
+    assert Old is VLLMEngine
+
+
+def test_a_module_that_never_existed_is_still_not_found() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("rollway.engines.no_such_module")

@@ -16,17 +16,25 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "rollway"
 #: one above, nor a sibling in its own layer. Root modules (``types``, ``errors``...) are ground.
 LAYERS: list[set[str]] = [
     {"cli"},
-    {"trainers", "viewer"},
+    {"trainers", "viewer", "simulators"},
     {"client"},
     {"executors"},
     {"rollouts"},
     {"agents"},
-    {"gateway", "simulators"},
+    {"gateway"},
     {"engines"},
     {"store", "sandbox"},
     {"web"},
     {"(ground)"},
 ]
+#: Inside a package with sub-packages, the same rule one level down: each unit (a sub-package, or
+#: a module named here) imports only units below it; "(modules)" is every other plain module,
+#: which may import each other. A package's ``__init__`` is its front door and may import any.
+INNER_LAYERS: dict[str, list[set[str]]] = {
+    "engines": [{"factory"}, {"embedded", "remote"}, {"(modules)"}],
+    "gateway": [{"http"}, {"(modules)"}, {"render"}],
+    "agents": [{"server"}, {"(modules)"}],
+}
 #: Conventional names each package may have: the seam's interface, the spec-string builder.
 SHARED_NAMES = {"__init__", "base", "factory"}
 
@@ -98,6 +106,46 @@ def test_imports_only_run_down_the_layers() -> None:
             if _layer(other) <= _layer(own):
                 wrong.append(f"{module} -> {target} ({own} may not import {other})")
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
+
+
+def _inner_unit(module: str) -> tuple[str, str] | None:
+    """(package, unit) of a module inside a package that has inner layers."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[1] not in INNER_LAYERS or parts[-1] == "__init__":
+        return None
+    if MODULES[module].name == "__init__.py" and len(parts) == 3:
+        return None  # the package's own front door
+    named = set().union(*INNER_LAYERS[parts[1]])
+    return parts[1], parts[2] if parts[2] in named else "(modules)"
+
+
+def _inner_layer(package: str, unit: str) -> int:
+    return next(i for i, layer in enumerate(INNER_LAYERS[package]) if unit in layer)
+
+
+def test_every_sub_package_has_an_inner_layer() -> None:
+    sub_packages = {p.parent.relative_to(PACKAGE).parts for p in PACKAGE.glob("*/*/__init__.py")}
+    unplaced = sorted(
+        "/".join(parts)
+        for parts in sub_packages
+        if parts[0] not in INNER_LAYERS or parts[1] not in set().union(*INNER_LAYERS[parts[0]])
+    )
+    assert not unplaced, f"add {unplaced} to INNER_LAYERS"
+
+
+def test_imports_inside_a_package_run_down_its_inner_layers() -> None:
+    wrong = []
+    for module, targets in GRAPH.items():
+        own = _inner_unit(module)
+        if own is None:
+            continue
+        for target in targets:
+            other = _inner_unit(target)
+            if other is None or other[0] != own[0] or other[1] == own[1]:
+                continue
+            if _inner_layer(*other) <= _inner_layer(*own):
+                wrong.append(f"{module} -> {target} ({own[1]} may not import {other[1]})")
+    assert not wrong, "imports against the inner layers:\n" + "\n".join(sorted(wrong))
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

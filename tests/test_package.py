@@ -11,7 +11,7 @@ import pytest
 
 import rollway
 from rollway import errors
-from rollway.types import Trajectory
+from rollway.trajectory import Trajectory
 
 ROOT = Path(__file__).parent.parent
 SCHEMA = ROOT / "docs" / "trajectory.schema.json"

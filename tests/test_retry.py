@@ -9,6 +9,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from rollway.agents.server.remote_agent import AGENT_INIT
+from rollway.agents.server.report_sender import REPORT_DELIVERY
+from rollway.engines.remote.connection import ENGINE_CONNECT
 from rollway.errors import (
     ConfigError,
     EngineError,
@@ -16,15 +19,9 @@ from rollway.errors import (
     OverloadedError,
     RequestError,
 )
-from rollway.retry import (
-    AGENT_INIT,
-    ENGINE_CONNECT,
-    REPORT_DELIVERY,
-    ROLLOUT_ATTEMPTS,
-    WORKER_RESTART,
-    Backoff,
-    RetryPolicy,
-)
+from rollway.executors.ray_executor import WORKER_RESTART
+from rollway.retry import Backoff, RetryPolicy
+from rollway.rollouts.config import ROLLOUT_ATTEMPTS
 
 
 class Script:

@@ -28,12 +28,12 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.agents.program import ProgramAgent
 from rollway.agents.server import create_app as create_agent_app
 from rollway.client import RolloutClient
-from rollway.engines.sglang import SGLangEngine
+from rollway.engines.remote.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult, RolloutRecord
 from rollway.simulators import create_sim_server_app
-from rollway.types import AgentResult, RolloutRecord
 from rollway.web.background_server import BackgroundServer, LoopServer
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer

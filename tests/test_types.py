@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rollway.types import SamplingParams
+from rollway.generation import SamplingParams
 
 
 def test_sampling_params_to_dict_names_every_field() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollway.trajectory import Turn
 from rollway.trajectory_format import cut_prompts
-from rollway.types import Turn
 
 
 def chain(turns: list[dict[str, Any]]) -> list[Turn]:

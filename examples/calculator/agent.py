@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext, execute_tool_calls, tool
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 
 def format_number(value: float) -> str:

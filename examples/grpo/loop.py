@@ -35,9 +35,9 @@ from examples.grpo.objective import (
 )
 from examples.grpo.tasks import TaskSet, load_task_set
 from rollway.client import RolloutClient
-from rollway.engines.models import resolve_model_path
+from rollway.model_folders import resolve_model_path
+from rollway.results import RolloutRecord
 from rollway.trainers.mismatch import mismatch_metrics
-from rollway.types import RolloutRecord
 
 
 class Trainer:

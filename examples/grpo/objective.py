@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rollway.types import RolloutRecord, Sample
+from rollway.results import RolloutRecord
+from rollway.trajectory import Sample
 
 
 class RatioCheckError(RuntimeError):

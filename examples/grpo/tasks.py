@@ -22,7 +22,7 @@ from typing import Any
 
 from examples.calculator.agent import CalculatorAgent
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 SYSTEM_PROMPT = "Answer with exactly one word."
 

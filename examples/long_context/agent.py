@@ -21,7 +21,7 @@ from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.agents.folding import ContextFolding, KeepLastTurns, SummarizeOlder
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 SYSTEM = (
     "You read a server log chunk by chunk. After each chunk, reply OK, or NOTE and what "

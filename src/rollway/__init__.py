@@ -15,6 +15,7 @@ from rollway.agents import (
 from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import BatchItem, RolloutClient, RolloutFuture
 from rollway.deprecated import deprecated_alias as _deprecated_alias
+from rollway.deprecated import install_moved_module_finder as _install_moved_module_finder
 from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
     AgentError,
@@ -36,21 +37,13 @@ from rollway.errors import (
 )
 from rollway.executors import LocalExecutor, RayExecutor
 from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, create_app
+from rollway.generation import GenerationResult, SamplingParams
+from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.retry import Backoff, RetryPolicy
 from rollway.rollouts import RolloutLimits, RolloutOptions, ServingConfig
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
-from rollway.types import (
-    AgentResult,
-    Drift,
-    GenerationResult,
-    RolloutMetrics,
-    RolloutRecord,
-    Sample,
-    SamplingParams,
-    Trajectory,
-    Turn,
-)
+from rollway.trajectory import Drift, Sample, Trajectory, Turn
 
 __version__ = "0.1.0"
 
@@ -130,3 +123,8 @@ _RENAMED = {
 
 def __getattr__(name: str) -> object:
     return _deprecated_alias(__name__, name, _RENAMED)
+
+
+# Modules moved into sub-packages in this release still import under their old paths, for one
+# more (rollway.deprecated.MOVED_MODULES).
+_install_moved_module_finder()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from rollway.types import RolloutRecord
+    from rollway.results import RolloutRecord
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,12 @@
 """Retry policies: how many tries, how long between them, and what is worth another try.
 
-Every retry loop in rollway runs one of the named policies below, through the tenacity loop
-the policy builds (``policy.retrying()``), instead of counting and sleeping by hand. A policy
-whose numbers come from configuration is the named one with those numbers replaced
+Every retry loop in rollway runs a named policy, through the tenacity loop the policy builds
+(``policy.retrying()``), instead of counting and sleeping by hand. Each named policy lives
+beside its owner: ``ENGINE_CONNECT`` (engines.remote.connection), ``AGENT_INIT``
+(agents.server.remote_agent), ``REPORT_DELIVERY`` (agents.server.report_sender),
+``ROLLOUT_ATTEMPTS`` (rollouts.config), ``WORKER_REDISPATCH`` and ``WORKER_RESTART``
+(executors.ray_executor). A policy whose numbers come from configuration is the named one with
+those numbers replaced
 (``dataclasses.replace(ROLLOUT_ATTEMPTS, attempts=n)``); one whose retryable errors are private
 to its caller or imported late (the Ray executor's) gets them where it is used.
 
@@ -19,11 +23,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 from tenacity import AsyncRetrying, RetryCallState, after_nothing, stop_before_delay
 
 from rollway.checks import check_count, check_seconds, is_number
-from rollway.errors import TRANSIENT_KINDS, ConfigError, InfrastructureError, OverloadedError
+from rollway.errors import TRANSIENT_KINDS, ConfigError, OverloadedError
 
 Hook = Callable[[RetryCallState], None]
 
@@ -163,39 +166,3 @@ class _Outcome(Protocol):
 def is_transient(outcome: _Outcome) -> bool:
     """An outcome that says nothing about the policy (see ``errors.TRANSIENT_KINDS``)."""
     return outcome.error_kind in TRANSIENT_KINDS
-
-
-#: A request to a remote engine goes again once when it never left (no TCP connection): it
-#: cannot have run, so the same request id is safe. A routed fleet sets ``attempts=1`` and
-#: sends it to another server instead.
-ENGINE_CONNECT = RetryPolicy(
-    attempts=2, retry_on=(aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
-)
-
-#: A rollout's init on an agent server: unreachable or failing (5xx), three tries in all; at
-#: capacity (429), again after its ``Retry-After`` for as long as the rollout may wait.
-#: ``RemoteAgent`` paces the waits with its ``PollPolicy`` (twice the first poll interval).
-AGENT_INIT = RetryPolicy(
-    attempts=3,
-    backoff=Backoff(first_s=1.0),
-    retry_on=(InfrastructureError,),
-    wait_out_overload=True,
-)
-
-#: A finished rollout's report to the client's callback route: connection failures and 5xx
-#: answers, five tries in all (the report is in the store whatever happens).
-REPORT_DELIVERY = RetryPolicy(
-    attempts=5, backoff=Backoff(first_s=0.5), retry_on=(InfrastructureError,)
-)
-
-#: A rollout run again from the start (a new attempt) while its outcome says nothing about
-#: the policy (an infrastructure or engine error).
-ROLLOUT_ATTEMPTS = RetryPolicy(attempts=3, backoff=Backoff(first_s=0.5), retry_result=is_transient)
-
-#: A rollout whose Ray worker died, dispatched to another: three dispatches in all (the Ray
-#: executor names its worker-lost error and sets ``attempts`` from ``max_requeues``).
-WORKER_REDISPATCH = RetryPolicy(attempts=3)
-
-#: A Ray worker being restarted, asked every half second whether it is ready, for two
-#: minutes at most (the executor names Ray's errors and sets ``within_s``).
-WORKER_RESTART = RetryPolicy(backoff=Backoff(first_s=0.5, factor=1.0), within_s=120.0)

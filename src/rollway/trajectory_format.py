@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 
 class Turn(Protocol):
-    """What this module reads of a turn (``rollway.types.Turn``, which imports this module)."""
+    """What this module reads of a turn (``rollway.trajectory.Turn``, which imports this module)."""
 
     index: int
     segment: int
@@ -103,7 +103,7 @@ def int32_bytes(ids: list[int]) -> bytes:
 
 
 def sample_fields(turns: Sequence[Turn]) -> list[dict[str, Any]]:
-    """The fields of each segment's training sample (``rollway.types.build_samples`` makes
+    """The fields of each segment's training sample (``rollway.trajectory.build_samples`` makes
     them ``Sample``s): its first prompt, then completions (mask 1) and each later turn's new
     prompt ids, the glue (mask 0). Policy versions follow the tokens (-1 on glue), where every
     turn of the segment has them; so do raw logprobs where some turn's logprobs are not raw,

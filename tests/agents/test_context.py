@@ -12,10 +12,11 @@ import pytest
 
 from rollway.agents import RolloutContext
 from rollway.gateway import create_app
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.handle import LocalGateway
 from rollway.gateway.remote_gateway import HttpChat
-from rollway.types import ChatResult, Trajectory
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import ChatResult
+from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from rollway.web.http_client import new_session
 from tests.conftest import Served, sim_gateway

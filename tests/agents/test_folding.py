@@ -24,10 +24,10 @@ from rollway.agents.folding import (
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult, RolloutRecord
 from rollway.store.export import sample_rows
 from rollway.trajectory_format import check_prompt_hashes
-from rollway.types import AgentResult, RolloutRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))

@@ -14,7 +14,7 @@ from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.logs import KeyValueFormatter
 from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits
 from rollway.trajectory_format import whole_prompts

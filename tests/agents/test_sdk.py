@@ -23,7 +23,7 @@ from rollway.agents import (
 from rollway.agents.tools import DEFERRED_PROBLEMS, Tool
 from rollway.agents.validate import ready_agent
 from rollway.errors import AgentError, ConfigError
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 
 @tool

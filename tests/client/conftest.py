@@ -21,8 +21,9 @@ from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import InfrastructureError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import AgentResult, ChatResult
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import ChatResult
+from rollway.results import AgentResult
 from tests.agents.server.fixtures import wait_until
 
 

@@ -15,7 +15,9 @@ import pytest
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.errors import InvalidFieldsError
-from rollway.types import AgentResult, SamplingParams, Trajectory
+from rollway.generation import SamplingParams
+from rollway.results import AgentResult
+from rollway.trajectory import Trajectory
 
 MakeClient = Callable[..., RolloutClient]
 

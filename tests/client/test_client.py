@@ -14,7 +14,8 @@ from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import AgentError, ConfigError, EngineError, InvalidFieldsError
 from rollway.gateway import Gateway
-from rollway.types import SamplingParams, Trajectory
+from rollway.generation import SamplingParams
+from rollway.trajectory import Trajectory
 from tests.agents.server.fixtures import wait_until
 from tests.client.conftest import ScriptedAgent
 

@@ -20,10 +20,15 @@ from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.retry import ROLLOUT_ATTEMPTS
-from rollway.rollouts.config import LIMIT_NAMES, RETRY_NAMES, SAMPLING_NAMES, RolloutOptions
-from rollway.types import AgentResult
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult
+from rollway.rollouts.config import (
+    LIMIT_NAMES,
+    RETRY_NAMES,
+    ROLLOUT_ATTEMPTS,
+    SAMPLING_NAMES,
+    RolloutOptions,
+)
 from tests.client.conftest import ScriptedAgent
 
 MakeClient = Callable[..., RolloutClient]

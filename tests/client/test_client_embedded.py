@@ -10,8 +10,8 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import AgentResult
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult
 
 TASKS = [
     {"task_id": "add", "question": "What is 11 + 14?", "answer": 25},

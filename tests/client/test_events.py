@@ -20,7 +20,7 @@ from rollway.events import (
     TurnFinished,
     TurnStarted,
 )
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 MakeClient = Callable[..., RolloutClient]
 

@@ -20,8 +20,8 @@ from rollway.client.lease_keeper import LeaseKeeper
 from rollway.engines.sim import SimEngine
 from rollway.errors import ExperimentInUseError
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.leases import Lease
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.file import FileStore

@@ -15,7 +15,8 @@ import pytest
 from rollway.client import RolloutClient
 from rollway.client.future import CancelGate
 from rollway.engines.sim import SimConfig
-from rollway.types import RolloutRecord, Trajectory
+from rollway.results import RolloutRecord
+from rollway.trajectory import Trajectory
 from tests.agents.server.fixtures import wait_until
 from tests.client.conftest import ScriptedAgent
 

@@ -17,9 +17,10 @@ import pytest
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.types import GenerationResult, RolloutRecord, SamplingParams
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import GenerationResult, SamplingParams
+from rollway.results import RolloutRecord
 from rollway.web.background_server import BackgroundServer
 from tests.client.conftest import ScriptedAgent
 from tests.conftest import Served

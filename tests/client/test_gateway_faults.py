@@ -17,9 +17,9 @@ from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.types import AgentResult, RolloutRecord
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult, RolloutRecord
 from tests.restartable import RestartableServer
 
 ROLLOUTS = 4

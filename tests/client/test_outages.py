@@ -19,13 +19,13 @@ import pytest
 from rollway.agents.server import ServiceConfig
 from rollway.agents.server import create_app as create_agent_app
 from rollway.client import RolloutClient
-from rollway.engines.sglang import SGLangEngine
+from rollway.engines.remote.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.events import RolloutEvent, RolloutStarted
 from rollway.executors import LocalExecutor
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.simulators import create_sim_server_app
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, wait_until

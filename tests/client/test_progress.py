@@ -8,7 +8,7 @@ from rich.table import Table
 
 from rollway.client.batch import summarize
 from rollway.client.progress import BatchProgress, summary_table
-from rollway.types import RolloutRecord, TrajectoryStats
+from rollway.results import RolloutRecord, TrajectoryStats
 
 
 def record(status: str, reward: float | None) -> RolloutRecord:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 MakeClient = Callable[..., RolloutClient]
 

@@ -17,7 +17,7 @@ from rollway.client.batch import should_rerun
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.rollouts import ServingConfig
 from rollway.trajectory_format import whole_prompts
 from tests.agents.server.agents import TaskDrivenAgent

@@ -16,8 +16,8 @@ from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import RolloutRecord
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import RolloutRecord
 from tests.client.conftest import ScriptedAgent
 from tests.gateway.test_invariants import forward_logprobs
 

@@ -1,5 +1,6 @@
 """Engine tests. Simulated servers count what they received by the id on the wire; SGLang's
-ends in ``~`` (``engines.sglang_wire.wire_rid``), so tests compare ``by_request_id`` views."""
+ends in ``~`` (``engines.remote.sglang_wire.wire_rid``), so tests compare ``by_request_id``
+views."""
 
 from __future__ import annotations
 

@@ -10,11 +10,11 @@ from rollway.agents.program import ProgramAgent
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.engines.base import HealthChecked, ModelInfo, ReportsStats
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.engines.openai_chat import OpenAIChatEngine
-from rollway.engines.router import RoutedEngine
-from rollway.engines.sglang import SGLangEngine
+from rollway.engines.remote.openai_chat import OpenAIChatEngine
+from rollway.engines.remote.router import RoutedEngine
+from rollway.engines.remote.sglang import SGLangEngine
+from rollway.engines.remote.vllm import VLLMEngine
 from rollway.engines.sim import SimEngine
-from rollway.engines.vllm import VLLMEngine
 
 ENGINES = [EmbeddedEngine, OpenAIChatEngine, RoutedEngine, SGLangEngine, SimEngine, VLLMEngine]
 

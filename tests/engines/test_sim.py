@@ -5,7 +5,7 @@ import time
 
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.engines.streaming import collect
-from rollway.types import SamplingParams
+from rollway.generation import SamplingParams
 
 
 async def test_same_prompt_gives_same_ids_and_wellformed_logprobs() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from rollway.engines.streaming import collect, stream_generation
 from rollway.errors import EngineError
-from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+from rollway.generation import GenerationChunk, GenerationResult, SamplingParams
 
 
 class _WholeAnswer:

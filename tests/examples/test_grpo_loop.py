@@ -25,7 +25,7 @@ from examples.grpo.tasks import QUESTIONS, TaskSet
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.types import AgentResult, RolloutRecord
+from rollway.results import AgentResult, RolloutRecord
 
 
 class ReplyLengthAgent(AgentLoop):

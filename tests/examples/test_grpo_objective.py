@@ -8,7 +8,8 @@ import torch
 from examples.grpo.objective import group_advantages, grpo_loss, pack
 from examples.grpo.tasks import one_word_reward
 
-from rollway.types import RolloutRecord, Sample
+from rollway.results import RolloutRecord
+from rollway.trajectory import Sample
 
 
 def record(rollout_id: str, group_id: str, reward: float) -> RolloutRecord:

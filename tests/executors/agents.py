@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext
+from rollway.results import AgentResult, RolloutRecord
 from rollway.store import FileStore
-from rollway.types import AgentResult, RolloutRecord
 
 
 class ProbeAgent(AgentLoop):

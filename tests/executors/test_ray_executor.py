@@ -26,8 +26,8 @@ from rollway.errors import ConfigError
 from rollway.events import RolloutEvent
 from rollway.executors import RayExecutor
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.store import store_from_uri
 from rollway.trajectory_format import whole_prompts
 from tests.agents.server.fixtures import KEY, wait_until

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import random
 
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from tests.conftest import ADD_TOOL, FEW_SHOT, tool_call
 
 

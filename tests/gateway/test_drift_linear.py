@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.samples import compare_ids
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served, sim_gateway

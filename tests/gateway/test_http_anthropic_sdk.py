@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from rollway.gateway.anthropic import MessagesRequest
+from rollway.gateway.http.messages_api import MessagesRequest
 from tests.conftest import Served
 
 ADD = {

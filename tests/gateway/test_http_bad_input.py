@@ -12,7 +12,7 @@ import pytest
 
 from rollway.errors import RolloutClosedError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from tests.conftest import Served, sim_gateway
 
 

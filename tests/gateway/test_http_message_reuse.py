@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from rollway.gateway import create_app, request_messages
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import Trajectory
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, sim_gateway
 

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from rollway.gateway.responses_api import ResponsesRequest
+from rollway.gateway.http.responses_api import ResponsesRequest
 from tests.conftest import Served
 
 ADD = {

@@ -15,9 +15,9 @@ import torch
 
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.trajectory import Trajectory
 from rollway.trajectory_format import check_prompt_hashes, whole_prompts
-from rollway.types import Trajectory
 from tests.conftest import ADD_TOOL, FEW_SHOT, sim_gateway
 
 

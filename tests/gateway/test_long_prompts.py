@@ -12,8 +12,8 @@ import pytest
 
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import build_gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.gateway.token_bound import TokenBound
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.token_bound import TokenBound
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served
 from tests.gateway.health_probe import while_probing_health

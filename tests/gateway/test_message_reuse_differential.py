@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 
 from rollway.errors import RollwayError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.request_messages import ChatCompletionBody
 from rollway.trajectory_format import whole_prompts
 from tests.conftest import ADD_TOOL, sim_gateway

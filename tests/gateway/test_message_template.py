@@ -10,8 +10,8 @@ import random
 import jinja2
 import pytest
 
-from rollway.gateway.chat_template import _BASE, ChatRenderer
-from rollway.gateway.message_template import Message, read_pieces
+from rollway.gateway.render.chat_template import _BASE, ChatRenderer
+from rollway.gateway.render.message_template import Message, read_pieces
 from tests.conftest import ADD_TOOL, tool_call
 
 CHATML = (
@@ -120,7 +120,7 @@ def test_first_prompts_are_cached_but_never_shared(renderer: ChatRenderer) -> No
     assert again == renderer.encode(
         renderer.render(messages, [ADD_TOOL], add_generation_prompt=True)
     )
-    from rollway.gateway.chat_template import TokenBudgetExceeded
+    from rollway.gateway.render.chat_template import TokenBudgetExceeded
 
     with pytest.raises(TokenBudgetExceeded):
         renderer.prompt_ids(messages, [ADD_TOOL], max_tokens=len(again) - 1)
@@ -133,7 +133,7 @@ def test_pieces_that_disagree_on_a_real_turn_are_dropped(
     assert audited._pieces is not None
     audited._pieces = dataclasses.replace(audited._pieces, generation_prompt="wrong")
     new = [{"role": "tool", "content": "42"}]
-    with caplog.at_level(logging.WARNING, logger="rollway.gateway.chat_template"):
+    with caplog.at_level(logging.WARNING, logger="rollway.gateway.render.chat_template"):
         ids = audited.continuation_ids([], new, None)
     assert audited._pieces is None and "disagree" in caplog.text
     reference = ChatRenderer(renderer.tokenizer)

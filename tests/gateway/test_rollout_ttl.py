@@ -14,7 +14,7 @@ import pytest
 
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
 
 TTL_S = 0.5

@@ -12,9 +12,10 @@ from typing import Any
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import EngineError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import GenerationResult, SamplingParams
+from rollway.trajectory import Trajectory
 from rollway.trajectory_format import check_prompt_hashes, whole_prompts
-from rollway.types import GenerationResult, SamplingParams, Trajectory
 
 Message = dict[str, Any]
 

@@ -21,9 +21,9 @@ from rollway.engines.streaming import collect
 from rollway.errors import RolloutClosedError
 from rollway.events import TurnFinished, TurnStarted
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.gateway.turn_stream import ContentDelta, ToolCallDelta
-from rollway.types import ChatResult, GenerationChunk, GenerationResult, SamplingParams
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.turn_stream import ContentDelta, ToolCallDelta
+from rollway.generation import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, FEW_SHOT, Served
 from tests.gateway.test_http_openai_sdk import fetch_trajectory, register

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from rollway.gateway.tool_calls import parse_tool_calls, render_tool_calls
+from rollway.gateway.render.tool_calls import parse_tool_calls, render_tool_calls
 
 
 def test_hermes_blocks_become_openai_tool_calls_and_leave_the_content() -> None:

@@ -9,8 +9,8 @@ from starlette.testclient import TestClient
 
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import Trajectory
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.trajectory import Trajectory
 
 KEY = {"Authorization": "Bearer admin"}
 

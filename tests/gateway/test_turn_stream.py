@@ -5,9 +5,9 @@ begins."""
 from __future__ import annotations
 
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.gateway.tool_calls import parse_tool_calls
-from rollway.gateway.turn_stream import TurnText
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.tool_calls import parse_tool_calls
+from rollway.gateway.render.turn_stream import TurnText
 
 
 def shown(renderer: ChatRenderer, text: str, stop: list[str], tools: bool) -> list[str]:

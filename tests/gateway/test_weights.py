@@ -22,8 +22,8 @@ from rollway.errors import (
     RolloutClosedError,
 )
 from rollway.gateway import Gateway, create_app
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import ChatResult, GenerationChunk, GenerationResult, SamplingParams
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
 USER = [{"role": "user", "content": "hi"}]

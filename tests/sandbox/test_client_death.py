@@ -22,7 +22,7 @@ from rollway.agents.program import ProgramAgent
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.sandbox import SANDBOXES, SandboxLimits, remove_leftovers
 from rollway.sandbox.base import Sandbox
 from rollway.tempdirs import OWNER_FILE, make_owned_tempdir

@@ -10,9 +10,9 @@ import pytest
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
+from rollway.results import AgentResult
 from rollway.store import export_records
 from rollway.store.export import sample_rows
-from rollway.types import AgentResult
 
 datasets = pytest.importorskip("datasets")
 

@@ -13,9 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from rollway.cli.main import app
+from rollway.generation import LogprobKind
+from rollway.results import RolloutRecord
 from rollway.store import FileStore, export_records
 from rollway.store.export import sample_rows
-from rollway.types import LogprobKind, RolloutRecord, Trajectory, build_samples
+from rollway.trajectory import Trajectory, build_samples
 from tests.trajectories import chain
 
 

@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from rollway.errors import ConfigError
+from rollway.results import RolloutRecord
 from rollway.store import FileStore, export_records, store_from_uri
+from rollway.trajectory import Sample, Trajectory
 from rollway.trajectory_format import prompt_hash
-from rollway.types import RolloutRecord, Sample, Trajectory
 from tests.trajectories import chain
 
 # The one sample of ``TURNS``: the second turn's prompt adds 6 (glue, mask 0) to the first's.

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import RolloutRecord
 from rollway.store import export_records, store_from_uri
 from rollway.store.s3 import ObjectStore
-from rollway.types import RolloutRecord
 from tests.client.conftest import ScriptedAgent
 
 

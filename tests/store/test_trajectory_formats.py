@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from rollway.results import RolloutRecord
 from rollway.store import FileStore
+from rollway.trajectory import Sample, Trajectory
 from rollway.trajectory_format import FORMAT_VERSION, check_prompt_hashes
-from rollway.types import RolloutRecord, Sample, Trajectory
 
 #: Written by rollway at commit 2d6975a (make_records.py says how): the embedded model at
 #: T=0.7, top_p=0.9 (processed and raw logprobs, kept mass) and the sim engine; two segments.

@@ -14,9 +14,9 @@ import torch
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.engines.models import resolve_model_path
+from rollway.model_folders import resolve_model_path
+from rollway.results import AgentResult
 from rollway.trainers.trl import rollway_reward, rollway_rollout_func
-from rollway.types import AgentResult
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")

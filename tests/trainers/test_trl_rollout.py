@@ -14,13 +14,13 @@ import torch
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
+from rollway.results import AgentResult
 from rollway.trainers.trl import (
     PromptAgent,
     rollway_reward,
     rollway_rollout_func,
     trainer_sampling,
 )
-from rollway.types import AgentResult
 
 
 class PickyAgent(AgentLoop):

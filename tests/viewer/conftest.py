@@ -18,8 +18,8 @@ from rollway.agents.folding import ContextFolding, DropToolOutputs, Footprint
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
-from rollway.types import AgentResult
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, tool_call

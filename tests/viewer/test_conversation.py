@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.types import Turn
+from rollway.trajectory import Turn
 from rollway.viewer.conversation import rebuilt, sampled_by
 from tests.trajectories import chain
 

@@ -13,8 +13,9 @@ import orjson
 import pytest
 from starlette.testclient import TestClient
 
+from rollway.results import RolloutRecord
 from rollway.store import FileStore, index_row
-from rollway.types import RolloutRecord, Trajectory
+from rollway.trajectory import Trajectory
 from rollway.viewer import RunIndex, create_viewer_app, open_run
 from tests.trajectories import chain
 

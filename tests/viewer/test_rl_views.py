@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
+from rollway.results import RolloutRecord
 from rollway.store import FileStore
-from rollway.types import RolloutRecord
 from rollway.viewer import create_viewer_app, open_run
 from tests.viewer.conftest import FOLDED_ID, RealRun
 from tests.viewer.test_listing_scale import small_record

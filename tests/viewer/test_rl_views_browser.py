@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from rollway.store import FileStore
-from rollway.types import Trajectory
+from rollway.trajectory import Trajectory
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
 from tests.trajectories import chain

@@ -9,8 +9,8 @@ import pytest
 from starlette.testclient import TestClient
 from transformers import AutoTokenizer
 
-from rollway.engines.models import resolve_model_path
 from rollway.errors import ConfigError
+from rollway.model_folders import resolve_model_path
 from rollway.store import FileStore, store_from_uri
 from rollway.viewer import Query, RunIndex, create_viewer_app, open_run
 from tests.viewer.test_listing_scale import small_record

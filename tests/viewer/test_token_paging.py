@@ -7,8 +7,9 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from rollway.results import RolloutRecord
 from rollway.store import FileStore
-from rollway.types import RolloutRecord, Trajectory
+from rollway.trajectory import Trajectory
 from rollway.viewer import create_viewer_app, open_run
 from rollway.viewer.token_view import PAGE_TOKENS
 from rollway.web.background_server import BackgroundServer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollway.types import Drift, Trajectory
+from rollway.trajectory import Drift, Trajectory
 from rollway.viewer.token_view import sample_views
 from tests.trajectories import chain
 

@@ -8,7 +8,7 @@ from rollway.agents.registry import list_agents, load_agent, register_agent, unr
 from rollway.agents.tools import Tool, execute_tool_calls, tool
 from rollway.agents.validate import IssueCode, ValidationIssue, ValidationResult, validate
 from rollway.deprecated import deprecated_alias as _deprecated_alias
-from rollway.types import ChatResult
+from rollway.generation import ChatResult
 
 __all__ = [
     "AgentLoop",

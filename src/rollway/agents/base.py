@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rollway.agents.tools import DEFERRED_PROBLEMS, Tool
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 if TYPE_CHECKING:
     from rollway.agents.context import RolloutContext

@@ -12,8 +12,9 @@ import orjson
 
 from rollway.deprecated import deprecated_alias
 from rollway.events import EventBus, ToolCalled
+from rollway.generation import ChatResult
 from rollway.logs import log_stage
-from rollway.types import AgentResult, ChatResult, RolloutMetrics
+from rollway.results import AgentResult, RolloutMetrics
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ class RolloutContext:
 
 #: ``ctx.chat`` used to answer a ``ChatReply`` (message and usage only); the old name stays,
 #: deprecated, for one release.
-_RENAMED = {"ChatReply": ("rollway.types.ChatResult", ChatResult)}
+_RENAMED = {"ChatReply": ("rollway.generation.ChatResult", ChatResult)}
 
 
 def __getattr__(name: str) -> Any:

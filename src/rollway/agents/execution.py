@@ -14,8 +14,8 @@ from typing import Any
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
-from rollway.errors import AgentError, error_kind, is_failure
-from rollway.types import AgentResult, ErrorKind, Status
+from rollway.errors import AgentError, ErrorKind, error_kind, is_failure
+from rollway.results import AgentResult, Status
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any
 
 from rollway.agents.context import RolloutContext
 from rollway.errors import ConfigError
-from rollway.types import ChatResult
+from rollway.generation import ChatResult
 
 log = logging.getLogger(__name__)
 Message = dict[str, Any]

@@ -24,9 +24,9 @@ from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.errors import AgentError
+from rollway.results import AgentResult
 from rollway.sandbox.base import Sandbox, SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
-from rollway.types import AgentResult
 
 _STDERR_TAIL = 2000
 

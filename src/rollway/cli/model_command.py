@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from rollway.engines.models import prepare_default_model
+from rollway.model_folders import prepare_default_model
 
 app = typer.Typer(no_args_is_help=True, help="The embedded model.")
 

@@ -15,8 +15,8 @@ from aiolimiter import AsyncLimiter
 from rollway.client.event_stream import ClientEvents
 from rollway.client.policy import PolicyTracker
 from rollway.executors import Executor, LocalExecutor
+from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutSettings, RolloutSpec
-from rollway.types import RolloutRecord
 
 
 class Admission:

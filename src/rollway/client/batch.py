@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.errors import TRANSIENT_KINDS, ConfigError
+from rollway.results import RolloutRecord, TrajectoryStats
 from rollway.rollouts import RolloutSpec, task_key
-from rollway.types import RolloutRecord, TrajectoryStats
 
 
 @dataclass(frozen=True, slots=True)

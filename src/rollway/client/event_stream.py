@@ -18,9 +18,9 @@ from typing import IO
 import orjson
 
 from rollway.events import EventBus, EventsDropped, RolloutEvent, RolloutStarted, outcome_events
+from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutSettings, RolloutSpec
 from rollway.rollouts.spec import attempt_id
-from rollway.types import RolloutRecord
 
 #: Events a listener may hold before it loses the oldest news: it drops the newest instead.
 DEFAULT_QUEUE_SIZE = 10_000

@@ -9,8 +9,8 @@ import time
 from collections.abc import Generator
 from typing import Any
 
+from rollway.results import RolloutRecord
 from rollway.store.base import Store
-from rollway.types import RolloutRecord
 
 
 class CancelGate:

@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from rollway.client.batch import RunSummary
-from rollway.types import RolloutRecord
+from rollway.results import RolloutRecord
 
 log = logging.getLogger("rollway.client")
 

@@ -33,7 +33,9 @@ from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_fro
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.generation import SamplingParams
 from rollway.ids import check_exp_id, id_from
+from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
 from rollway.rollouts import (
     RolloutLimits,
@@ -49,7 +51,6 @@ from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import remove_leftovers
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
-from rollway.types import RolloutRecord, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import os
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from rollway.types import ChatGeneration, GenerationChunk, GenerationResult, SamplingParams
+from rollway.generation import ChatGeneration, GenerationChunk, GenerationResult, SamplingParams
 
 #: How ``pause`` treats generations in flight: ``abort`` ends them at once (finish ``abort``;
 #: the gateway re-issues the turn after ``resume``), ``drain`` lets them finish, ``keep``

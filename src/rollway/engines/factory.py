@@ -15,9 +15,9 @@ Options follow the hosts, for every host: ``?api_key=KEY`` for servers started w
 ``--api-key`` (else ``ROLLWAY_ENGINE_API_KEY``; the environment keeps a key out of specs, which
 get copied around; a spec in an error message shows ``api_key=***``); for ``sglang://`` also
 ``context_length=N``, ``default_max_tokens=N`` and ``original_logprobs=1`` (the server runs with
-``SGLANG_RETURN_ORIGINAL_LOGPROB=1``), see ``engines/sglang.py``; for ``vllm://`` also
+``SGLANG_RETURN_ORIGINAL_LOGPROB=1``), see ``engines/remote/sglang.py``; for ``vllm://`` also
 ``context_length=N``, ``default_max_tokens=N`` and ``logprobs_mode=raw_logprobs|processed_logprobs``
-(the server's ``--logprobs-mode``), see ``engines/vllm.py``.
+(the server's ``--logprobs-mode``), see ``engines/remote/vllm.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from rollway.engines.base import ChatEngine, Engine
-from rollway.engines.remote_client import RemoteClient
+from rollway.engines.remote.connection import RemoteClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError
 
@@ -89,7 +89,7 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
         hosts = _fleet(scheme, location, shown)
         if len(hosts) == 1:
             return _remote(scheme, hosts[0], RemoteClient(bearer=key), options)
-        from rollway.engines.router import RoutedEngine
+        from rollway.engines.remote.router import RoutedEngine
 
         # One connection pool for every endpoint; the router, not the pool, retries a refused
         # connect (on another endpoint).
@@ -148,7 +148,7 @@ def _check_host(host: str, spec: str) -> tuple[str, int | None]:
 
 
 def _openai(scheme: str, rest: str) -> ChatEngine:
-    from rollway.engines.openai_chat import OpenAIChatEngine
+    from rollway.engines.remote.openai_chat import OpenAIChatEngine
 
     location, _, query = rest.partition("?")
     model = dict(parse_qsl(query)).get("model")
@@ -161,10 +161,10 @@ def _openai(scheme: str, rest: str) -> ChatEngine:
 
 def _remote(scheme: str, host: str, http: RemoteClient, options: dict[str, Any]) -> Engine:
     if scheme == "sglang":
-        from rollway.engines.sglang import SGLangEngine
+        from rollway.engines.remote.sglang import SGLangEngine
 
         return SGLangEngine(f"http://{host}", http=http, **options)
-    from rollway.engines.vllm import VLLMEngine
+    from rollway.engines.remote.vllm import VLLMEngine
 
     return VLLMEngine(f"http://{host}", http=http, **options)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from rollway.engines.base import PauseMode
 from rollway.errors import ConfigError, InvalidFieldsError
-from rollway.types import FinishReason, GenerationChunk, GenerationResult, SamplingParams
+from rollway.generation import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from collections.abc import AsyncGenerator, Iterable
 
 from rollway.engines.base import Engine, StreamingEngine
 from rollway.errors import EngineError
-from rollway.types import PER_TOKEN_EXTRAS, GenerationChunk, GenerationResult, SamplingParams
+from rollway.generation import PER_TOKEN_EXTRAS, GenerationChunk, GenerationResult, SamplingParams
 
 
 async def stream_generation(

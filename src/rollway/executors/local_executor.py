@@ -17,13 +17,13 @@ from rollway.executors.base import WorkerSetup
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
-from rollway.gateway.http_app import create_app
+from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
 from rollway.rollouts.availability import Availability, Component
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.runner import RunningAttempts
-from rollway.types import RolloutRecord
 from rollway.web.background_server import LoopServer
 
 

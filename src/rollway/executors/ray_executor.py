@@ -22,16 +22,24 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollway.errors import ConfigError, InfrastructureError
+from rollway.errors import ConfigError, ErrorKind, InfrastructureError
 from rollway.executors.base import WorkerSetup
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
-from rollway.retry import WORKER_REDISPATCH, WORKER_RESTART
+from rollway.results import RolloutRecord
+from rollway.retry import Backoff, RetryPolicy
 from rollway.rollouts import RolloutSettings, RolloutSpec, attempt_id, make_record
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
-from rollway.types import ErrorKind, RolloutRecord
+
+#: A rollout whose Ray worker died, dispatched to another: three dispatches in all (the Ray
+#: executor names its worker-lost error and sets ``attempts`` from ``max_requeues``).
+WORKER_REDISPATCH = RetryPolicy(attempts=3)
+
+#: A Ray worker being restarted, asked every half second whether it is ready, for two
+#: minutes at most (the executor names Ray's errors and sets ``within_s``).
+WORKER_RESTART = RetryPolicy(backoff=Backoff(first_s=0.5, factor=1.0), within_s=120.0)
 
 log = logging.getLogger(__name__)
 

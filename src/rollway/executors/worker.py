@@ -11,8 +11,8 @@ from typing import Any
 from rollway import tracing
 from rollway.executors.base import WorkerSetup
 from rollway.executors.local_executor import LocalExecutor
+from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutSettings, RolloutSpec
-from rollway.types import RolloutRecord
 
 #: Hosts that mean "every interface": a worker bound there hands out its node's address.
 _ANY_HOST = ("0.0.0.0", "::")

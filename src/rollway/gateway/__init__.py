@@ -2,8 +2,8 @@
 
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
-from rollway.gateway.http_app import create_app
+from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.types import ChatResult
+from rollway.generation import ChatResult
 
 __all__ = ["ChatResult", "Gateway", "RemoteGateway", "build_gateway", "create_app"]

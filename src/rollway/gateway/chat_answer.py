@@ -1,11 +1,11 @@
-"""What the gateway hands back besides the answer itself (``rollway.types.ChatResult``): a
+"""What the gateway hands back besides the answer itself (``rollway.generation.ChatResult``): a
 rollout's registration, and the answer made without the engine past a limit."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollway.types import ChatResult
+from rollway.generation import ChatResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,9 @@ from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import Conversation, RolloutState
+from rollway.generation import ChatResult
+from rollway.trajectory import Turn
 from rollway.trajectory_format import prompt_hash
-from rollway.types import ChatResult, Turn
 
 
 class ChatTurns:

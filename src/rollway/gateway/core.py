@@ -1,7 +1,7 @@
 """The gateway core: register, chat, trajectory, cancel, unregister. No HTTP in here.
 
-In-process agents call this object directly; ``rollway.gateway.http_app`` is a thin HTTP layer
-over it.
+In-process agents call this object directly; ``gateway.http.gateway_app`` is a thin HTTP
+layer over it.
 """
 
 from __future__ import annotations
@@ -24,20 +24,21 @@ from rollway.errors import (
 )
 from rollway.events import EventBus, RolloutStuck, TurnFinished, TurnStarted
 from rollway.gateway.chat_answer import Registration, length_answer
-from rollway.gateway.chat_template import ChatRenderer, Message
 from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
+from rollway.gateway.render.chat_template import ChatRenderer, Message
+from rollway.gateway.render.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.request_messages import ChatCompletionBody, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
 from rollway.gateway.rollout_state import RolloutState
 from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
-from rollway.gateway.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.weight_control import WeightControl
+from rollway.generation import ChatResult
 from rollway.ids import check_id, keys_match
-from rollway.types import ChatResult, Trajectory
+from rollway.trajectory import Trajectory
 from rollway.web.handlers import parse_model
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from rollway.errors import EngineError, RequestError
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.rollout_state import RolloutState
 from rollway.gateway.weight_control import ProtectedTurns
-from rollway.types import GenerationChunk, GenerationResult, SamplingParams
+from rollway.generation import GenerationChunk, GenerationResult, SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rollway.engines.base import ChatEngine, Engine, ModelInfo
 from rollway.engines.factory import engine_from_spec
-from rollway.engines.models import DEFAULT_MODEL_NAME, resolve_model_path
-from rollway.gateway.chat_template import ChatRenderer
 from rollway.gateway.core import Gateway
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.model_folders import DEFAULT_MODEL_NAME, resolve_model_path
 
 
 def build_gateway(

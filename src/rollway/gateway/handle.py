@@ -8,7 +8,8 @@ from typing import Any, Protocol
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.core import Gateway
 from rollway.gateway.request_schema import RegisterRequest
-from rollway.types import ChatResult, Trajectory
+from rollway.generation import ChatResult
+from rollway.trajectory import Trajectory
 
 
 class GatewayHandle(Protocol):

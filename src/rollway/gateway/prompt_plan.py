@@ -10,7 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
-from rollway.gateway.chat_template import ChatRenderer, TokenBudgetExceeded
+from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
 from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, SequenceTip
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a

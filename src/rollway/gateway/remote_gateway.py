@@ -18,8 +18,9 @@ import httpx
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.generation import ChatResult
 from rollway.leases import LeaseHolder
-from rollway.types import ChatResult, Trajectory
+from rollway.trajectory import Trajectory
 from rollway.web.http_client import HEALTH_TIMEOUT_S, new_session, request_json
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollway.types import MAX_TOP_LOGPROBS, SamplingParams
+from rollway.generation import MAX_TOP_LOGPROBS, SamplingParams
 
 
 class _Strict(BaseModel):

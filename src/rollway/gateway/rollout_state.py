@@ -9,9 +9,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.gateway.chat_template import Message, content_text
+from rollway.gateway.render.chat_template import Message, content_text
+from rollway.generation import SamplingParams
+from rollway.trajectory import Turn
 from rollway.trajectory_format import int32_bytes
-from rollway.types import SamplingParams, Turn
 
 MessageKey = tuple[Any, ...]
 

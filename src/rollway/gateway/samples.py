@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
-from rollway.types import Drift, Sample, Trajectory, build_samples
+from rollway.trajectory import Drift, Sample, Trajectory, build_samples
 
 
 def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRenderer) -> Drift:

@@ -18,8 +18,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from rollway.errors import ErrorKind
+from rollway.results import RolloutRecord
 from rollway.retry import Backoff, is_transient
-from rollway.types import ErrorKind, RolloutRecord
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,13 @@ from urllib.parse import urlsplit
 from rollway.checks import check_count, check_seconds
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
-from rollway.retry import ROLLOUT_ATTEMPTS, Backoff, RetryPolicy, is_transient
-from rollway.types import SamplingParams
+from rollway.generation import SamplingParams
+from rollway.retry import Backoff, RetryPolicy, is_transient
 from rollway.web.handlers import parse_model
+
+#: A rollout run again from the start (a new attempt) while its outcome says nothing about
+#: the policy (an infrastructure or engine error).
+ROLLOUT_ATTEMPTS = RetryPolicy(attempts=3, backoff=Backoff(first_s=0.5), retry_result=is_transient)
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -114,7 +118,7 @@ class RolloutSettings:
     sampling_fixed: frozenset[str] = frozenset()
     limits: RolloutLimits = field(default_factory=RolloutLimits)
     #: How a rollout is run again after an attempt whose outcome says nothing about the policy
-    #: (``rollway.retry.ROLLOUT_ATTEMPTS``: 3 attempts in all, 0.5 s x 2^n between them).
+    #: (``ROLLOUT_ATTEMPTS``: 3 attempts in all, 0.5 s x 2^n between them).
     retry: RetryPolicy = ROLLOUT_ATTEMPTS
     debug: bool = False
 

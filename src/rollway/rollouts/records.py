@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from rollway.errors import ErrorKind
+from rollway.results import RolloutMetrics, RolloutRecord, Status
 from rollway.rollouts.config import RolloutSettings
 from rollway.rollouts.spec import RolloutSpec, attempt_id
-from rollway.types import ErrorKind, RolloutMetrics, RolloutRecord, Status, Trajectory
+from rollway.trajectory import Trajectory
 
 
 def make_record(

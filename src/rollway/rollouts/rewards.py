@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollway.errors import RewardError, is_failure
-from rollway.types import Trajectory
+from rollway.trajectory import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
 

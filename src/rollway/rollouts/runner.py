@@ -28,18 +28,14 @@ from rollway.gateway.chat_answer import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
+from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.rollouts.availability import Availability, Outage, OutageWaits
 from rollway.rollouts.config import RolloutSettings
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.store.base import Store
-from rollway.types import (
-    AgentResult,
-    RolloutMetrics,
-    RolloutRecord,
-    Trajectory,
-)
+from rollway.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 

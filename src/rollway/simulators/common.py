@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollway.engines.base import PauseMode
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.types import GenerationResult, SamplingParams
+from rollway.generation import GenerationResult, SamplingParams
 
 #: The last event of every SGLang and vLLM stream.
 DONE_EVENT = b"data: [DONE]\n\n"

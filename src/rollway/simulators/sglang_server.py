@@ -66,6 +66,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from rollway.engines.sim import SimConfig
+from rollway.generation import GenerationResult, SamplingParams
 from rollway.simulators.common import (
     DONE_EVENT,
     EventStreamResponse,
@@ -80,7 +81,6 @@ from rollway.simulators.common import (
     sse_event,
     test_routes,
 )
-from rollway.types import GenerationResult, SamplingParams
 
 #: SGLang's ``_SAMPLING_EPS``: a lower temperature is greedy (sampled at T=1, top_k=1).
 SAMPLING_EPS = 1e-6

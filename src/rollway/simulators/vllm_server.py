@@ -62,8 +62,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rollway.engines.base import PauseMode
+from rollway.engines.remote.vllm_wire import PAUSED_REFUSAL, release_of
 from rollway.engines.sim import SimConfig
-from rollway.engines.vllm_wire import PAUSED_REFUSAL, release_of
+from rollway.generation import GenerationResult, SamplingParams
 from rollway.simulators.common import (
     DONE_EVENT,
     EventStreamResponse,
@@ -77,7 +78,6 @@ from rollway.simulators.common import (
     sse_event,
     test_routes,
 )
-from rollway.types import GenerationResult, SamplingParams
 
 _SIM_MODES: dict[str, PauseMode] = {"abort": "abort", "wait": "drain", "keep": "keep"}
 _TRUE = ("true", "1", "yes", "on")  # what FastAPI reads as a true bool query parameter

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rollway.leases import Lease, LeaseHolder
-from rollway.types import AgentReport, RolloutRecord
+from rollway.results import AgentReport, RolloutRecord
 
 
 @runtime_checkable

@@ -35,7 +35,8 @@ import orjson
 
 from rollway import json_text
 from rollway.errors import ConfigError
-from rollway.types import RolloutRecord, Turn
+from rollway.results import RolloutRecord
+from rollway.trajectory import Turn
 
 ExportFormat = Literal["jsonl", "parquet"]
 

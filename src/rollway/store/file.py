@@ -39,7 +39,7 @@ import orjson
 
 from rollway.errors import ConfigError
 from rollway.leases import Lease, LeaseHolder, check_free
-from rollway.types import AgentReport, RolloutRecord, Status
+from rollway.results import AgentReport, RolloutRecord, Status
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"

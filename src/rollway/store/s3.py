@@ -23,8 +23,8 @@ import orjson
 
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.leases import Lease, LeaseHolder, check_free
+from rollway.results import AgentReport, RolloutRecord
 from rollway.store.file import check_name
-from rollway.types import AgentReport, RolloutRecord
 
 #: Environment variables that configure object stores (endpoint, region, credentials).
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")

@@ -26,8 +26,9 @@ from typing import Any
 
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
+from rollway.results import RolloutRecord
 from rollway.trainers.trl import PromptAgent
-from rollway.types import RolloutRecord, Sample
+from rollway.trajectory import Sample
 
 try:
     from skyrl.train.generators.base import (

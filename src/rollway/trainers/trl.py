@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.errors import ConfigError
-from rollway.types import AgentResult, RolloutRecord, Sample
+from rollway.results import AgentResult, RolloutRecord
+from rollway.trajectory import Sample
 
 if TYPE_CHECKING:
     from rollway.client import RolloutClient

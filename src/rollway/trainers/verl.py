@@ -25,7 +25,8 @@ from typing import Any
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
-from rollway.types import AgentResult, RolloutRecord, Sample
+from rollway.results import AgentResult, RolloutRecord
+from rollway.trajectory import Sample
 
 try:
     from verl.experimental.agent_loop.agent_loop import (

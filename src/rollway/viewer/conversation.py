@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from rollway.types import Trajectory, Turn
+from rollway.trajectory import Trajectory, Turn
 
 #: Token ids to text (None: no tokenizer loads, or these ids are not its).
 Decode = Callable[[list[int]], str | None]

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from rollway.types import RolloutRecord
+from rollway.results import RolloutRecord
 from rollway.viewer.conversation import conversation
 from rollway.viewer.run_index import RunLocation
 from rollway.viewer.token_view import (

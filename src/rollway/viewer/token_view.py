@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from rollway.engines.models import DEFAULT_MODEL, DEFAULT_MODEL_NAME, resolve_model_path
-from rollway.types import Sample, Trajectory
+from rollway.model_folders import DEFAULT_MODEL, DEFAULT_MODEL_NAME, resolve_model_path
+from rollway.trajectory import Sample, Trajectory
 
 log = logging.getLogger(__name__)
 

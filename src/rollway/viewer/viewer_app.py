@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 
 from rollway.errors import InvalidFieldsError, UnknownRolloutError
 from rollway.ids import is_safe_id
-from rollway.types import RolloutRecord
+from rollway.results import RolloutRecord
 from rollway.viewer.rollout_page import rollout_detail
 from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
 from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, token_page, token_texts

@@ -6,7 +6,8 @@ import asyncio
 from typing import Any, ClassVar
 
 from rollway.agents import AgentLoop, RolloutContext, tool
-from rollway.types import AgentResult, ChatResult
+from rollway.generation import ChatResult
+from rollway.results import AgentResult
 
 
 @tool

@@ -13,8 +13,8 @@ from rollway.agents.server import create_app
 from rollway.agents.server import service as service_module
 from rollway.agents.server.report_sender import deliver_report
 from rollway.errors import AgentError
+from rollway.results import AgentReport
 from rollway.store.file import FileStore
-from rollway.types import AgentReport
 from rollway.web.http_client import new_session
 from tests.agents.server.agents import NamelessTools, TaskDrivenAgent
 from tests.agents.server.fixtures import AUTH, AgentServer, Receiver

@@ -11,7 +11,7 @@ import pytest
 from schemathesis import Case
 
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 from tests.agents.server.fixtures import AUTH, AgentServer
 from tests.gateway.fuzzing import fuzz
 

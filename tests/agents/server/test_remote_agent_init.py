@@ -20,9 +20,9 @@ from starlette.routing import Route
 from rollway.agents.context import RolloutContext
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, run_key
 from rollway.errors import InfrastructureError
+from rollway.results import AgentReport
 from rollway.rollouts.spec import RolloutSettings
 from rollway.store.file import FileStore
-from rollway.types import AgentReport
 from rollway.web.background_server import BackgroundServer
 from tests.agents.server.fixtures import KEY
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from rollway import RolloutClient, build_gateway
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
-from rollway.types import AgentResult
+from rollway.results import AgentResult
 
 
 class TwoConversations(AgentLoop):

@@ -27,10 +27,11 @@ from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
-from rollway.gateway.chat_template import ChatRenderer
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.results import AgentResult, RolloutRecord
 from rollway.trainers.skyrl import RollwayGenerator, skyrl_sampling
 from rollway.trainers.trl import PromptAgent
-from rollway.types import AgentResult, RolloutRecord, Sample, Trajectory
+from rollway.trajectory import Sample, Trajectory
 
 MAX_TOKENS = 4
 

@@ -18,10 +18,10 @@ from verl.protocol import DataProto
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.engines.models import resolve_model_path
 from rollway.errors import ConfigError
+from rollway.model_folders import resolve_model_path
+from rollway.results import AgentResult
 from rollway.trainers.verl import RollwayAgentLoop, use_client
-from rollway.types import AgentResult
 
 CALL_TOKENS = 8  # each model call's cap: keeps the two-call rollouts within seconds on 2 cores
 

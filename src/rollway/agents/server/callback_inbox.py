@@ -12,7 +12,7 @@ from starlette.routing import Route
 
 from rollway.errors import AuthError, UnknownRolloutError
 from rollway.ids import keys_match
-from rollway.types import AgentReport
+from rollway.results import AgentReport
 from rollway.web.handlers import JSONResponse, bearer, guarded, parse_model, read_json
 
 

@@ -33,10 +33,20 @@ from rollway.errors import (
     OverloadedError,
     RollwayError,
 )
-from rollway.retry import AGENT_INIT, Backoff
+from rollway.results import AgentReport, AgentResult
+from rollway.retry import Backoff, RetryPolicy
 from rollway.store.base import Store
-from rollway.types import AgentReport, AgentResult
 from rollway.web.http_client import HEALTH_TIMEOUT_S, new_session, request_json
+
+#: A rollout's init on an agent server: unreachable or failing (5xx), three tries in all; at
+#: capacity (429), again after its ``Retry-After`` for as long as the rollout may wait.
+#: ``RemoteAgent`` paces the waits with its ``PollPolicy`` (twice the first poll interval).
+AGENT_INIT = RetryPolicy(
+    attempts=3,
+    backoff=Backoff(first_s=1.0),
+    retry_on=(InfrastructureError,),
+    wait_out_overload=True,
+)
 
 log = logging.getLogger(__name__)
 

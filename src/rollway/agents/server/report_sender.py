@@ -14,12 +14,18 @@ import aiohttp
 
 from rollway import tracing
 from rollway.errors import InfrastructureError
-from rollway.retry import REPORT_DELIVERY, Backoff
-from rollway.types import AgentReport
+from rollway.results import AgentReport
+from rollway.retry import Backoff, RetryPolicy
 
 log = logging.getLogger(__name__)
 
 Delivery = Literal["pending", "delivered", "refused", "failed", "none"]
+
+#: A finished rollout's report to the client's callback route: connection failures and 5xx
+#: answers, five tries in all (the report is in the store whatever happens).
+REPORT_DELIVERY = RetryPolicy(
+    attempts=5, backoff=Backoff(first_s=0.5), retry_on=(InfrastructureError,)
+)
 
 
 async def deliver_report(
@@ -31,6 +37,7 @@ async def deliver_report(
     attempts: int = 5,
     wait_s: float = 0.5,
 ) -> Delivery:
+
     url = f"{callback_url.rstrip('/')}/v1/rollout/completed"
     headers = {"Content-Type": "application/json"}
     if callback_key:

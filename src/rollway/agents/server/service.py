@@ -31,9 +31,9 @@ from rollway.errors import (
 )
 from rollway.gateway.remote_gateway import HttpChat
 from rollway.logs import log_stage
+from rollway.results import AgentReport
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
-from rollway.types import AgentReport
 from rollway.web.http_client import new_session
 
 log = logging.getLogger(__name__)

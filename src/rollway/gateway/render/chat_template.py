@@ -1,0 +1,285 @@
+"""Chat messages to token ids with the model's own template, whole or incrementally.
+
+For turn k+1 of an append-only conversation the gateway never re-tokenizes the model's earlier
+tokens: it takes turn k's prompt + completion and appends only the ids of (a) the template glue
+that closes the assistant turn and (b) the newly appended messages plus the generation prompt.
+(b) is found by rendering a fixed sentinel conversation with and without the new messages and
+tokenizing the difference; (a) is what the template writes after an assistant's content,
+less the end-of-turn token when the model sampled it itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from rollway.errors import InvalidFieldsError
+from rollway.gateway.render.message_template import ROLES, read_pieces
+from rollway.gateway.render.token_bound import TokenBound
+from rollway.gateway.render.tool_calls import (
+    render_tool_calls,
+    render_tool_result,
+    tool_system_prompt,
+)
+
+Message = dict[str, Any]
+log = logging.getLogger(__name__)
+#: One continuation in this many is rendered by the template too, to check the pieces.
+AUDIT_EVERY = 64
+#: Longer texts are encoded by the Rust tokenizer's batch call, which releases the GIL: a
+#: worker thread tokenizing a huge prompt then never stalls the event loop.
+GIL_FREE_ABOVE_CHARS = 8192
+#: First prompts kept: a few batches' worth of distinct tasks.
+PROMPT_CACHE_SIZE = 1024
+
+_SENTINEL = "rollwaysentinel"
+_BASE: list[Message] = [
+    {"role": "system", "content": _SENTINEL},
+    {"role": "user", "content": _SENTINEL},
+    {"role": "assistant", "content": _SENTINEL},
+]
+
+
+class TokenBudgetExceeded(Exception):
+    """A text needs more tokens than allowed: ``at_least`` is its exact count, or a lower
+    bound when its length alone ruled it out (then it was never tokenized)."""
+
+    def __init__(self, at_least: int) -> None:
+        super().__init__(at_least)
+        self.at_least = at_least
+
+
+class ChatRenderer:
+    """Renders and tokenizes conversations for one HF tokenizer. Methods that take
+    ``max_tokens`` raise ``TokenBudgetExceeded`` past it, before tokenizing where they can."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if not tokenizer.chat_template:
+            raise InvalidFieldsError("the model's tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.bound = TokenBound(tokenizer)
+        self.native_tools = "tools" in tokenizer.chat_template
+        self.eos_text: str = tokenizer.eos_token or ""
+        base = self.render(_BASE, None, add_generation_prompt=False)
+        # What the template writes after an assistant's content, e.g. "<|im_end|>\n".
+        self._assistant_tail = base[base.rindex(_SENTINEL) + len(_SENTINEL) :]
+        self._base_renders: dict[str, str] = {}
+        # The Rust tokenizer itself where there is one: transformers' wrapper costs more than
+        # the encoding of a turn's few new tokens.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        # Its batch call without offsets (tokenizers 0.21+): the same ids, a third faster on
+        # long texts (a tool's output), and it releases the GIL like every batch call.
+        self._encode_fast = getattr(self._backend, "encode_batch_fast", None)
+        # transformers' decode then rewrites " ," and the like; the Rust one alone does not.
+        self._cleans_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", True))
+        self._pieces = read_pieces(_BASE, self._render_prepared)
+        #: First prompts of recent conversations: a group's rollouts all start from one.
+        self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
+        self._glue: dict[int, str] = {}
+        self._continued = 0
+
+    def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
+        if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
+            raise TokenBudgetExceeded(least)
+        if self._encode_fast is not None:
+            ids: list[int] = self._encode_fast([text], add_special_tokens=False)[0].ids
+        elif self._backend is not None and len(text) <= GIL_FREE_ABOVE_CHARS:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        elif self._backend is not None:  # the batch call lets go of the GIL while it works
+            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenBudgetExceeded(len(ids))
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        text: str
+        if self._backend is not None and not self._cleans_up_spaces:
+            text = self._backend.decode(ids, skip_special_tokens=False)
+        else:
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return text
+
+    def decode_one(self, token_id: int) -> str:
+        text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return text
+
+    def render(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        *,
+        add_generation_prompt: bool,
+    ) -> str:
+        prepared = self._prepare(messages, tools)
+        kwargs: dict[str, Any] = {"tools": tools} if (tools and self.native_tools) else {}
+        text: str = self.tokenizer.apply_chat_template(
+            prepared, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
+        return text
+
+    def prompt_ids(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        max_tokens: int | None = None,
+    ) -> list[int]:
+        """The whole conversation, ready for the model to answer."""
+        key = _cache_key(messages, tools)
+        ids = self._prompts.get(key)
+        if ids is None:
+            # The budget goes in: an over-long prompt is refused before it is tokenized.
+            ids = self.encode(self.render(messages, tools, add_generation_prompt=True), max_tokens)
+            self._prompts[key] = ids
+            if len(self._prompts) > PROMPT_CACHE_SIZE:
+                self._prompts.popitem(last=False)
+        else:
+            self._prompts.move_to_end(key)
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenBudgetExceeded(len(ids))
+        return list(ids)
+
+    def transcript_ids(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
+        """The whole conversation as a closed transcript (no generation prompt)."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=False))
+
+    def closing_glue(self, completion_ids: list[int]) -> str:
+        """Template text that closes an assistant turn after the sampled ``completion_ids``."""
+        if not completion_ids:
+            return self._assistant_tail
+        glue = self._glue.get(completion_ids[-1])
+        if glue is None:
+            last = self.decode(completion_ids[-1:])
+            tail = self._assistant_tail
+            glue = tail[len(last) :] if last and tail.startswith(last) else tail
+            self._glue[completion_ids[-1]] = glue
+        return glue
+
+    def continuation_ids(
+        self,
+        completion_ids: list[int],
+        new_messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        max_tokens: int | None = None,
+    ) -> list[int] | None:
+        """Ids to append after a completion for ``new_messages`` and the generation prompt.
+
+        None when the template renders earlier messages differently once later ones follow
+        (it is not append-stable), so the caller must start a new segment.
+        """
+        if self._pieces is not None and self._plain(new_messages, tools):
+            text = self._pieces.render([self._prepare_one(m) for m in new_messages])
+            self._continued += 1
+            if self._continued % AUDIT_EVERY != 1 or self._audit(text, new_messages, tools):
+                return self.encode(self.closing_glue(completion_ids) + text, max_tokens)
+        base = self._base_render(tools)
+        extended = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
+        if not extended.startswith(base):
+            return None
+        return self.encode(self.closing_glue(completion_ids) + extended[len(base) :], max_tokens)
+
+    def _audit(
+        self, text: str, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> bool:
+        """Check the pieces against the template on a real turn now and then; on a mismatch
+        the template is used from then on (and the mismatch said once, loudly)."""
+        extended = self.render(_BASE + messages, tools, add_generation_prompt=True)
+        if extended == self._base_render(tools) + text:
+            return True
+        log.warning("the chat template's pieces disagree with the template; not used again")
+        self._pieces = None
+        return False
+
+    def _plain(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> bool:
+        """Whether the template's pieces render these messages: tools folded into the system
+        prompt (or none), and nothing but a role and text for the template to see."""
+        if self.native_tools and (tools or any(set(m) - {"role", "content"} for m in messages)):
+            return False
+        return all(m["role"] in ROLES or m["role"] == "developer" for m in messages)
+
+    def _render_prepared(self, messages: list[Message], add_generation_prompt: bool) -> str:
+        text: str = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return text
+
+    def _base_render(self, tools: list[dict[str, Any]] | None) -> str:
+        key = json.dumps(tools, sort_keys=True) if tools else ""
+        cached = self._base_renders.get(key)
+        if cached is None:
+            cached = self.render(_BASE, tools, add_generation_prompt=False)
+            self._base_renders[key] = cached
+        return cached
+
+    def _prepare(
+        self, messages: list[Message], tools: list[dict[str, Any]] | None
+    ) -> list[Message]:
+        prepared = [self._prepare_one(m) for m in messages]
+        if tools and not self.native_tools:
+            prompt = tool_system_prompt(tools)
+            if prepared and prepared[0]["role"] == "system":
+                prepared[0] = {"role": "system", "content": f"{prepared[0]['content']}\n\n{prompt}"}
+            else:
+                prepared.insert(0, {"role": "system", "content": prompt})
+        return prepared
+
+    def _prepare_one(self, message: Message) -> Message:
+        role = "system" if message["role"] == "developer" else message["role"]
+        content = content_text(message.get("content"))
+        tool_calls = message.get("tool_calls") or []
+        if self.native_tools:
+            out: Message = {"role": role, "content": content}
+            if tool_calls:
+                out["tool_calls"] = [_with_dict_arguments(c) for c in tool_calls]
+            if message.get("tool_call_id"):
+                out["tool_call_id"] = message["tool_call_id"]
+            return out
+        if role == "assistant" and tool_calls:
+            content = render_tool_calls(content, tool_calls)
+        elif role == "tool":
+            content = render_tool_result(content)
+        return {"role": role, "content": content}
+
+
+def content_text(content: Any) -> str:
+    """Message content as text: strings as they are, text parts joined, None as empty."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise InvalidFieldsError(
+                f"content part of type {part.get('type')!r} is not supported; only text",
+                param="messages",
+            )
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _with_dict_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = dict(call.get("function", {}))
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError, RecursionError):
+            function["arguments"] = json.loads(arguments)
+    return {**call, "function": function}
+
+
+def _cache_key(messages: list[Message], tools: list[dict[str, Any]] | None) -> bytes:
+    """What tells first prompts apart: the json module in the order given, since the template
+    renders keys in that order, and orjson writes NaN and Infinity as null and cannot write
+    integers past 64 bits."""
+    try:
+        text = json.dumps([messages, tools], ensure_ascii=False, default=repr)
+    except (ValueError, RecursionError):
+        text = repr([messages, tools])
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass")).digest()

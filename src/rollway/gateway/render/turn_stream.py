@@ -1,0 +1,111 @@
+"""A streamed turn's text, as the tokens come: what may be shown to the client now.
+
+``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not keep:
+an incomplete character, any special token (``TokenTurns._parse`` leaves them out of the text:
+they are not text), text that could begin a stop string, and, when tools are offered,
+everything from where a ``<tool_call>`` tag could begin plus the whitespace before it (the
+parse trims the content's end). Tool calls are handed out once the whole answer is parsed: a
+later bad block makes the parse keep the text whole, so a call sent earlier could turn out not
+to exist. At the end, ``rest`` gives what the recorded content adds to what was sent, so the
+deltas always add up to it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.engines.whole_text import WholeText
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.tool_calls import OPEN_TAG
+from rollway.generation import ChatResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """Text of the answer's content, in order: the deltas of a turn add up to its content."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """One whole tool call of the answer, as recorded (OpenAI-shaped)."""
+
+    index: int
+    call: dict[str, Any]
+
+
+#: What a streamed turn hands out: deltas, then the ``ChatResult`` (always last).
+TurnPiece = ContentDelta | ToolCallDelta | ChatResult
+
+
+def closing_pieces(result: ChatResult, sent: str = "") -> Iterator[TurnPiece]:
+    """The end of a streamed turn: the content not yet sent, each tool call, the result."""
+    content = result.message.get("content") or ""
+    if not content.startswith(sent):  # a tokenizer whose decoding is not prefix-stable
+        log.warning("a streamed answer's text differs from its recorded content")
+    elif len(content) > len(sent):
+        yield ContentDelta(content[len(sent) :])
+    for index, call in enumerate(result.message.get("tool_calls") or []):
+        yield ToolCallDelta(index, call)
+    yield result
+
+
+class TurnText:
+    """The shown text of one streamed answer. ``push`` takes the next tokens and returns the
+    text now safe to show; ``sent`` is all it showed."""
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        stop: Sequence[str],
+        tools: bool,
+        special_ids: frozenset[int],
+    ) -> None:
+        self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
+        self._tools = tools
+        self._special_ids = special_ids
+        # With the renderer's own decode: the text the recorded turn is parsed from.
+        self._whole = WholeText(renderer.decode)
+        self._closed = False  # a stop string or a tool call began: nothing more is shown
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        for token_id in ids:
+            # Special tokens are not text, at the end of the answer or inside it (the parse
+            # leaves them out too, and the turn records where they were).
+            if token_id not in self._special_ids:
+                self._whole.push(token_id)
+        return self._release()
+
+    def _release(self) -> str:
+        text = self._whole.text
+        if self._closed:
+            return ""
+        starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)
+        found = [at for at in starts if at >= 0]
+        end = min(found) if found else _unambiguous_end(text, len(self.sent), self._holds)
+        self._closed = bool(found)
+        if self._tools:  # the parse strips the content around tool calls
+            end = len(text[:end].rstrip())
+        if end <= len(self.sent):
+            return ""
+        delta = text[len(self.sent) : end]
+        self.sent += delta
+        return delta
+
+
+def _unambiguous_end(text: str, start: int, holds: list[str]) -> int:
+    """Where the text stops being shown: before the earliest suffix that could begin one of
+    ``holds`` (a stop string or a tool-call tag that more tokens may complete)."""
+    longest = max((len(h) for h in holds), default=0)
+    for at in range(max(start, len(text) - longest + 1), len(text)):
+        tail = text[at:]
+        if any(h.startswith(tail) for h in holds):
+            return at
+    return len(text)

@@ -1,0 +1,236 @@
+"""What the gateway records: a rollout's ``Trajectory`` of ``Turn``s (each with its
+``StepDistribution`` where asked), the training ``Sample``s made from them, and the ``Drift``
+from a fresh render. Pydantic models: they go over the wire and into stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rollway import trajectory_format
+from rollway.generation import GenerationResult, LogprobKind
+from rollway.trajectory_format import FORMAT_VERSION
+
+
+class WireModel(BaseModel):
+    """A wire model: unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StepDistribution(WireModel):
+    """Per completion id of a turn, what was asked of its step's distribution (the one its
+    logprob is taken from, of the turn's logprob_kind)."""
+
+    top_ids: list[list[int]] | None = Field(
+        default=None,
+        description="The ids of the sampling.top_logprobs most likely tokens at each step, most "
+        "likely first; None when not asked or the engine gives none.",
+    )
+    top_logprobs: list[list[float]] | None = Field(
+        default=None, description="The logprobs of top_ids, aligned with them."
+    )
+    entropy: list[float] | None = Field(
+        default=None,
+        description="The entropy (nats) of each step's distribution; None when not asked "
+        "(sampling.record_entropy) or the engine cannot give it.",
+    )
+
+    @staticmethod
+    def of(result: GenerationResult) -> StepDistribution | None:
+        """What ``result`` holds of it; None when nothing."""
+        if result.top_ids is None and result.entropy is None:
+            return None
+        return StepDistribution.model_construct(
+            top_ids=result.top_ids, top_logprobs=result.top_logprobs, entropy=result.entropy
+        )
+
+
+class Turn(WireModel):
+    """One model call: the prompt ids it added to its segment and the completion ids sampled.
+    Its whole prompt (exactly what the engine got) is ``Trajectory.prompt_ids(index)``."""
+
+    index: int
+    segment: int
+    request_id: str
+    prompt_len: int = Field(
+        description="Length of the whole prompt the engine got (behind a chat-level engine, "
+        "the prompt tokens it reported: no ids are recorded there)."
+    )
+    new_prompt_ids: list[int] = Field(
+        description="The prompt ids past the previous turn of its segment (that turn's prompt "
+        "and completion): the template glue and the new messages. The whole prompt where the "
+        "turn starts its segment."
+    )
+    completion_ids: list[int]
+    logprobs: list[float] = Field(description="Engine logprob of each completion id.")
+    finish_reason: str
+    content: str | None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_call_parse_error: str | None = Field(
+        default=None, description="Set when the completion held a tool call that did not parse."
+    )
+    sampling: dict[str, Any]
+    latency_ms: float
+    prompt_hash: str = Field(
+        description="sha256 (hex, first 16) of the whole prompt's ids as int32: it proves the "
+        "chain of new_prompt_ids (trajectory_format.check_prompt_hashes)."
+    )
+    policy_versions: list[int] | None = Field(
+        default=None,
+        description="Weights version that sampled each completion id; None: engine has none.",
+    )
+    logprob_kind: LogprobKind = Field(
+        default="raw_logprobs",
+        description="raw_logprobs: temperature-1 log-softmax; processed_logprobs: "
+        "log_softmax(logits / T), the sampling temperature's (a trainer must not mix them).",
+    )
+    raw_logprobs: list[float] | None = Field(
+        default=None,
+        description="The temperature-1 logprob of each completion id, where the engine gave "
+        "them beside processed logprobs; None when logprobs are raw or the engine cannot.",
+    )
+    kept_mass: list[float] | None = Field(
+        default=None,
+        description="Per completion id: the mass of the tokens top-p/top-k kept, under "
+        "log_softmax(logits / T); None when nothing was cut.",
+    )
+    distribution: StepDistribution | None = Field(
+        default=None,
+        description="What the engine saw of each step's distribution beyond the sampled token, "
+        "where the sampling asked (top_logprobs, record_entropy); None when nothing was.",
+    )
+    reissued: int = Field(
+        default=0,
+        description="Times this turn was aborted (a weight update, or its server was taken out) "
+        "and sent again.",
+    )
+    special_tokens_at: list[int] = Field(
+        default_factory=list,
+        description="Positions in completion_ids of special tokens the model sampled inside its "
+        "answer (a <|im_start|> mid-answer: the model opening a turn of its own); the content "
+        "leaves them out. The special token that ends an answer is not one.",
+    )
+
+    # One field for the three, read through these: each field a turn has costs every turn
+    # held in flight (a turn's __dict__ doubles past 21 fields).
+    @property
+    def top_ids(self) -> list[list[int]] | None:
+        return self.distribution.top_ids if self.distribution else None
+
+    @property
+    def top_logprobs(self) -> list[list[float]] | None:
+        return self.distribution.top_logprobs if self.distribution else None
+
+    @property
+    def entropy(self) -> list[float] | None:
+        return self.distribution.entropy if self.distribution else None
+
+
+class Sample(WireModel):
+    """The training view of one segment: exact ids, a loss mask and aligned logprobs."""
+
+    segment: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int] = Field(description="1 on engine-sampled tokens, 0 elsewhere.")
+    logprobs: list[float] = Field(description="Aligned with response_ids; 0.0 where mask is 0.")
+    policy_versions: list[int] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the weights version of each sampled token, "
+        "-1 where mask is 0; None when the engine has no versions.",
+    )
+    raw_logprobs: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the temperature-1 logprobs (0.0 where mask is "
+        "0); None when every turn's logprobs are raw already, or an engine gave none.",
+    )
+    kept_mass: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: the mass top-p/top-k kept for each sampled "
+        "token (1.0 where nothing was cut and where mask is 0); None when no turn was cut.",
+    )
+    top_ids: list[list[int]] | None = Field(
+        default=None,
+        description="Aligned with response_ids: each sampled token's top ids (from "
+        "Turn.distribution; [] where mask is 0); None when no turn of the segment has them.",
+    )
+    top_logprobs: list[list[float]] | None = Field(
+        default=None, description="Aligned with top_ids: their logprobs ([] where mask is 0)."
+    )
+    entropy: list[float] | None = Field(
+        default=None,
+        description="Aligned with response_ids: each sampled token's entropy (0.0 where mask "
+        "is 0); None when no turn of the segment has it.",
+    )
+
+
+def build_samples(turns: list[Turn]) -> list[Sample]:
+    """One training sample per segment of ``turns`` (``trajectory_format.sample_fields``)."""
+    return [Sample.model_construct(**fields) for fields in trajectory_format.sample_fields(turns)]
+
+
+class Drift(WireModel):
+    """How far the recorded ids are from a fresh render of the final messages."""
+
+    recorded_tokens: int
+    rerendered_tokens: int
+    first_mismatch: int | None = Field(description="First differing position; None if equal.")
+    differing_tokens: int = Field(
+        description="Tokens between the common prefix and the common suffix, in both; 0 if equal."
+    )
+
+
+class Trajectory(WireModel):
+    """The full record of one rollout. Its turns keep what each added to its segment, so the
+    record grows linearly with the conversation (``rollway.trajectory_format``: format 2;
+    records of format 1 read into it). ``samples`` and each turn's whole prompt are made from
+    the turns on demand."""
+
+    format_version: int = Field(
+        default=FORMAT_VERSION, description="The stored format (rollway.trajectory_format)."
+    )
+    rollout_id: str
+    model: str
+    sampling: dict[str, Any]
+    max_turns: int | None
+    max_seq_len: int | None
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    turns: list[Turn]
+    is_truncated: bool = Field(
+        description="A turn was cut (finish_reason 'length', its own max_tokens included) or "
+        "a gateway limit ended the rollout."
+    )
+    truncation_reason: str | None = Field(
+        description="The gateway limit that ended the rollout (max_turns, max_seq_len); None "
+        "when none did, even where a turn was cut."
+    )
+    is_cancelled: bool
+    segment_count: int
+    drift: Drift | None
+    has_token_ids: bool = True
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    engine_errors: list[str] = Field(
+        default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_formats(cls, data: Any) -> Any:
+        return trajectory_format.upgrade(data)
+
+    @property
+    def samples(self) -> list[Sample]:
+        """The training view: one sample per segment (made from the turns on each access;
+        none behind a chat-level engine, which records no ids)."""
+        return build_samples(self.turns) if self.has_token_ids else []
+
+    def prompt_ids(self, index: int) -> list[int]:
+        """The whole prompt the engine got on turn ``index``."""
+        return trajectory_format.whole_prompt(self.turns, index)
+
+    def oldest_policy_version(self) -> int | None:
+        """The oldest weights version among its sampled tokens (None: no versioned token)."""
+        return min((min(t.policy_versions) for t in self.turns if t.policy_versions), default=None)
