@@ -9,9 +9,14 @@ import sys
 import pytest
 
 import rollway
+from rollway.agents.server import AgentServerConfig
 from rollway.deprecated import MOVED_MODULES
+from rollway.executors import WorkerConfig
 from rollway.generation import ChatResult
 from rollway.results import AgentResult
+from rollway.rollouts import RolloutConfig
+from rollway.simulators.sglang_server import SGLangSimConfig
+from rollway.simulators.vllm_server import VLLMSimConfig
 
 
 @pytest.mark.parametrize(
@@ -22,6 +27,14 @@ from rollway.results import AgentResult
         ("rollway", "ChatReply", ChatResult),
         ("rollway.agents", "ChatReply", ChatResult),
         ("rollway.agents.context", "ChatReply", ChatResult),
+        ("rollway.rollouts", "RolloutSettings", RolloutConfig),
+        ("rollway.rollouts.config", "RolloutSettings", RolloutConfig),
+        ("rollway.executors", "WorkerSetup", WorkerConfig),
+        ("rollway.executors.base", "WorkerSetup", WorkerConfig),
+        ("rollway.agents.server", "ServiceConfig", AgentServerConfig),
+        ("rollway.agents.server.service", "ServiceConfig", AgentServerConfig),
+        ("rollway.simulators.vllm_server", "VLLMSimOptions", VLLMSimConfig),
+        ("rollway.simulators.sglang_server", "SGLangSimOptions", SGLangSimConfig),
     ],
 )
 def test_an_old_name_gives_the_new_type_with_a_deprecation_warning(

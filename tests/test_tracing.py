@@ -409,16 +409,16 @@ def test_a_ray_worker_traces_when_its_client_does(tmp_path: Path) -> None:
     # The worker body as a Ray actor runs it, in a fresh process: the setup says to trace.
     code = f"""
         from rollway import tracing
-        from rollway.executors.base import WorkerSetup
+        from rollway.executors.base import WorkerConfig
         from rollway.executors.worker import RolloutWorker
-        from rollway.rollouts import RolloutSettings
+        from rollway.rollouts import RolloutConfig
         from rollway.store.factory import store_from_uri
         from tests.agents.server.agents import TaskDrivenAgent
 
         def worker(trace):
-            setup = WorkerSetup(
+            setup = WorkerConfig(
                 agent=TaskDrivenAgent(), engine="sim", model=None,
-                store=store_from_uri("{tmp_path}", "exp"), settings=RolloutSettings.build("exp"),
+                store=store_from_uri("{tmp_path}", "exp"), settings=RolloutConfig.build("exp"),
                 trace=trace,
             )
             RolloutWorker(setup)

@@ -46,6 +46,7 @@ MOVED_MODULES = {
     "rollway.engines.weight_folders": "rollway.engines.remote.weight_folders",
     "rollway.engines.router": "rollway.engines.remote.router",
     "rollway.engines.models": "rollway.model_folders",
+    "rollway.store.s3": "rollway.store.object_store",
     "rollway.gateway.http_app": "rollway.gateway.http.gateway_app",
     "rollway.gateway.sse_response": "rollway.gateway.http.sse_response",
     "rollway.gateway.lease_routes": "rollway.gateway.http.lease_routes",

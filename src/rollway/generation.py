@@ -12,6 +12,10 @@ from typing import Any, Literal
 
 from rollway.errors import InvalidFieldsError
 
+#: A chat message as OpenAI's API sends it (role, content, tool_calls...): a plain dict, because
+#: agents and HTTP bodies hand over their own and the gateway keeps them as given.
+Message = dict[str, Any]
+
 FinishReason = Literal["stop", "length", "abort"]
 #: What a recorded logprob is (vLLM's names): ``raw_logprobs`` is the log-softmax of the model's
 #: logits at temperature 1; ``processed_logprobs`` is taken after the temperature reshaped the

@@ -149,7 +149,7 @@ class RolloutRecord(WireModel):
         return self.model_copy(update={"trajectory": None, "trajectory_stats": stats})
 
 
-RunStatus = Literal["running", "completed", "error", "timeout", "cancelled"]
+ReportStatus = Literal["running", "completed", "error", "timeout", "cancelled"]
 
 
 class AgentReport(WireModel):
@@ -160,7 +160,7 @@ class AgentReport(WireModel):
     run_key: str = Field(description="The idempotency key the rollout was started with.")
     rollout_id: str
     agent: str
-    status: RunStatus
+    status: ReportStatus
     error_kind: ErrorKind | None = None
     reason: str | None = None
     messages: list[dict[str, Any]] = Field(default_factory=list)

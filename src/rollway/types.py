@@ -17,14 +17,15 @@ from rollway.generation import (
     GenerationChunk,
     GenerationResult,
     LogprobKind,
+    Message,
     SamplingParams,
 )
 from rollway.results import (
     AgentReport,
     AgentResult,
+    ReportStatus,
     RolloutMetrics,
     RolloutRecord,
-    RunStatus,
     Status,
     TrajectoryStats,
 )
@@ -43,9 +44,10 @@ __all__ = [
     "GenerationChunk",
     "GenerationResult",
     "LogprobKind",
+    "Message",
+    "ReportStatus",
     "RolloutMetrics",
     "RolloutRecord",
-    "RunStatus",
     "Sample",
     "SamplingParams",
     "Status",

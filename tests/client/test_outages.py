@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rollway.agents.server import ServiceConfig
+from rollway.agents.server import AgentServerConfig
 from rollway.agents.server import create_app as create_agent_app
 from rollway.client import RolloutClient
 from rollway.engines.remote.sglang import SGLangEngine
@@ -174,7 +174,7 @@ class ShakyAgentServer(RestartableServer):
         super().__init__()
 
     def make_app(self) -> Any:
-        config = ServiceConfig(store=str(self.store), callback_wait_s=0.01)
+        config = AgentServerConfig(store=str(self.store), callback_wait_s=0.01)
         return create_agent_app(TaskDrivenAgent, api_key=KEY, config=config)
 
 

@@ -302,19 +302,19 @@ def test_everything_sent_to_workers_survives_pickling(
 ) -> None:
     """Agents (a file-loaded class, a program in a sandbox, an agent server), a file-loaded
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
-    from rollway.executors.base import WorkerSetup
+    from rollway.executors.base import WorkerConfig
     from rollway.executors.ray_executor import _check_shippable
-    from rollway.rollouts import RolloutLimits, RolloutSettings
+    from rollway.rollouts import RolloutLimits, RolloutConfig
     from rollway.sandbox import sandbox_factory
 
     calculator = load_agent(CALCULATOR)()
     reward = import_target("examples/calculator/agent.py").reward  # type: ignore[attr-defined]
-    setup = WorkerSetup(
+    setup = WorkerConfig(
         agent=calculator,
         engine=RemoteGateway(served.url, admin_key=served.admin_key),
         model=None,
         store=store_from_uri(s3_env, "pickled"),
-        settings=RolloutSettings.build(
+        settings=RolloutConfig.build(
             "pickled", sampling={"seed": 3}, limits=RolloutLimits(timeout=9.0)
         ),
         reward=reward,

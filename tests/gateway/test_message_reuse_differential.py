@@ -1,6 +1,6 @@
 """The gateway's two ways of reading a request's messages must agree on everything they record.
 
-A body read off the wire (``ChatCompletionBody``) is checked only past the messages the
+A body read off the wire (``ChatCompletionAsSent``) is checked only past the messages the
 rollout's previous request sent; a request built in Python is checked whole. Random sessions of
 requests (appending, editing, retyping tool-call arguments, writing a number as 1, 1.0 or true,
 adding ignored keys, dropping, resending, sending bad messages) go to one gateway each way; the
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from rollway.errors import RollwayError
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.gateway.request_messages import ChatCompletionBody
+from rollway.gateway.request_messages import ChatCompletionAsSent
 from rollway.trajectory_format import whole_prompts
 from tests.conftest import ADD_TOOL, sim_gateway
 
@@ -85,7 +85,7 @@ def apply(kind: str, args: Any, messages: list[dict[str, Any]], reply: dict | No
 async def send(gateway: Gateway, body: dict[str, Any], wire: bool) -> Any:
     try:
         if wire:  # as the HTTP handler reads it: fresh objects from the body's bytes
-            request = ChatCompletionBody.model_validate(orjson.loads(orjson.dumps(body)))
+            request = ChatCompletionAsSent.model_validate(orjson.loads(orjson.dumps(body)))
             return (await gateway.chat("r", request)).message
         return (await gateway.chat("r", copy.deepcopy(body))).message
     except RollwayError as error:

@@ -11,7 +11,8 @@ import jinja2
 import pytest
 
 from rollway.gateway.render.chat_template import _BASE, ChatRenderer
-from rollway.gateway.render.message_template import Message, read_pieces
+from rollway.gateway.render.message_template import read_pieces
+from rollway.generation import Message
 from tests.conftest import ADD_TOOL, tool_call
 
 CHATML = (

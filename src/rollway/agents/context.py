@@ -28,7 +28,7 @@ class ChatBackend(Protocol):
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult: ...
 
 
-class LimitSettings(Protocol):
+class LimitFields(Protocol):
     @property
     def max_turns(self) -> int | None: ...
     @property
@@ -37,14 +37,14 @@ class LimitSettings(Protocol):
     def timeout(self) -> float | None: ...
 
 
-class InitSettings(Protocol):
+class InitFields(Protocol):
     """A rollout's settings as an agent that runs elsewhere passes them on (an agent server's
     init carries them)."""
 
     @property
     def exp_id(self) -> str: ...
     @property
-    def limits(self) -> LimitSettings: ...
+    def limits(self) -> LimitFields: ...
     @property
     def debug(self) -> bool: ...
     def fixed_sampling(self) -> dict[str, Any]: ...
@@ -70,7 +70,7 @@ class RolloutContext:
     #: the rollout's record, and never replace its outcome.
     cleanup_errors: list[str] = field(default_factory=list)
     #: This rollout's settings, per-call overrides applied (None outside a client).
-    settings: InitSettings | None = None
+    settings: InitFields | None = None
     #: Where the rollout's events go (the client's listeners; empty when nobody listens).
     events: EventBus | None = None
 

@@ -29,10 +29,9 @@ from typing import Any
 
 from rollway.agents.context import RolloutContext
 from rollway.errors import ConfigError
-from rollway.generation import ChatResult
+from rollway.generation import ChatResult, Message
 
 log = logging.getLogger(__name__)
-Message = dict[str, Any]
 #: Tokens the chat template adds around each message (role markers): a generous allowance.
 TEMPLATE_TOKENS_PER_MESSAGE = 8
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rollway.agents.server import ServiceConfig, create_app
+from rollway.agents.server import AgentServerConfig, create_app
 from rollway.cli.options import (
     KeepAliveOption,
     MaxConnectionsOption,
@@ -42,7 +42,7 @@ def serve(
     """Serve AGENT; the key is ROLLWAY_AGENT_KEY, or generated and printed. The agent is
     validated first: an invalid agent is refused and nothing is served."""
     api_key, generated = key_from_env("ROLLWAY_AGENT_KEY", "ag")
-    config = ServiceConfig(
+    config = AgentServerConfig(
         store=store, max_concurrent=max_concurrent, ttl_s=ttl, debug_dir=debug_dir
     )
     app = create_app(agent, api_key=api_key, config=config)

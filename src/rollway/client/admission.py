@@ -16,7 +16,7 @@ from rollway.client.event_stream import ClientEvents
 from rollway.client.policy import PolicyTracker
 from rollway.executors import Executor, LocalExecutor
 from rollway.results import RolloutRecord
-from rollway.rollouts import RolloutSettings, RolloutSpec
+from rollway.rollouts import RolloutConfig, RolloutSpec
 
 
 class Admission:
@@ -36,7 +36,7 @@ class Admission:
         self._starts = AsyncLimiter(1, 1.0 / tps_limit) if tps_limit is not None else None
 
     async def run(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         """Run ``spec`` once it may start; its record whatever happens."""
         if not await _unless_cancelled(self._slots.acquire(), cancel):
@@ -51,7 +51,7 @@ class Admission:
             self._slots.release()
 
     async def _run_fresh(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         """Run ``spec``, starting it again (a new attempt) whenever an update leaves it more
         than ``max_staleness`` versions behind; starts wait while weights load."""

@@ -19,7 +19,7 @@ import orjson
 
 from rollway.events import EventBus, EventsDropped, RolloutEvent, RolloutStarted, outcome_events
 from rollway.results import RolloutRecord
-from rollway.rollouts import RolloutSettings, RolloutSpec
+from rollway.rollouts import RolloutConfig, RolloutSpec
 from rollway.rollouts.spec import attempt_id
 
 #: Events a listener may hold before it loses the oldest news: it drops the newest instead.
@@ -132,7 +132,7 @@ class ClientEvents:
         self._listeners.add(listener)
         return listener
 
-    def started_elsewhere(self, spec: RolloutSpec, settings: RolloutSettings) -> None:
+    def started_elsewhere(self, spec: RolloutSpec, settings: RolloutConfig) -> None:
         """A rollout handed to an executor that runs it out of sight (a Ray worker)."""
         if self.bus:
             self.bus(RolloutStarted(

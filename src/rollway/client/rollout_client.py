@@ -29,7 +29,7 @@ from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
 from rollway.events import EventSink
-from rollway.executors import Executor, LocalExecutor, WorkerSetup, executor_from
+from rollway.executors import Executor, LocalExecutor, WorkerConfig, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
@@ -38,9 +38,9 @@ from rollway.ids import check_exp_id, id_from
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
 from rollway.rollouts import (
+    RolloutConfig,
     RolloutLimits,
     RolloutOptions,
-    RolloutSettings,
     RolloutSpec,
     ServingConfig,
     task_key,
@@ -130,7 +130,7 @@ class RolloutClient:
         # Rollout ids and the store's folder start with it: a bad one fails here, not later.
         self.exp_id = check_exp_id(exp_id) if exp_id else id_from(self.agent.name)
         # Checked and typed once, here: a typo fails now, not in every rollout.
-        self.settings = RolloutSettings.build(
+        self.settings = RolloutConfig.build(
             self.exp_id, sampling=sampling, limits=limits, retry=retry, debug=debug,
             options=options,
         )  # fmt: skip
@@ -152,7 +152,7 @@ class RolloutClient:
         # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
         watch_after_s = stuck_after_s or None
         self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
-        setup = WorkerSetup(
+        setup = WorkerConfig(
             agent=self.agent,
             engine=engine,
             model=model,
@@ -307,7 +307,7 @@ class RolloutClient:
 
     def _batch_args(
         self, tasks: Iterable[dict[str, Any]], group_size: int, overrides: Mapping[str, Any]
-    ) -> tuple[RolloutSettings, list[dict[str, Any]]]:
+    ) -> tuple[RolloutConfig, list[dict[str, Any]]]:
         """A batch's settings and tasks, checked before it starts."""
         self._check_open()
         check_count("group_size", group_size, least=1)
@@ -338,7 +338,7 @@ class RolloutClient:
         tasks: list[dict[str, Any]],
         group_size: int,
         resume: bool,
-        settings: RolloutSettings,
+        settings: RolloutConfig,
     ) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
         done, todo = self._prepare(tasks, group_size, resume, settings)
@@ -379,7 +379,7 @@ class RolloutClient:
         tasks: list[dict[str, Any]],
         group_size: int,
         resume: bool,
-        settings: RolloutSettings,
+        settings: RolloutConfig,
     ) -> AsyncGenerator[BatchItem, None]:
         started = time.monotonic()
         done, todo = self._prepare(tasks, group_size, resume, settings)
@@ -454,7 +454,7 @@ class RolloutClient:
         if self._loop.loop.is_closed():
             raise ConfigError(f"this client is closed: make a new one {purpose}")
 
-    def _submit(self, spec: RolloutSpec, settings: RolloutSettings) -> RolloutFuture:
+    def _submit(self, spec: RolloutSpec, settings: RolloutConfig) -> RolloutFuture:
         gate = CancelGate(self._loop.loop)
         cf = self._loop.submit(self._run_settled(spec, settings, gate))
         future = RolloutFuture(cf, gate)
@@ -463,7 +463,7 @@ class RolloutClient:
         return future
 
     async def _run_settled(
-        self, spec: RolloutSpec, settings: RolloutSettings, gate: CancelGate
+        self, spec: RolloutSpec, settings: RolloutConfig, gate: CancelGate
     ) -> RolloutRecord:
         record = await self._admission.run(spec, settings, gate.event)
         record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
@@ -471,7 +471,7 @@ class RolloutClient:
         return record
 
     def _prepare(
-        self, tasks: list[dict[str, Any]], group_size: int, resume: bool, settings: RolloutSettings
+        self, tasks: list[dict[str, Any]], group_size: int, resume: bool, settings: RolloutConfig
     ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
         specs = plan(tasks, group_size, self.exp_id, run_id=uuid.uuid4().hex)
         self.store.write_config(self._config(len(tasks), group_size, settings))
@@ -511,7 +511,7 @@ class RolloutClient:
         if self.show_progress:
             BatchProgress(0, show=False).console.print(summary_table(summary))
 
-    def _config(self, n_tasks: int, group_size: int, settings: RolloutSettings) -> dict[str, Any]:
+    def _config(self, n_tasks: int, group_size: int, settings: RolloutConfig) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
             "agent": _agent_spec(self.agent),

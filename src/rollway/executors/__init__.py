@@ -3,8 +3,11 @@ Ray is an optional extra, imported only when a ``RayExecutor`` starts."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from rollway.deprecated import deprecated_alias
 from rollway.errors import ConfigError
-from rollway.executors.base import Executor, WorkerSetup
+from rollway.executors.base import Executor, WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
 from rollway.executors.ray_executor import RayExecutor
 
@@ -22,4 +25,13 @@ def executor_from(executor: str | Executor) -> Executor:
     raise ConfigError(f"unknown executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
 
 
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "WorkerSetup", "executor_from"]
+__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "WorkerConfig", "executor_from"]
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"WorkerSetup": ("rollway.executors.WorkerConfig", WorkerConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

@@ -9,19 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
+from rollway.deprecated import deprecated_alias
 from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
 from rollway.gateway.core import Gateway
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.results import RolloutRecord
-from rollway.rollouts import RolloutSettings, RolloutSpec, ServingConfig
+from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
 
 
 @dataclass(frozen=True)
-class WorkerSetup:
+class WorkerConfig:
     """Everything needed to run a client's rollouts somewhere: what the client was given. For
     Ray it is pickled to every worker, so the engine is a spec string or a ``RemoteGateway``
     there, not an object holding a model."""
@@ -30,7 +31,7 @@ class WorkerSetup:
     engine: str | Engine | ChatEngine | Gateway | RemoteGateway
     model: str | None
     store: Store
-    settings: RolloutSettings
+    settings: RolloutConfig
     reward: RewardFn | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
     #: Where rollout and turn events go in this process (a Ray worker gets an empty bus).
@@ -45,13 +46,13 @@ class Executor(Protocol):
     #: Records come back without their trajectories (those are in the store).
     light_records: bool
 
-    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
         """Get ready to run rollouts (called once, on the caller's thread); errors in the
         setup surface here, before any rollout."""
         ...
 
     async def run(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         """Run one rollout to its one recorded outcome (written to the store). Never raises
         for the rollout's own failures: they are the record's status."""
@@ -73,3 +74,12 @@ class Executor(Protocol):
     def describe(self) -> dict[str, Any]:
         """What goes into the run's config: which executor, how many workers."""
         ...
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"WorkerSetup": ("rollway.executors.base.WorkerConfig", WorkerConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

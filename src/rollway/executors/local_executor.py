@@ -13,14 +13,14 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.engines.base import HealthChecked
-from rollway.executors.base import WorkerSetup
+from rollway.executors.base import WorkerConfig
 from rollway.gateway.core import Gateway
 from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.results import RolloutRecord
-from rollway.rollouts import RolloutRunner, RolloutSettings, RolloutSpec
+from rollway.rollouts import RolloutConfig, RolloutRunner, RolloutSpec
 from rollway.rollouts.availability import Availability, Component
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.runner import RunningAttempts
@@ -35,7 +35,7 @@ class LocalExecutor:
 
     def __init__(self) -> None:
         self.model_name = ""
-        self._setup: WorkerSetup | None = None
+        self._setup: WorkerConfig | None = None
         self._gateway: GatewayHandle | None = None
         self._inbox: CallbackInbox | None = None
         self._http: LoopServer | None = None
@@ -49,11 +49,11 @@ class LocalExecutor:
             raise RuntimeError("the executor has not started")
         return self._gateway
 
-    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
         self.prepare(setup)
         loop.call(self.serve())
 
-    def prepare(self, setup: WorkerSetup) -> None:
+    def prepare(self, setup: WorkerConfig) -> None:
         """The blocking part of starting (an embedded engine loads its model here)."""
         engine = setup.engine
         self._setup = setup
@@ -116,7 +116,7 @@ class LocalExecutor:
         self._http = server
 
     async def run(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         runner = self._runner
         assert runner is not None, "start first"

@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
-from rollway.executors.base import WorkerSetup
+from rollway.executors.base import WorkerConfig
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
 from rollway.results import RolloutRecord
 from rollway.retry import Backoff, RetryPolicy
-from rollway.rollouts import RolloutSettings, RolloutSpec, attempt_id, make_record
+from rollway.rollouts import RolloutConfig, RolloutSpec, attempt_id, make_record
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
 
@@ -126,7 +126,7 @@ class RayExecutor:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, setup: WorkerSetup, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
         if self._all_workers:
             raise ConfigError("a RayExecutor serves one client: make one per client")
         ray = self._ray = import_ray()
@@ -241,7 +241,7 @@ class RayExecutor:
     # -- running -----------------------------------------------------------------------------
 
     async def run(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         started_at, clock = time.time(), time.monotonic()
         losses: list[str] = []
@@ -271,7 +271,7 @@ class RayExecutor:
     async def _after_loss(
         self,
         spec: RolloutSpec,
-        settings: RolloutSettings,
+        settings: RolloutConfig,
         cancel: asyncio.Event,
         started_at: float,
         clock: float,
@@ -287,7 +287,7 @@ class RayExecutor:
         return None
 
     async def _dispatch(
-        self, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         """Run ``spec`` on the least-loaded live worker; ``_WorkerLost`` if it dies."""
         worker = await self._pick()
@@ -307,7 +307,7 @@ class RayExecutor:
             worker.in_flight -= 1
 
     async def _run_on(
-        self, worker: _Worker, spec: RolloutSpec, settings: RolloutSettings, cancel: asyncio.Event
+        self, worker: _Worker, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         token = uuid.uuid4().hex
         worker.dispatched += 1
@@ -392,7 +392,7 @@ class RayExecutor:
     async def _record(
         self,
         spec: RolloutSpec,
-        settings: RolloutSettings,
+        settings: RolloutConfig,
         status: Literal["error", "cancelled"],
         reason: str,
         started_at: float,
@@ -447,7 +447,7 @@ class RayExecutor:
         self._workers = []
 
 
-def _check_shippable(setup: WorkerSetup, ray: Any) -> None:
+def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
     """Every part of the setup goes to every worker: say which one cannot, before starting."""
     engine = setup.engine
     if not isinstance(engine, str | RemoteGateway):

@@ -9,17 +9,17 @@ import os
 from typing import Any
 
 from rollway import tracing
-from rollway.executors.base import WorkerSetup
+from rollway.executors.base import WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
 from rollway.results import RolloutRecord
-from rollway.rollouts import RolloutSettings, RolloutSpec
+from rollway.rollouts import RolloutConfig, RolloutSpec
 
 #: Hosts that mean "every interface": a worker bound there hands out its node's address.
 _ANY_HOST = ("0.0.0.0", "::")
 
 
 class RolloutWorker:
-    def __init__(self, setup: WorkerSetup, full_records: bool = False) -> None:
+    def __init__(self, setup: WorkerConfig, full_records: bool = False) -> None:
         tracing.enable_if(setup.trace)  # exported as this node's OTEL_* variables say
         self._executor = LocalExecutor()
         self._executor.prepare(setup)  # an embedded engine loads here, once per worker
@@ -44,7 +44,7 @@ class RolloutWorker:
             self._serving = asyncio.ensure_future(self._executor.serve(advertise))
         await asyncio.shield(self._serving)
 
-    async def run(self, token: str, spec: RolloutSpec, settings: RolloutSettings) -> RolloutRecord:
+    async def run(self, token: str, spec: RolloutSpec, settings: RolloutConfig) -> RolloutRecord:
         """One rollout to its record (in the store); the driver gets it light by default."""
         cancel = self._cancels[token] = asyncio.Event()
         if token in self._cancelled_early:

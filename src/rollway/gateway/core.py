@@ -28,15 +28,15 @@ from rollway.gateway.chat_turns import ChatTurns
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
-from rollway.gateway.render.chat_template import ChatRenderer, Message
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.turn_stream import TurnPiece, closing_pieces
-from rollway.gateway.request_messages import ChatCompletionBody, read_conversation
+from rollway.gateway.request_messages import ChatCompletionAsSent, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
 from rollway.gateway.rollout_state import RolloutState
 from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
 from rollway.gateway.weight_control import WeightControl
-from rollway.generation import ChatResult
+from rollway.generation import ChatResult, Message
 from rollway.ids import check_id, keys_match
 from rollway.trajectory import Trajectory
 from rollway.web.handlers import parse_model
@@ -184,7 +184,7 @@ class Gateway:
     ) -> tuple[RolloutState, ChatCompletionRequest]:
         state = self._get(rollout_id)
         if isinstance(request, dict):
-            request = ChatCompletionBody.from_caller(request)
+            request = ChatCompletionAsSent.from_caller(request)
         if state.cancelled:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")

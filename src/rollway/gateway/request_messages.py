@@ -3,7 +3,7 @@ their keys, checked only past what the rollout's previous request already sent.
 
 An agent resends its whole conversation every turn, so validating, dumping and keying every
 message on every turn costs O(conversation) per turn (about 5 µs a message: 0.4 ms a turn at
-80 messages). A request read off the wire (``ChatCompletionBody``: fresh objects nobody else
+80 messages). A request read off the wire (``ChatCompletionAsSent``: fresh objects nobody else
 holds) whose messages begin with the previous request's, equal as sent, takes those from the
 rollout as they were checked then; only the reply it echoes and what it appends are new.
 """
@@ -22,7 +22,7 @@ from rollway.web.handlers import parse_model
 _MESSAGES = TypeAdapter(list[ChatMessage])
 
 
-class ChatCompletionBody(ChatCompletionRequest):
+class ChatCompletionAsSent(ChatCompletionRequest):
     """A chat request parsed from an HTTP body or an in-process caller's dict: the same fields
     and checks as ``ChatCompletionRequest`` (which documents it), except that ``messages`` are
     kept as sent, for ``read_conversation`` to check against the rollout's conversation.
@@ -34,7 +34,7 @@ class ChatCompletionBody(ChatCompletionRequest):
     _callers_objects: bool = PrivateAttr(default=False)
 
     @classmethod
-    def from_caller(cls, request: dict[str, Any]) -> ChatCompletionBody:
+    def from_caller(cls, request: dict[str, Any]) -> ChatCompletionAsSent:
         body = parse_model(cls, request, strict=False)
         body._callers_objects = True
         return body
@@ -52,7 +52,7 @@ class _Messages(BaseModel):
 def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Conversation:
     """The request's messages (validated dicts) and keys; ``InvalidFieldsError`` naming the
     field when a message is malformed."""
-    if not isinstance(request, ChatCompletionBody):  # built in Python: checked whole already
+    if not isinstance(request, ChatCompletionAsSent):  # built in Python: checked whole already
         messages = request.message_dicts()
         return Conversation(messages, [message_key(m) for m in messages])
     sent = request.messages

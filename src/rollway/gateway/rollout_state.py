@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.gateway.render.chat_template import Message, content_text
-from rollway.generation import SamplingParams
+from rollway.gateway.render.chat_template import content_text
+from rollway.generation import Message, SamplingParams
 from rollway.trajectory import Turn
 from rollway.trajectory_format import int32_bytes
 

@@ -16,12 +16,12 @@ from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
-from rollway.gateway.render.chat_template import ChatRenderer, Message, TokenBudgetExceeded
+from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
 from rollway.gateway.render.tool_calls import ParsedToolCalls, parse_tool_calls
 from rollway.gateway.render.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import Conversation, RolloutState, SequenceTip
-from rollway.generation import ChatResult, GenerationResult, SamplingParams
+from rollway.generation import ChatResult, GenerationResult, Message, SamplingParams
 from rollway.trajectory import StepDistribution, Turn
 
 

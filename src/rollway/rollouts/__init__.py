@@ -1,10 +1,13 @@
 """One rollout, run where an executor puts it: register at the gateway, run the agent under a
 timeout and a cancel signal, score, retry infrastructure failures, store one record."""
 
+from typing import Any
+
+from rollway.deprecated import deprecated_alias
 from rollway.rollouts.config import (
+    RolloutConfig,
     RolloutLimits,
     RolloutOptions,
-    RolloutSettings,
     ServingConfig,
 )
 from rollway.rollouts.loop_thread import LoopThread
@@ -16,10 +19,10 @@ from rollway.rollouts.spec import RolloutSpec, attempt_id, task_key
 __all__ = [
     "LoopThread",
     "RewardFn",
+    "RolloutConfig",
     "RolloutLimits",
     "RolloutOptions",
     "RolloutRunner",
-    "RolloutSettings",
     "RolloutSpec",
     "ServingConfig",
     "attempt_id",
@@ -27,3 +30,12 @@ __all__ = [
     "score",
     "task_key",
 ]
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"RolloutSettings": ("rollway.rollouts.RolloutConfig", RolloutConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

@@ -1,5 +1,5 @@
 """How rollouts run, as frozen config objects: sampling, per-rollout limits, the retry policy
-(together a batch's ``RolloutSettings``), and how the client serves its gateway. Keyword sugar
+(together a batch's ``RolloutConfig``), and how the client serves its gateway. Keyword sugar
 (``timeout=...``, ``temperature=...``) fills them, at a client's construction and per call."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from rollway.checks import check_count, check_seconds
+from rollway.deprecated import deprecated_alias
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
 from rollway.generation import SamplingParams
@@ -107,7 +108,7 @@ RETRY_NAMES = {"max_retry_attempts": "attempts"}
 
 
 @dataclass(frozen=True)
-class RolloutSettings:
+class RolloutConfig:
     """How a batch's rollouts run, from the client to wherever they run (pickled to Ray
     workers). Registration fixes the ``sampling`` fields named in ``sampling_fixed``; an agent's
     chat request fills the others (an agent cannot change the policy's sampling behind the
@@ -132,7 +133,7 @@ class RolloutSettings:
         retry: RetryPolicy | Mapping[str, Any] | None = None,
         debug: bool = False,
         options: Mapping[str, Any] | None = None,
-    ) -> RolloutSettings:
+    ) -> RolloutConfig:
         """Settings from config objects (or mappings of their fields) plus keyword sugar; a
         setting given both ways (in a config object and as a keyword) is an error naming it."""
         options = options or {}
@@ -158,7 +159,7 @@ class RolloutSettings:
         )
         return settings.with_options(options)
 
-    def with_options(self, options: Mapping[str, Any]) -> RolloutSettings:
+    def with_options(self, options: Mapping[str, Any]) -> RolloutConfig:
         """These settings with per-call keyword options applied (sampling fields, limits,
         ``max_retry_attempts``); anything else is refused, naming it."""
         if not options:
@@ -302,3 +303,12 @@ def _rollout_policy(policy: RetryPolicy) -> RetryPolicy:
     if policy.retry_on or policy.retry_result is not None:
         return policy
     return dataclasses.replace(policy, retry_result=is_transient)
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"RolloutSettings": ("rollway.rollouts.config.RolloutConfig", RolloutConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

@@ -6,14 +6,14 @@ from typing import Any
 
 from rollway.errors import ErrorKind
 from rollway.results import RolloutMetrics, RolloutRecord, Status
-from rollway.rollouts.config import RolloutSettings
+from rollway.rollouts.config import RolloutConfig
 from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.trajectory import Trajectory
 
 
 def make_record(
     spec: RolloutSpec,
-    settings: RolloutSettings,
+    settings: RolloutConfig,
     status: Status,
     error_kind: ErrorKind | None,
     reason: str | None,

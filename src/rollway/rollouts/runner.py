@@ -30,7 +30,7 @@ from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
 from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.rollouts.availability import Availability, Outage, OutageWaits
-from rollway.rollouts.config import RolloutSettings
+from rollway.rollouts.config import RolloutConfig
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSpec, attempt_id
@@ -76,7 +76,7 @@ class RolloutRunner:
         agent: AgentLoop,
         gateway: GatewayHandle,
         store: Store,
-        settings: RolloutSettings,
+        settings: RolloutConfig,
         reward_fn: RewardFn | None = None,
         events: EventBus | None = None,
         attempts: RunningAttempts | None = None,
@@ -326,7 +326,7 @@ def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:
 
 def _outage_record(
     spec: RolloutSpec,
-    settings: RolloutSettings,
+    settings: RolloutConfig,
     outage: Outage,
     lost: RolloutRecord | None,
     attempts: int,

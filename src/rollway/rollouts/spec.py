@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from rollway.ids import TASK_KEY_MAX_LENGTH
-from rollway.rollouts.config import RolloutSettings
+from rollway.rollouts.config import RolloutConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,6 @@ def task_key(task: dict[str, Any]) -> str:
     return hashlib.sha256(orjson.dumps(task, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def attempt_id(settings: RolloutSettings, spec: RolloutSpec, attempt: int) -> str:
+def attempt_id(settings: RolloutConfig, spec: RolloutSpec, attempt: int) -> str:
     """The gateway's id for one attempt of a rollout."""
     return f"{settings.exp_id}.{spec.rollout_key}.{attempt}"

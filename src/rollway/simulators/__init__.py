@@ -37,10 +37,10 @@ def create_sim_server_app(
     ``dev_mode``: vLLM run with ``VLLM_SERVER_DEV_MODE=1`` (its pause and weight routes)."""
     sim = Simulator(config or SimConfig(), fault, fault_count)
     if protocol == "sglang":
-        sglang_options = sglang_server.SGLangSimOptions(version=server_version or "latest")
+        sglang_options = sglang_server.SGLangSimConfig(version=server_version or "latest")
         served = sglang_server.routes(sim, sglang_options)
     elif protocol == "vllm":
-        vllm_options = vllm_server.VLLMSimOptions(dev_mode=dev_mode)
+        vllm_options = vllm_server.VLLMSimConfig(dev_mode=dev_mode)
         if server_version:
             vllm_options = dataclasses.replace(vllm_options, version=server_version)
         served = vllm_server.routes(sim, vllm_options)

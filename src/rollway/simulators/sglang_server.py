@@ -65,6 +65,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from rollway.deprecated import deprecated_alias
 from rollway.engines.sim import SimConfig
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.simulators.common import (
@@ -89,7 +90,7 @@ _FLUSHED = "Cache flushed.\nPlease check backend logs for more details. (When th
 
 
 @dataclass(frozen=True)
-class SGLangSimOptions:
+class SGLangSimConfig:
     """How the simulated server is launched. ``version``: the release to imitate (``latest``
     or ``0.5.4`` ...); ``router``: answer as sgl-router listing ``workers``; ``api_key``: as
     ``--api-key``; ``original_logprobs``: as ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``;
@@ -113,13 +114,13 @@ class SGLangSimOptions:
 
 def create_app(
     config: SimConfig | None = None,
-    options: SGLangSimOptions | None = None,
+    options: SGLangSimConfig | None = None,
     *,
     fault: Fault = "none",
     fault_count: int = 1 << 30,
 ) -> Starlette:
     """A simulated SGLang server (or router) app; ``app.state.sim`` holds its counters."""
-    options = options or SGLangSimOptions()
+    options = options or SGLangSimConfig()
     sim = Simulator(config or SimConfig(), fault, fault_count)
     middleware = []
     if options.api_key:
@@ -131,8 +132,8 @@ def create_app(
     return app
 
 
-def routes(sim: Simulator, options: SGLangSimOptions | None = None) -> list[Route]:
-    options = options or SGLangSimOptions()
+def routes(sim: Simulator, options: SGLangSimConfig | None = None) -> list[Route]:
+    options = options or SGLangSimConfig()
     server = _Server(sim, options)
     common = [
         Route("/generate", server.generate, methods=["POST", "PUT"]),
@@ -168,7 +169,7 @@ def routes(sim: Simulator, options: SGLangSimOptions | None = None) -> list[Rout
 
 
 class _Server:
-    def __init__(self, sim: Simulator, options: SGLangSimOptions) -> None:
+    def __init__(self, sim: Simulator, options: SGLangSimConfig) -> None:
         self.sim = sim
         self.options = options
         self.version = ServerVersion.parse(options.version)
@@ -468,3 +469,14 @@ async def _no_events() -> AsyncIterator[bytes]:
 
 async def _ok(request: Request) -> Response:
     return Response(status_code=200)
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {
+    "SGLangSimOptions": ("rollway.simulators.sglang_server.SGLangSimConfig", SGLangSimConfig)
+}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

@@ -61,6 +61,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rollway.deprecated import deprecated_alias
 from rollway.engines.base import PauseMode
 from rollway.engines.remote.vllm_wire import PAUSED_REFUSAL, release_of
 from rollway.engines.sim import SimConfig
@@ -85,7 +86,7 @@ _NEXT_REQUEST_S = 1.0  # how long a connection closing after an error waits for 
 
 
 @dataclass(frozen=True, slots=True)
-class VLLMSimOptions:
+class VLLMSimConfig:
     """The vLLM being simulated. ``max_model_len=None`` leaves it out of ``/v1/models`` (as a
     proxy in front of vLLM may). ``errors``: the first that many requests end with finish
     reason ``error``. ``race_pause``: requests that arrive before the first ``/pause`` wait for
@@ -106,7 +107,7 @@ class VLLMSimOptions:
 class VLLMSim:
     """One simulated vLLM server; its lists say what it did (for tests)."""
 
-    def __init__(self, sim: Simulator, options: VLLMSimOptions) -> None:
+    def __init__(self, sim: Simulator, options: VLLMSimConfig) -> None:
         self.sim = sim
         self.options = options
         self.release = release_of(options.version) or (0, 0, 0)
@@ -373,14 +374,14 @@ class VLLMSim:
 
 def create_vllm_sim_app(
     config: SimConfig | None = None,
-    options: VLLMSimOptions | None = None,
+    options: VLLMSimConfig | None = None,
     *,
     fault: Fault = "none",
     fault_count: int = 1 << 30,
 ) -> VLLMSimApp:
     """A simulated vLLM server; ``app.state.vllm`` is its ``VLLMSim``."""
     sim = Simulator(config or SimConfig(), fault, fault_count)
-    server = VLLMSim(sim, options or VLLMSimOptions())
+    server = VLLMSim(sim, options or VLLMSimConfig())
     handlers = {Exception: _internal_error}
     app = Starlette(routes=server.routes() + test_routes(sim), exception_handlers=handlers)
     app.state.sim = sim.state
@@ -427,8 +428,8 @@ def _holds_weights(path: str) -> bool:
     return folder.is_dir() and any(next(folder.glob(p), None) for p in patterns)
 
 
-def routes(sim: Simulator, options: VLLMSimOptions | None = None) -> list[Route]:
-    return VLLMSim(sim, options or VLLMSimOptions()).routes()
+def routes(sim: Simulator, options: VLLMSimConfig | None = None) -> list[Route]:
+    return VLLMSim(sim, options or VLLMSimConfig()).routes()
 
 
 def _error(status: int, kind: str, message: str) -> Response:
@@ -482,3 +483,12 @@ def _processed(logprobs: list[float], sampling: SamplingParams) -> list[float]:
         return logprobs
     temperature = sampling.temperature or 1.0
     return [lp / temperature * (0.5 if filtered else 1.0) for lp in logprobs]
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"VLLMSimOptions": ("rollway.simulators.vllm_server.VLLMSimConfig", VLLMSimConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

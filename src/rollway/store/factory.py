@@ -14,7 +14,7 @@ def store_from_uri(uri: str, exp_id: str) -> Store:
     if scheme == "file":
         return FileStore(rest, exp_id)
     if scheme in ("s3", "gs", "az", "abfs"):
-        from rollway.store.s3 import ObjectStore
+        from rollway.store.object_store import ObjectStore
 
         return ObjectStore(uri, exp_id)
     raise ConfigError(f"unsupported store {uri!r}: use a folder, file://PATH or s3://BUCKET/PREFIX")

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from rollway.agents.server import AgentService, ServiceConfig, create_app
+from rollway.agents.server import AgentServerConfig, AgentService, create_app
 from rollway.web.background_server import BackgroundServer
 from tests.agents.server.agents import TaskDrivenAgent
 
@@ -68,7 +68,7 @@ def agent_server(tmp_path: Path) -> Iterator[Callable[..., AgentServer]]:
     def start(agent: Any = TaskDrivenAgent, **config: Any) -> AgentServer:
         config.setdefault("store", str(tmp_path / "reports"))
         config.setdefault("callback_wait_s", 0.01)
-        app = create_app(agent, api_key=KEY, config=ServiceConfig(**config))
+        app = create_app(agent, api_key=KEY, config=AgentServerConfig(**config))
         server = BackgroundServer(app)
         url = server.start()
         http = httpx.Client(base_url=url, timeout=30)

@@ -21,7 +21,7 @@ from rollway.agents.context import RolloutContext
 from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, run_key
 from rollway.errors import InfrastructureError
 from rollway.results import AgentReport
-from rollway.rollouts.spec import RolloutSettings
+from rollway.rollouts.spec import RolloutConfig
 from rollway.store.file import FileStore
 from rollway.web.background_server import BackgroundServer
 from tests.agents.server.fixtures import KEY
@@ -83,7 +83,7 @@ async def run_remote(url: str, tmp_path: Path) -> float | None:
         AgentReport(run_key=key, rollout_id="r1", agent="scripted", status="completed",
                     reward=1.0, started_at=time.time())
     )  # fmt: skip
-    agent.bind(store, None, RolloutSettings(exp_id="exp"))
+    agent.bind(store, None, RolloutConfig(exp_id="exp"))
     ctx = RolloutContext(
         {}, [], "r1", SimpleNamespace(model_name="sim"),  # type: ignore[arg-type]
         base_url="http://127.0.0.1:9/v1/rollouts/r1", api_key="rk-test",

@@ -28,8 +28,8 @@ from rollway.engines.streaming import collect, stream_generation
 from rollway.errors import EngineError
 from rollway.generation import GenerationChunk, SamplingParams
 from rollway.simulators.common import Fault
-from rollway.simulators.sglang_server import SGLangSimOptions, create_app
-from rollway.simulators.vllm_server import VLLMSimOptions, create_vllm_sim_app
+from rollway.simulators.sglang_server import SGLangSimConfig, create_app
+from rollway.simulators.vllm_server import VLLMSimConfig, create_vllm_sim_app
 from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
 from tests.engines.remote.checkpoints import write_checkpoint
@@ -76,10 +76,10 @@ def serve(
     fault_count: int = 1 << 30,
 ) -> Iterator[Served]:
     if kind == "sglang":
-        app = create_app(config, SGLangSimOptions(**options), fault=fault, fault_count=fault_count)
+        app = create_app(config, SGLangSimConfig(**options), fault=fault, fault_count=fault_count)
         make = SGLangEngine
     else:
-        vllm_options = VLLMSimOptions(**{"dev_mode": True, **options})
+        vllm_options = VLLMSimConfig(**{"dev_mode": True, **options})
         app = create_vllm_sim_app(config, vllm_options, fault=fault, fault_count=fault_count)
         make = VLLMEngine  # type: ignore[assignment]
     with BackgroundServer(app) as url:

@@ -12,7 +12,7 @@ from rollway.engines.remote.router import RoutedEngine
 from rollway.engines.sim import SimConfig
 from rollway.errors import EngineError
 from rollway.generation import SamplingParams
-from rollway.simulators.sglang_server import SGLangSimOptions, create_app
+from rollway.simulators.sglang_server import SGLangSimConfig, create_app
 from rollway.web.background_server import BackgroundServer
 
 PROMPT = [1, 9690, 198, 2683]
@@ -40,7 +40,7 @@ async def generate_on_each(fleet: RoutedEngine, tag: str) -> dict[str, list[int]
 
 @pytest.mark.timeout(60)
 async def test_every_endpoint_takes_the_update_and_stamps_the_new_version(tmp_path: Path) -> None:
-    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimConfig())  # noqa: E731
     with BackgroundServer(app()) as a, BackgroundServer(app()) as b:
         fleet = fleet_of([a, b])
         try:
@@ -58,7 +58,7 @@ async def test_every_endpoint_takes_the_update_and_stamps_the_new_version(tmp_pa
 async def test_an_endpoint_down_during_the_update_returns_only_with_the_new_weights(
     tmp_path: Path,
 ) -> None:
-    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimConfig())  # noqa: E731
     with BackgroundServer(app()) as steady:
         late = BackgroundServer(app())
         late_url = late.start()
@@ -84,7 +84,7 @@ async def test_an_endpoint_down_during_the_update_returns_only_with_the_new_weig
 
 @pytest.mark.timeout(60)
 async def test_a_source_no_endpoint_can_load_fails_the_update_and_keeps_the_fleet() -> None:
-    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimConfig())  # noqa: E731
     with BackgroundServer(app()) as a, BackgroundServer(app()) as b:
         fleet = fleet_of([a, b])
         try:
@@ -102,7 +102,7 @@ async def test_a_source_no_endpoint_can_load_fails_the_update_and_keeps_the_flee
 async def test_a_server_restarted_between_checks_is_taken_out_and_caught_up(
     tmp_path: Path,
 ) -> None:
-    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimConfig())  # noqa: E731
     with BackgroundServer(app()) as steady:
         first = BackgroundServer(app())
         url = first.start()
@@ -132,7 +132,7 @@ async def test_a_rolling_restart_after_an_update_brings_every_server_back_caught
     """Router defaults (eject after 3 failed checks, re-admit after 2 good ones); the test runs
     the rounds itself. Each server in turn is killed, serves nothing while down, and comes back
     with its start-up weights: it returns only once the update is replayed on it."""
-    app = lambda: create_app(SimConfig(output_len=4), SGLangSimOptions())  # noqa: E731
+    app = lambda: create_app(SimConfig(output_len=4), SGLangSimConfig())  # noqa: E731
     servers = [BackgroundServer(app()) for _ in range(2)]
     urls = [server.start() for server in servers]
     fleet = fleet_of(urls)

@@ -23,7 +23,7 @@ from rollway.engines.remote.sglang_wire import parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError, EngineError
 from rollway.generation import SamplingParams
-from rollway.simulators.sglang_server import SGLangSimOptions, create_app
+from rollway.simulators.sglang_server import SGLangSimConfig, create_app
 from rollway.web.background_server import BackgroundServer
 from tests.engines import by_request_id
 
@@ -31,7 +31,7 @@ PROMPT = [1, 9690, 198, 2683, 359, 253, 5356]
 
 
 @contextmanager
-def sglang_server(options: SGLangSimOptions | None = None, **config: Any) -> Iterator[str]:
+def sglang_server(options: SGLangSimConfig | None = None, **config: Any) -> Iterator[str]:
     with BackgroundServer(create_app(SimConfig(**config), options)) as url:
         yield url
 
@@ -52,7 +52,7 @@ async def until_in_flight(url: str, count: int) -> None:
 
 
 async def test_without_max_tokens_the_cap_is_the_context_room_not_sglangs_128() -> None:
-    with sglang_server(SGLangSimOptions(context_length=4096), output_len=200) as url:
+    with sglang_server(SGLangSimConfig(context_length=4096), output_len=200) as url:
         engine = SGLangEngine(url)
         try:
             free = await engine.generate(PROMPT, SamplingParams(), "free-1")
@@ -82,7 +82,7 @@ async def test_logprob_kind_follows_temperature_and_the_servers_setting(
     temperature: float, server_original: bool, kind: str, scale: float
 ) -> None:
     sampling = SamplingParams(max_tokens=6, seed=5, temperature=temperature)
-    options = SGLangSimOptions(original_logprobs=server_original)
+    options = SGLangSimConfig(original_logprobs=server_original)
     with sglang_server(options, output_len=6) as url:
         engine = SGLangEngine(url, original_logprobs=True) if server_original else SGLangEngine(url)
         try:
@@ -95,7 +95,7 @@ async def test_logprob_kind_follows_temperature_and_the_servers_setting(
 
 
 async def test_a_seed_for_a_server_older_than_0_5_3_names_the_field_and_is_not_sent() -> None:
-    with sglang_server(SGLangSimOptions(version="0.4.9"), output_len=4) as url:
+    with sglang_server(SGLangSimConfig(version="0.4.9"), output_len=4) as url:
         engine = SGLangEngine(url)
         try:
             unseeded = await engine.generate(PROMPT, SamplingParams(max_tokens=4), "plain-1")
@@ -130,7 +130,7 @@ async def test_an_aborted_generation_is_an_abort_result_on_old_and_new_servers(
     version: str,
 ) -> None:
     # SGLang before 0.5.6 sends no logprobs for a request aborted before its first token.
-    with sglang_server(SGLangSimOptions(version=version), latency_s=30.0) as url:
+    with sglang_server(SGLangSimConfig(version=version), latency_s=30.0) as url:
         engine = SGLangEngine(url)
         try:
             call = asyncio.create_task(engine.generate(PROMPT, SamplingParams(), "cut-1"))
@@ -170,7 +170,7 @@ def test_versions_come_from_spans_else_the_one_label_else_the_engines_own() -> N
 
 async def test_an_sglang_router_is_refused_with_the_workers_to_list() -> None:
     workers = ("http://10.0.0.1:30000", "http://10.0.0.2:30000")
-    with sglang_server(SGLangSimOptions(router=True, workers=workers)) as url:
+    with sglang_server(SGLangSimConfig(router=True, workers=workers)) as url:
         engine = SGLangEngine(url)
         try:
             with pytest.raises(ConfigError, match=r"router .*sglang://10\.0\.0\.1:30000,10\.0"):
@@ -181,7 +181,7 @@ async def test_an_sglang_router_is_refused_with_the_workers_to_list() -> None:
 
 
 async def test_health_uses_the_cheap_route_so_a_paused_server_stays_in() -> None:
-    options = SGLangSimOptions(health_timeout_s=0.3, health_poll_s=0.05)
+    options = SGLangSimConfig(health_timeout_s=0.3, health_poll_s=0.05)
     with sglang_server(options) as url:
         engine = SGLangEngine(url)
         router = RoutedEngine([engine], [url], eject_after=1, health_interval_s=3600)
@@ -258,7 +258,7 @@ async def test_an_update_moves_the_stamped_version_and_bad_sources_are_refused(
 
 
 async def test_keep_needs_pause_modes_and_names_the_release() -> None:
-    with sglang_server(SGLangSimOptions(version="0.5.5"), output_len=4) as url:
+    with sglang_server(SGLangSimConfig(version="0.5.5"), output_len=4) as url:
         engine = SGLangEngine(url)
         try:
             with pytest.raises(EngineError, match=r"SGLang >= 0\.5\.6.*runs SGLang 0\.5\.5"):
@@ -275,7 +275,7 @@ async def test_an_api_key_comes_from_the_spec_or_the_environment_and_is_never_sh
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sampling = SamplingParams(max_tokens=4)
-    options = SGLangSimOptions(api_key="s3cret", health_poll_s=0.01)
+    options = SGLangSimConfig(api_key="s3cret", health_poll_s=0.01)
     with sglang_server(options, output_len=4) as url:
         assert (await call("GET", f"{url}/get_model_info")).status_code == 401
         assert (await call("GET", f"{url}/health")).status_code == 200  # open, as in SGLang
@@ -322,7 +322,7 @@ async def test_top_logprobs_are_asked_with_top_logprobs_num_plain_and_streamed(
     incremental: bool,
 ) -> None:
     sampling = SamplingParams(max_tokens=6, seed=5, top_logprobs=2)
-    options = SGLangSimOptions(incremental_streaming_output=incremental)
+    options = SGLangSimConfig(incremental_streaming_output=incremental)
     with sglang_server(options, output_len=6) as url:
         engine = SGLangEngine(url)
         try:

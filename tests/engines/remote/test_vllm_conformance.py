@@ -30,7 +30,7 @@ from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.model_folders import prepare_default_model
 from rollway.results import AgentResult
-from rollway.simulators.vllm_server import VLLMSimOptions, create_vllm_sim_app
+from rollway.simulators.vllm_server import VLLMSimConfig, create_vllm_sim_app
 from rollway.web.background_server import BackgroundServer
 
 from .vllm_servers import REAL, RealVLLM, until_running
@@ -116,7 +116,7 @@ async def sim_leg(folder: Path) -> AsyncIterator[Leg]:
     server (start-up weights, label ``default``) on the same port."""
 
     def app(max_model_len: int) -> object:
-        options = VLLMSimOptions(
+        options = VLLMSimConfig(
             version="0.32.0", dev_mode=True, max_model_len=max_model_len, model="smollm2",
             root=str(folder),
         )  # fmt: skip

@@ -25,7 +25,7 @@ from rollway.errors import ConfigError, EngineError
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.generation import GenerationResult, SamplingParams
-from rollway.simulators.vllm_server import VLLMSim, VLLMSimOptions, create_vllm_sim_app
+from rollway.simulators.vllm_server import VLLMSim, VLLMSimConfig, create_vllm_sim_app
 from rollway.web.background_server import BackgroundServer
 
 from .checkpoints import write_checkpoint
@@ -38,7 +38,7 @@ SEEDED = SamplingParams(max_tokens=16, seed=3)  # the simulated output is 16 tok
 
 @contextmanager
 def vllm(config: SimConfig | None = None, **options: Any) -> Iterator[tuple[str, VLLMSim]]:
-    app = create_vllm_sim_app(config, VLLMSimOptions(**options))
+    app = create_vllm_sim_app(config, VLLMSimConfig(**options))
     with BackgroundServer(app) as url:
         yield url, app.state.vllm
 
@@ -401,14 +401,14 @@ async def test_a_server_restarted_with_another_context_length_is_noticed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What the server said of itself is asked again after ``SERVER_INFO_TTL_S``."""
-    first = BackgroundServer(create_vllm_sim_app(None, VLLMSimOptions(max_model_len=4096)))
+    first = BackgroundServer(create_vllm_sim_app(None, VLLMSimConfig(max_model_len=4096)))
     url = first.start()
     engine = VLLMEngine(url)
     try:
         await engine.generate(PROMPT, SEEDED, "before")
         first.stop()
         port = int(url.rsplit(":", 1)[1])
-        app = create_vllm_sim_app(None, VLLMSimOptions(max_model_len=1024))
+        app = create_vllm_sim_app(None, VLLMSimConfig(max_model_len=1024))
         with BackgroundServer(app, port=port):
             assert (await engine.server()).max_model_len == 4096  # trusted for a while
             later = vllm_module._clock() + VLLMEngine.SERVER_INFO_TTL_S

@@ -24,7 +24,7 @@ from starlette.responses import Response
 from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.server.agent_schema import InitRequest
-from rollway.agents.server.service import AgentService, Run, ServiceConfig
+from rollway.agents.server.service import AgentServerConfig, AgentService, Run
 from rollway.agents.validate import ready_agent
 from rollway.errors import AuthError, InvalidFieldsError, OverloadedError
 from rollway.ids import IdempotencyKey, keys_match
@@ -43,7 +43,7 @@ def create_app(
     agent: AgentLoop | type[AgentLoop] | str,
     *,
     api_key: str,
-    config: ServiceConfig | None = None,
+    config: AgentServerConfig | None = None,
 ) -> Starlette:
     """Serve ``agent`` (validated now: an invalid agent raises ``AgentError`` and nothing is
     served). ``app.state.service`` is the core, for tests and embedding."""

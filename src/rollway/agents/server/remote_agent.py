@@ -22,7 +22,7 @@ import aiohttp
 import httpx
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.context import InitSettings, RolloutContext
+from rollway.agents.context import InitFields, RolloutContext
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.validate import ready_agent
 from rollway.errors import (
@@ -86,7 +86,7 @@ class RemoteAgent(AgentLoop):
         self.default_tools: list[dict[str, Any]] = list(info.get("tools") or [])
         self._store: Store | None = None
         self._inbox: CallbackInbox | None = None
-        self._settings: InitSettings | None = None
+        self._settings: InitFields | None = None
         self._session: aiohttp.ClientSession | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -94,7 +94,7 @@ class RemoteAgent(AgentLoop):
         unbound = {"_store": None, "_inbox": None, "_settings": None, "_session": None}
         return {**self.__dict__, **unbound}
 
-    def bind(self, store: Store, inbox: CallbackInbox | None, settings: InitSettings) -> None:
+    def bind(self, store: Store, inbox: CallbackInbox | None, settings: InitFields) -> None:
         """Called by the client: where reports land, the callback route, what inits carry."""
         self._store, self._inbox, self._settings = store, inbox, settings
 

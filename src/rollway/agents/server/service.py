@@ -23,6 +23,7 @@ from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.agents.server.agent_schema import InitRequest
 from rollway.agents.server.report_sender import Delivery, deliver_report
+from rollway.deprecated import deprecated_alias
 from rollway.errors import (
     InvalidFieldsError,
     OverloadedError,
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ServiceConfig:
+class AgentServerConfig:
     #: Where reports go (``file://``, a folder, ``s3://...``); None keeps them in memory only.
     store: str | None = None
     max_concurrent: int = 64
@@ -69,9 +70,9 @@ class Run:
 
 
 class AgentService:
-    def __init__(self, agent: AgentLoop, config: ServiceConfig | None = None) -> None:
+    def __init__(self, agent: AgentLoop, config: AgentServerConfig | None = None) -> None:
         self.agent = agent
-        self.config = config or ServiceConfig()
+        self.config = config or AgentServerConfig()
         #: How many rollouts this server has started (an idempotent repeat starts none).
         self.runs_started = 0
         self._runs: dict[str, Run] = {}
@@ -291,3 +292,12 @@ def _key_reused(key: str, owner: str, asked: str) -> RolloutClosedError:
         f"idempotency key {key!r} belongs to rollout {owner!r} (experiment/rollout), not {asked!r}",
         param="idempotency_key",
     )
+
+
+#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
+#: the old names import, with a DeprecationWarning, for one more.
+_RENAMED = {"ServiceConfig": ("rollway.agents.server.service.AgentServerConfig", AgentServerConfig)}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_alias(__name__, name, _RENAMED)

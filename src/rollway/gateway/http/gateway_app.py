@@ -35,7 +35,7 @@ from rollway.gateway.http.responses_api import sse_events as responses_sse
 from rollway.gateway.http.sse_response import EventStream, first_awaited
 from rollway.gateway.metrics import PROMETHEUS_TEXT
 from rollway.gateway.render.turn_stream import TurnPiece
-from rollway.gateway.request_messages import ChatCompletionBody
+from rollway.gateway.request_messages import ChatCompletionAsSent
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
     PauseRequest,
@@ -90,7 +90,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         rollout_id = request.path_params["rollout_id"]
         gateway.authorize(rollout_id, bearer(request))
-        body = parse_model(ChatCompletionBody, await read_body(request))
+        body = parse_model(ChatCompletionAsSent, await read_body(request))
         model = body.model or gateway.model_name
 
         def logprobs(result: ChatResult) -> dict[str, Any] | None:
@@ -349,11 +349,11 @@ def create_app(
     )
 
 
-def as_chat(body: dict[str, Any]) -> ChatCompletionBody:
+def as_chat(body: dict[str, Any]) -> ChatCompletionAsSent:
     """A Messages or Responses request as the chat request it is: its messages are new dicts
     (or the rollout's own record of earlier answers), so, like a chat body read off the wire,
     they are checked only past what the rollout's previous request sent."""
-    return parse_model(ChatCompletionBody, body)
+    return parse_model(ChatCompletionAsSent, body)
 
 
 def trajectory_body(trajectory: Trajectory, samples: bool, whole_prompts: bool) -> bytes:

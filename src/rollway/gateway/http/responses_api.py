@@ -15,9 +15,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from rollway.errors import RollwayError
-from rollway.gateway.render.chat_template import Message
 from rollway.gateway.render.turn_stream import ContentDelta, TurnPiece
-from rollway.generation import ChatResult
+from rollway.generation import ChatResult, Message
 from rollway.web.handlers import error_body
 
 

@@ -25,8 +25,8 @@ from rollway.gateway.render.tool_calls import (
     render_tool_result,
     tool_system_prompt,
 )
+from rollway.generation import Message
 
-Message = dict[str, Any]
 log = logging.getLogger(__name__)
 #: One continuation in this many is rendered by the template too, to check the pieces.
 AUDIT_EVERY = 64

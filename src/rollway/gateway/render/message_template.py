@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-Message = dict[str, Any]
+from rollway.generation import Message
+
 Render = Callable[[list[Message], bool], str]
 
 _CONTENT = "rollwaycontentsentinel"

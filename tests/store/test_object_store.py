@@ -16,7 +16,7 @@ from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.results import RolloutRecord
 from rollway.store import export_records, store_from_uri
-from rollway.store.s3 import ObjectStore
+from rollway.store.object_store import ObjectStore
 from tests.client.conftest import ScriptedAgent
 
 
