@@ -115,9 +115,12 @@ def outcome_events(record: RolloutRecord) -> list[RolloutEvent]:
     if record.reward is not None:
         scored.append(RewardScored(rollout_id=record.rollout_id, reward=record.reward))
     finished = RolloutFinished(
-        rollout_id=record.rollout_id, status=record.status, reason=record.reason,
-        reward=record.reward, elapsed_s=record.elapsed_s,
-    )  # fmt: skip
+        rollout_id=record.rollout_id,
+        status=record.status,
+        reason=record.reason,
+        reward=record.reward,
+        elapsed_s=record.elapsed_s,
+    )
     return [*scored, finished]
 
 

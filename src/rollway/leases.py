@@ -49,9 +49,13 @@ class LeaseHolder(BaseModel):
     def this_process(cls) -> LeaseHolder:
         pid = os.getpid()
         return cls(
-            id=uuid.uuid4().hex, host=socket.gethostname(), pid=pid, started_at=time.time(),
-            machine=_MACHINE, process_start=_process_start(pid) or "",
-        )  # fmt: skip
+            id=uuid.uuid4().hex,
+            host=socket.gethostname(),
+            pid=pid,
+            started_at=time.time(),
+            machine=_MACHINE,
+            process_start=_process_start(pid) or "",
+        )
 
     def describe(self) -> str:
         started = datetime.fromtimestamp(self.started_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

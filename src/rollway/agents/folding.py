@@ -244,8 +244,9 @@ class ContextFolding:
             log.warning(
                 "context folding left the conversation at about %d tokens, over its budget of "
                 "%d: add a policy that folds further (KeepLastTurns)",
-                self.footprint.estimate(folded), self.budget,
-            )  # fmt: skip
+                self.footprint.estimate(folded),
+                self.budget,
+            )
         if folded == messages:  # nothing changed: no fold, no new segment
             return messages
         self.folds += 1

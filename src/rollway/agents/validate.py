@@ -181,19 +181,24 @@ def _check_tools(agent: AgentLoop) -> list[ValidationIssue]:
         if name in first_index:
             issues.append(
                 _error(
-                    IssueCode.DUPLICATE_TOOL_NAME, f"tool name {name!r} is used twice",
-                    f"tools[{index}].function.name", name=name, first_index=first_index[name],
+                    IssueCode.DUPLICATE_TOOL_NAME,
+                    f"tool name {name!r} is used twice",
+                    f"tools[{index}].function.name",
+                    name=name,
+                    first_index=first_index[name],
                 )
-            )  # fmt: skip
+            )
         first_index.setdefault(name, index)
         if not schema["function"].get("description"):
             issues.append(
                 ValidationIssue(
-                    IssueCode.TOOL_WITHOUT_DESCRIPTION, "warning",
+                    IssueCode.TOOL_WITHOUT_DESCRIPTION,
+                    "warning",
                     f"tool {name!r} has no description",
-                    f"tools[{index}].function.description", {"name": name},
+                    f"tools[{index}].function.description",
+                    {"name": name},
                 )
-            )  # fmt: skip
+            )
     return issues
 
 

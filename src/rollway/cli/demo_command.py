@@ -124,9 +124,13 @@ def _print_summary(console: Console, trajectory: dict[str, Any]) -> None:
     for t in trajectory["turns"]:
         calls = ", ".join(c["function"]["name"] for c in t["tool_calls"]) or "-"
         turns.add_row(
-            str(t["index"]), str(t["segment"]), str(t["prompt_len"]),
-            str(len(t["completion_ids"])), t["finish_reason"], calls,
-        )  # fmt: skip
+            str(t["index"]),
+            str(t["segment"]),
+            str(t["prompt_len"]),
+            str(len(t["completion_ids"])),
+            t["finish_reason"],
+            calls,
+        )
     console.print(turns)
     for s in trajectory["samples"]:
         sampled = sum(s["loss_mask"])

@@ -43,8 +43,12 @@ def export(
     target = output or Path(f"{exp_id}.{format}")
     records = list(store.records())
     rows = export_records(
-        records, target, fmt, latest_version=latest_version, max_staleness=max_staleness,
+        records,
+        target,
+        fmt,
+        latest_version=latest_version,
+        max_staleness=max_staleness,
         drop_flat_groups=drop_flat_groups,
-    )  # fmt: skip
+    )
     dropped = f" ({len(flat_groups(records))} flat groups dropped)" if drop_flat_groups else ""
     typer.echo(f"wrote {rows} rows to {target}{dropped}")

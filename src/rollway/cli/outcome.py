@@ -34,8 +34,9 @@ def report_interrupt(summary: dict[str, Any] | None) -> None:
     recorded = summary["total"] - cancelled
     typer.secho(
         f"interrupted: {recorded} recorded, {cancelled} cancelled; rerun to resume",
-        err=True, fg="yellow",
-    )  # fmt: skip
+        err=True,
+        fg="yellow",
+    )
 
 
 def require_a_completed_rollout(items: Sequence[BatchItem]) -> None:
@@ -63,8 +64,9 @@ def warn_about_reruns(items: Sequence[BatchItem]) -> None:
         typer.secho(
             f"warning: {len(again)} of {len(items)} rollouts failed (infrastructure, engine) "
             "or were cancelled; rerun to retry them",
-            err=True, fg="yellow",
-        )  # fmt: skip
+            err=True,
+            fg="yellow",
+        )
 
 
 def _outcome(item: BatchItem) -> str:

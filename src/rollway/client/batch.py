@@ -134,10 +134,11 @@ def summarize(
     stats = [_stats(r) for r in ran]
     latencies = sorted(ms for s in stats if s is not None for ms in s.turn_latency_ms)
     tokens = sum(
-        s.sampled_tokens if s is not None and s.sampled_tokens is not None
+        s.sampled_tokens
+        if s is not None and s.sampled_tokens is not None
         else r.metrics.response_tokens
         for r, s in zip(ran, stats, strict=True)
-    )  # fmt: skip
+    )
     return RunSummary(
         by_status=dict(Counter(r.status for r in records)),
         mean_reward=statistics.fmean(rewards) if rewards else None,

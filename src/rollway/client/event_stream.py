@@ -135,10 +135,14 @@ class ClientEvents:
     def started_elsewhere(self, spec: RolloutSpec, settings: RolloutConfig) -> None:
         """A rollout handed to an executor that runs it out of sight (a Ray worker)."""
         if self.bus:
-            self.bus(RolloutStarted(
-                rollout_id=attempt_id(settings, spec, spec.first_attempt),
-                task_key=spec.rollout_key, group=spec.group_id, attempt=spec.first_attempt,
-            ))  # fmt: skip
+            self.bus(
+                RolloutStarted(
+                    rollout_id=attempt_id(settings, spec, spec.first_attempt),
+                    task_key=spec.rollout_key,
+                    group=spec.group_id,
+                    attempt=spec.first_attempt,
+                )
+            )
 
     def finished(self, record: RolloutRecord) -> None:
         if self.bus:

@@ -31,8 +31,9 @@ class RunningAttempt:
 class PolicyTracker:
     def __init__(self, max_staleness: int | None = None) -> None:
         if max_staleness is not None and (isinstance(max_staleness, bool) or max_staleness < 0):
-            raise ConfigError("max_staleness must be a whole number >= 0 (or None)",
-                              "max_staleness")  # fmt: skip
+            raise ConfigError(
+                "max_staleness must be a whole number >= 0 (or None)", "max_staleness"
+            )
         self.max_staleness = max_staleness
         #: The latest version (None: the engine has no versions).
         self.version: int | None = None
@@ -74,14 +75,20 @@ class PolicyTracker:
         if version is None or self.max_staleness is None:
             return 0
         stale = [
-            a for a in self._running
+            a
+            for a in self._running
             if a.version is not None and not a.stale and version - a.version > self.max_staleness
-        ]  # fmt: skip
+        ]
         for attempt in stale:
             attempt.stale = True
             attempt.cancel.set()
         self.restarts += len(stale)
         if stale:
-            log.info("%d rollouts restart under version %d (max_staleness %d)", len(stale),
-                     version, self.max_staleness, extra={"stage": "staleness"})  # fmt: skip
+            log.info(
+                "%d rollouts restart under version %d (max_staleness %d)",
+                len(stale),
+                version,
+                self.max_staleness,
+                extra={"stage": "staleness"},
+            )
         return len(stale)

@@ -119,9 +119,11 @@ class SimEngine:
                 last = index >= len(ids) - 1
                 piece = slice(index, index + 1)
                 yield GenerationChunk(
-                    ids[piece], logprobs[piece], reason if last else None,
+                    ids[piece],
+                    logprobs[piece],
+                    reason if last else None,
                     [self.policy_version] * len(ids[piece]),
-                )  # fmt: skip
+                )
         finally:
             self._finished(request_id)
 

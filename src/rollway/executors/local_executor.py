@@ -73,9 +73,15 @@ class LocalExecutor:
             agent.bind(setup.store, self._inbox, setup.settings)
         self.availability = Availability(components(self._gateway, agent))
         self._runner = RolloutRunner(
-            agent, self._gateway, setup.store, setup.settings, setup.reward, setup.events,
-            RunningAttempts(), self.availability,
-        )  # fmt: skip
+            agent,
+            self._gateway,
+            setup.store,
+            setup.settings,
+            setup.reward,
+            setup.events,
+            RunningAttempts(),
+            self.availability,
+        )
 
     async def serve(self, advertise_host: str | None = None) -> None:
         """Serve what out-of-process parties need: the in-process gateway (programs, agent
@@ -91,9 +97,11 @@ class LocalExecutor:
         local = self._gateway if serve_gateway and isinstance(self._gateway, LocalGateway) else None
         if local is not None:
             app = create_app(
-                local.gateway, admin_key=secrets.token_hex(16), close_engine=False,
+                local.gateway,
+                admin_key=secrets.token_hex(16),
+                close_engine=False,
                 extra_routes=routes,
-            )  # fmt: skip
+            )
         elif routes:
             app = Starlette(routes=routes)
         else:
@@ -122,9 +130,15 @@ class LocalExecutor:
         assert runner is not None, "start first"
         if settings != runner.settings:  # overrides of one invoke or batch
             runner = RolloutRunner(
-                runner.agent, runner.gateway, runner.store, settings, runner.reward_fn,
-                runner.events, runner.attempts, runner.availability,
-            )  # fmt: skip
+                runner.agent,
+                runner.gateway,
+                runner.store,
+                settings,
+                runner.reward_fn,
+                runner.events,
+                runner.attempts,
+                runner.availability,
+            )
         return await runner.run(spec, cancel)
 
     def abort(self, rollout_id: str, reason: str) -> bool:
@@ -167,14 +181,14 @@ def components(gateway: GatewayHandle, agent: AgentLoop) -> list[Component]:
     else the in-process gateway's engine when it can say whether it serves; an agent server."""
     found = []
     if isinstance(gateway, RemoteGateway):
-        found.append(Component(f"the shared gateway at {gateway.url}", "infrastructure",
-                               gateway.health))  # fmt: skip
+        found.append(
+            Component(f"the shared gateway at {gateway.url}", "infrastructure", gateway.health)
+        )
     elif isinstance(gateway, LocalGateway) and isinstance(gateway.gateway.engine, HealthChecked):
         engine = gateway.gateway.engine
         where = getattr(engine, "base_url", None)
         name = f"the engine at {where}" if where else "the engine"
         found.append(Component(name, "engine", engine.health))
     if isinstance(agent, RemoteAgent):
-        found.append(Component(f"the agent server at {agent.url}", "infrastructure",
-                               agent.health))  # fmt: skip
+        found.append(Component(f"the agent server at {agent.url}", "infrastructure", agent.health))
     return found

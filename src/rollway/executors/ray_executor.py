@@ -299,9 +299,13 @@ class RayExecutor:
         except self._ray.exceptions.RayError as exc:
             self._lost(worker)
             log_stage(
-                log, "worker_lost", attempt_id(settings, spec, spec.first_attempt),
-                level=logging.WARNING, worker=worker.index, error=_cause(exc),
-            )  # fmt: skip
+                log,
+                "worker_lost",
+                attempt_id(settings, spec, spec.first_attempt),
+                level=logging.WARNING,
+                worker=worker.index,
+                error=_cause(exc),
+            )
             raise _WorkerLost(_cause(exc)) from exc
         finally:
             worker.in_flight -= 1
@@ -384,8 +388,13 @@ class RayExecutor:
                 worker.actor.update_weights.remote(ref, version, mode).future()
             )
         except Exception as exc:
-            log.error("restarted Ray worker %d cannot load version %d: %s", worker.index,
-                      version, _cause(exc), extra={"stage": "worker_gone"})  # fmt: skip
+            log.error(
+                "restarted Ray worker %d cannot load version %d: %s",
+                worker.index,
+                version,
+                _cause(exc),
+                extra={"stage": "worker_gone"},
+            )
             return False
         return True
 
@@ -402,10 +411,15 @@ class RayExecutor:
         (resume runs it again) or, when the caller cancelled it meanwhile, cancelled."""
         kind: ErrorKind | None = "infrastructure" if status == "error" else None
         record = make_record(
-            spec, settings, status, kind, reason,
-            attempts=spec.first_attempt, started_at=started_at,
+            spec,
+            settings,
+            status,
+            kind,
+            reason,
+            attempts=spec.first_attempt,
+            started_at=started_at,
             elapsed_s=time.monotonic() - clock,
-        )  # fmt: skip
+        )
         await asyncio.to_thread(self._store_or_fail().write, record)
         return record
 

@@ -63,6 +63,11 @@ class ChatTurns:
         self.metrics.turn_answered(answer.finish_reason)
         self.metrics.turn_latency.observe(latency)
         return ChatResult(
-            message, answer.finish_reason, answer.prompt_tokens, answer.completion_tokens,
-            completion_ids=None, logprobs=answer.logprobs, turn_index=turn.index,
-        )  # fmt: skip
+            message,
+            answer.finish_reason,
+            answer.prompt_tokens,
+            answer.completion_tokens,
+            completion_ids=None,
+            logprobs=answer.logprobs,
+            turn_index=turn.index,
+        )

@@ -263,9 +263,10 @@ class Gateway:
         expired = [
             rollout_id
             for rollout_id, state in self._rollouts.items()
-            if not state.busy and not state.in_flight
+            if not state.busy
+            and not state.in_flight
             and now - state.last_active > self.rollout_ttl_s
-        ]  # fmt: skip
+        ]
         for rollout_id in expired:
             self._rollouts.pop(rollout_id).cancelled = True
             self.metrics.rollouts_active.dec()
@@ -288,9 +289,14 @@ class Gateway:
                 request_id, idle = None, now - state.last_active
                 where = "gateway" if state.busy else "agent"
             if idle >= after_s:
-                found.append(RolloutStuck(
-                    rollout_id=rollout_id, waiting_in=where, request_id=request_id, idle_s=idle,
-                ))  # fmt: skip
+                found.append(
+                    RolloutStuck(
+                        rollout_id=rollout_id,
+                        waiting_in=where,
+                        request_id=request_id,
+                        idle_s=idle,
+                    )
+                )
         self.metrics.rollouts_stuck.set(len(found))
         return found
 
@@ -317,14 +323,21 @@ def _turn_finished(
 ) -> TurnFinished:
     if result is None:  # it raised
         return TurnFinished(
-            rollout_id=rollout_id, turn=turn, prompt_tokens=0, completion_tokens=0,
-            latency_s=latency_s, finish_reason="error",
-        )  # fmt: skip
+            rollout_id=rollout_id,
+            turn=turn,
+            prompt_tokens=0,
+            completion_tokens=0,
+            latency_s=latency_s,
+            finish_reason="error",
+        )
     return TurnFinished(
-        rollout_id=rollout_id, turn=turn, prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens, latency_s=latency_s,
+        rollout_id=rollout_id,
+        turn=turn,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        latency_s=latency_s,
         finish_reason=result.finish_reason,
-    )  # fmt: skip
+    )
 
 
 def _turn_attributes(rollout_id: str, turn: int) -> dict[str, Any]:

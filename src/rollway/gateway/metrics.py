@@ -17,15 +17,10 @@ log = logging.getLogger(__name__)
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.rollouts_active = Gauge(
-            "rollway_rollouts_active", "Registered rollouts.", registry=self.registry
-        )
-        self.turns = Counter(
-            "rollway_turns", "Chat turns answered.", ["finish_reason"], registry=self.registry
-        )
-        self.tokens = Counter(
-            "rollway_tokens", "Tokens through the gateway.", ["kind"], registry=self.registry
-        )
+        gauge, counter = self._gauge, self._counter
+        self.rollouts_active = gauge("rollway_rollouts_active", "Registered rollouts.")
+        self.turns = counter("rollway_turns", "Chat turns answered.", "finish_reason")
+        self.tokens = counter("rollway_tokens", "Tokens through the gateway.", "kind")
         # Children looked up once: ``labels()`` on every turn costs more than the count.
         self.prompt_tokens = self.tokens.labels("prompt")
         self.completion_tokens = self.tokens.labels("completion")
@@ -33,46 +28,44 @@ class GatewayMetrics:
         self.turn_latency = Histogram(
             "rollway_turn_latency_seconds", "Engine time per turn.", registry=self.registry
         )
-        self.engine_errors = Counter(
-            "rollway_engine_errors", "Failed generations.", registry=self.registry
+        self.engine_errors = counter("rollway_engine_errors", "Failed generations.")
+        self.rollouts_expired = counter(
+            "rollway_rollouts_expired", "Rollouts dropped after idling past the TTL."
         )
-        self.rollouts_expired = Counter(
-            "rollway_rollouts_expired", "Rollouts dropped after idling past the TTL.",
-            registry=self.registry,
-        )  # fmt: skip
-        self.turns_reissued = Counter(
-            "rollway_turns_reissued", "Turns the engine aborted (a weight update), sent again.",
-            registry=self.registry,
-        )  # fmt: skip
-        self.policy_version = Gauge(
-            "rollway_policy_version", "Weights version the engine samples with (-1: none).",
-            registry=self.registry,
-        )  # fmt: skip
-        self.rollouts_stuck = Gauge(
-            "rollway_rollouts_stuck", "Rollouts without progress past the watchdog's limit.",
-            registry=self.registry,
-        )  # fmt: skip
-        self.truncations = Counter(
-            "rollway_truncations", "Limits hit.", ["reason"], registry=self.registry
+        self.turns_reissued = counter(
+            "rollway_turns_reissued", "Turns the engine aborted (a weight update), sent again."
         )
-
-        self.endpoint_healthy = Gauge(
-            "rollway_engine_endpoint_healthy", "1 while an engine endpoint takes traffic.",
-            ["endpoint"], registry=self.registry,
-        )  # fmt: skip
-        self.endpoint_in_flight = Gauge(
-            "rollway_engine_endpoint_in_flight", "Requests running on an engine endpoint.",
-            ["endpoint"], registry=self.registry,
-        )  # fmt: skip
-        self.endpoint_ejections = Gauge(
-            "rollway_engine_endpoint_ejections", "Times an engine endpoint was ejected.",
-            ["endpoint"], registry=self.registry,
-        )  # fmt: skip
-        self.endpoint_refused = Gauge(
+        self.policy_version = gauge(
+            "rollway_policy_version", "Weights version the engine samples with (-1: none)."
+        )
+        self.rollouts_stuck = gauge(
+            "rollway_rollouts_stuck", "Rollouts without progress past the watchdog's limit."
+        )
+        self.truncations = counter("rollway_truncations", "Limits hit.", "reason")
+        self.endpoint_healthy = gauge(
+            "rollway_engine_endpoint_healthy",
+            "1 while an engine endpoint takes traffic.",
+            "endpoint",
+        )
+        self.endpoint_in_flight = gauge(
+            "rollway_engine_endpoint_in_flight",
+            "Requests running on an engine endpoint.",
+            "endpoint",
+        )
+        self.endpoint_ejections = gauge(
+            "rollway_engine_endpoint_ejections", "Times an engine endpoint was ejected.", "endpoint"
+        )
+        self.endpoint_refused = gauge(
             "rollway_engine_endpoint_refused",
             "Requests an engine endpoint refused before they were sent (sent elsewhere).",
-            ["endpoint"], registry=self.registry,
-        )  # fmt: skip
+            "endpoint",
+        )
+
+    def _gauge(self, name: str, documentation: str, *labels: str) -> Gauge:
+        return Gauge(name, documentation, labels, registry=self.registry)
+
+    def _counter(self, name: str, documentation: str, *labels: str) -> Counter:
+        return Counter(name, documentation, labels, registry=self.registry)
 
     def observe_engine(self, engine: object) -> None:
         """Copy the engine's version and a routed engine's endpoint states into the gauges

@@ -154,11 +154,17 @@ class TokenTurns:
         finish = "tool_calls" if parsed.tool_calls else result.finish_reason
         self.metrics.turn_answered(finish)
         return ChatResult(
-            message, finish, prompt_tokens, len(result.output_ids),
-            completion_ids=result.output_ids, logprobs=result.logprobs,
-            turn_index=recorded.index, stop_sequence=stop,
-            top_ids=result.top_ids, top_logprobs=result.top_logprobs,
-        )  # fmt: skip
+            message,
+            finish,
+            prompt_tokens,
+            len(result.output_ids),
+            completion_ids=result.output_ids,
+            logprobs=result.logprobs,
+            turn_index=recorded.index,
+            stop_sequence=stop,
+            top_ids=result.top_ids,
+            top_logprobs=result.top_logprobs,
+        )
 
     def truncate(self, state: RolloutState, reason: str) -> None:
         if state.mark_truncated(reason):

@@ -162,16 +162,23 @@ class WeightControl:
         """Log the failure with its cause and resume the pause the update made. Should the
         resume fail too, the pause stays on record (``describe`` agrees with the engine) and
         the load's error, not the resume's, is what the caller sees."""
-        log.warning("weight update to version %d failed: %s", version, error,
-                    extra={"stage": "weights", "version": version})  # fmt: skip
+        log.warning(
+            "weight update to version %d failed: %s",
+            version,
+            error,
+            extra={"stage": "weights", "version": version},
+        )
         if own_pause is None:
             return
         try:
             await engine.resume()
         except Exception as exc:
             self.paused = own_pause
-            log.error("resume after the failed update failed, still paused (POST "
-                      "/admin/resume): %s", exc, extra={"stage": "weights"})  # fmt: skip
+            log.error(
+                "resume after the failed update failed, still paused (POST /admin/resume): %s",
+                exc,
+                extra={"stage": "weights"},
+            )
 
     def _engine(self) -> WeightSync:
         if not isinstance(self.engine, WeightSync):

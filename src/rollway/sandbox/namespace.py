@@ -35,9 +35,17 @@ from rollway.sandbox.base import SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
 
 _UNSHARE = [
-    "unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount-proc",
-    "--ipc", "--uts", "--kill-child",
-]  # fmt: skip
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--net",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "--ipc",
+    "--uts",
+    "--kill-child",
+]
 #: Where programs find other programs' Unix sockets and shared memory: a fresh tmpfs over each.
 HIDDEN_PLACES = ("/tmp", "/run", "/dev/shm", "/var/tmp")
 

@@ -49,14 +49,26 @@ __all__ = ["RollwayGenerator", "skyrl_engine_spec", "skyrl_sampling"]
 
 #: vLLM sampling keys that change only the text vLLM detokenizes (SkyRL's own generator reads
 #: it); rollway returns token ids and parses the text itself, so they change nothing here.
-_TEXT_ONLY = frozenset({"skip_special_tokens", "include_stop_str_in_output",
-                        "spaces_between_special_tokens", "detokenize"})  # fmt: skip
+_TEXT_ONLY = frozenset(
+    {
+        "skip_special_tokens",
+        "include_stop_str_in_output",
+        "spaces_between_special_tokens",
+        "detokenize",
+    }
+)
 #: vLLM sampling keys rollway's engines cannot honour, with the value that means "off".
-_OFF = {"min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-        "frequency_penalty": 0.0, "n": 1}  # fmt: skip
+_OFF = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "n": 1,
+}
 #: Keys a task gets from the generator; an ``env_extras`` column of that name would be lost.
-_RESERVED = frozenset({"task_id", "prompt", "env_class", "instance_id", "global_step",
-                       "training_phase"})  # fmt: skip
+_RESERVED = frozenset(
+    {"task_id", "prompt", "env_class", "instance_id", "global_step", "training_phase"}
+)
 
 
 def skyrl_sampling(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], bool]:
@@ -167,9 +179,9 @@ class RollwayGenerator(GeneratorInterface):
         **client_options: Any,
     ) -> None:
         self.owns_client = client is None
-        self.client = client if client is not None else (
-            RolloutClient(agent, engine, **client_options)
-        )  # fmt: skip
+        self.client = (
+            client if client is not None else (RolloutClient(agent, engine, **client_options))
+        )
         self.step_wise = step_wise
         self.placeholder_token_id = placeholder_token_id
         self.calls = itertools.count()
@@ -229,8 +241,10 @@ class RollwayGenerator(GeneratorInterface):
                 "reward",
             )
         last = len(samples) - 1
-        return [_out(record, sample, record.reward if i == last else 0.0, i == last)
-                for i, sample in enumerate(samples)]  # fmt: skip
+        return [
+            _out(record, sample, record.reward if i == last else 0.0, i == last)
+            for i, sample in enumerate(samples)
+        ]
 
 
 def _rows(batch: GeneratorInput) -> list[_Row]:
@@ -239,12 +253,12 @@ def _rows(batch: GeneratorInput) -> list[_Row]:
     classes = batch.get("env_classes") or [None] * len(prompts)
     # Without trajectory ids, each row is its own instance, as SkyRL's generator treats it.
     ids = batch.get("trajectory_ids") or [TrajectoryID(str(i), 0) for i in range(len(prompts))]
-    for name, column in (("env_extras", extras), ("env_classes", classes),
-                         ("trajectory_ids", ids)):  # fmt: skip
+    for name, column in (("env_extras", extras), ("env_classes", classes), ("trajectory_ids", ids)):
         if len(column) != len(prompts):
             raise ConfigError(f"{name} has {len(column)} rows for {len(prompts)} prompts", name)
-    return [_Row(i, prompts[i], classes[i], dict(extras[i] or {}), ids[i])
-            for i in range(len(prompts))]  # fmt: skip
+    return [
+        _Row(i, prompts[i], classes[i], dict(extras[i] or {}), ids[i]) for i in range(len(prompts))
+    ]
 
 
 def _groups(rows: list[_Row]) -> list[list[_Row]]:
@@ -253,11 +267,15 @@ def _groups(rows: list[_Row]) -> list[list[_Row]]:
     by_instance: dict[str, list[_Row]] = {}
     for row in rows:
         by_instance.setdefault(row.trajectory_id.instance_id, []).append(row)
-    groups = [sorted(group, key=lambda r: r.trajectory_id.repetition_id)
-              for group in by_instance.values()]  # fmt: skip
+    groups = [
+        sorted(group, key=lambda r: r.trajectory_id.repetition_id) for group in by_instance.values()
+    ]
     same_size = len({len(group) for group in groups}) == 1
-    alike = all((r.prompt, r.env_class, r.env_extras) == (g[0].prompt, g[0].env_class,
-                g[0].env_extras) for g in groups for r in g)  # fmt: skip
+    alike = all(
+        (r.prompt, r.env_class, r.env_extras) == (g[0].prompt, g[0].env_class, g[0].env_extras)
+        for g in groups
+        for r in g
+    )
     return groups if same_size and alike else [[row] for row in rows]
 
 
@@ -299,8 +317,14 @@ def _out(record: RolloutRecord, sample: Sample, reward: float, last: bool) -> _O
     stop = turns[-1].finish_reason if turns else "stop"
     if last and trajectory.is_truncated:
         stop = "length"  # SkyRL's overlong filtering and zero_reward_on_non_stop read this
-    return _Out(sample.prompt_ids, sample.response_ids, sample.loss_mask, sample.logprobs,
-                float(reward), stop)  # fmt: skip
+    return _Out(
+        sample.prompt_ids,
+        sample.response_ids,
+        sample.loss_mask,
+        sample.logprobs,
+        float(reward),
+        stop,
+    )
 
 
 def _output(
@@ -312,9 +336,11 @@ def _output(
 ) -> GeneratorOutput:
     """SkyRL's ``GeneratorOutput``: each row's outputs in input order (a trajectory's steps
     adjacent, as SkyRL's step-wise validation requires)."""
-    flat = [(row, record, out, i == len(row_outs) - 1)
-            for row, record, row_outs in zip(rows, records, outs, strict=True)
-            for i, out in enumerate(row_outs)]  # fmt: skip
+    flat = [
+        (row, record, out, i == len(row_outs) - 1)
+        for row, record, row_outs in zip(rows, records, outs, strict=True)
+        for i, out in enumerate(row_outs)
+    ]
     times = [record.elapsed_s for record in records]
     splits = {
         "llm": [record.metrics.llm_latency_ms / 1000 for record in records],
@@ -323,9 +349,13 @@ def _output(
     responses = [out.response_ids for _, _, out, _ in flat]
     rewards = [out.reward for _, _, out, _ in flat]
     masks = [out.loss_mask for _, _, out, _ in flat]
-    metrics = get_rollout_metrics(responses, rewards, loss_masks=masks,
-                                  trajectory_completion_times=times,
-                                  trajectory_time_splits=splits)  # fmt: skip
+    metrics = get_rollout_metrics(
+        responses,
+        rewards,
+        loss_masks=masks,
+        trajectory_completion_times=times,
+        trajectory_time_splits=splits,
+    )
     metrics.update(_rollway_metrics(records, outs))
     return {
         "prompt_token_ids": [out.prompt_ids for _, _, out, _ in flat],

@@ -102,9 +102,9 @@ class _RolloutFunc:
             model = trainer.accelerator.unwrap_model(trainer.model)
             self.client.update_weights(model.state_dict(), mode=self.mode)
             self.synced_step = trainer.state.global_step
-        generations = trainer.num_generations if trainer.model.training else (
-            trainer.num_generations_eval
-        )  # fmt: skip
+        generations = (
+            trainer.num_generations if trainer.model.training else (trainer.num_generations_eval)
+        )
         records = self.run_round(prompts, generations, **trainer_sampling(trainer.args))
         return trl_columns(records, _eos_id(trainer.processing_class))
 
@@ -168,8 +168,16 @@ def trl_columns(records: Sequence[RolloutRecord], eos_id: int) -> dict[str, list
     return {key: [row[key] for row in rows] for key in _COLUMNS}
 
 
-_COLUMNS = ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollway_reward",
-            "rollway_status", "rollway_rollout_id", "rollway_policy_version")  # fmt: skip
+_COLUMNS = (
+    "prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "env_mask",
+    "rollway_reward",
+    "rollway_status",
+    "rollway_rollout_id",
+    "rollway_policy_version",
+)
 
 
 def _row(record: RolloutRecord, eos_id: int) -> dict[str, Any]:
@@ -180,8 +188,13 @@ def _row(record: RolloutRecord, eos_id: int) -> dict[str, Any]:
     }
     sample = _only_sample(record)
     if sample is None:  # nothing to train on: one masked token, and no reward
-        tokens = {"prompt_ids": [eos_id], "completion_ids": [eos_id], "logprobs": [0.0],
-                  "env_mask": [0], "rollway_reward": None}  # fmt: skip
+        tokens = {
+            "prompt_ids": [eos_id],
+            "completion_ids": [eos_id],
+            "logprobs": [0.0],
+            "env_mask": [0],
+            "rollway_reward": None,
+        }
         return {**row, **tokens}
     return {
         **row,

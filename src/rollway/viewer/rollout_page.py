@@ -23,8 +23,15 @@ from rollway.viewer.token_view import (
 #: The most debug events a page shows per rollout (a chatty agent may log thousands).
 MAX_DEBUG_EVENTS = 2000
 #: A turn's per-token fields, which the page reads from the samples' token pages instead.
-PER_TOKEN = {"new_prompt_ids", "completion_ids", "logprobs", "policy_versions", "raw_logprobs",
-             "kept_mass", "distribution"}  # fmt: skip
+PER_TOKEN = {
+    "new_prompt_ids",
+    "completion_ids",
+    "logprobs",
+    "policy_versions",
+    "raw_logprobs",
+    "kept_mass",
+    "distribution",
+}
 
 
 def rollout_detail(
@@ -59,7 +66,7 @@ def rollout_detail(
             "policy_versions": sorted(set(turn.policy_versions or [])),
         }
         for turn in trajectory.turns
-    ]  # fmt: skip
+    ]
     views = sample_views(trajectory)
     detail["samples"] = views
     model = config.get("model")

@@ -36,9 +36,23 @@ from rollway.viewer.run_stats import (
 Row = dict[str, Any]
 #: Columns a listing sorts on (index_row's fields).
 ROLLOUT_COLUMNS = frozenset(
-    {"key", "status", "reward", "group_id", "turns", "sampled_tokens", "elapsed_s", "reason",
-     "error_kind", "started_at", "attempts", "task_index", "sample_index", "policy_version"}
-)  # fmt: skip
+    {
+        "key",
+        "status",
+        "reward",
+        "group_id",
+        "turns",
+        "sampled_tokens",
+        "elapsed_s",
+        "reason",
+        "error_kind",
+        "started_at",
+        "attempts",
+        "task_index",
+        "sample_index",
+        "policy_version",
+    }
+)
 GROUP_COLUMNS = frozenset(
     {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task", "flat"}
 )
@@ -288,18 +302,20 @@ def _groups(rows: list[Row]) -> list[Row]:
         transient = sum(r["error_kind"] in TRANSIENT_KINDS for r in group)
         rewards = scored_rewards(group)
         average = mean(rewards)
-        groups.append({
-            "group_id": group_id,
-            "first_task": group[0]["task_index"],
-            "n": len(group),
-            "scored": len(rewards),
-            "mean_reward": average,
-            "std_reward": _pstdev(rewards, average),
-            "success_rate": sum(r["status"] in SUCCESS for r in group) / len(group),
-            "infrastructure_failures": transient,
-            # No GRPO signal: fewer than two different rewards (export's flat_groups).
-            "flat": len(set(rewards)) < 2,
-        })  # fmt: skip
+        groups.append(
+            {
+                "group_id": group_id,
+                "first_task": group[0]["task_index"],
+                "n": len(group),
+                "scored": len(rewards),
+                "mean_reward": average,
+                "std_reward": _pstdev(rewards, average),
+                "success_rate": sum(r["status"] in SUCCESS for r in group) / len(group),
+                "infrastructure_failures": transient,
+                # No GRPO signal: fewer than two different rewards (export's flat_groups).
+                "flat": len(set(rewards)) < 2,
+            }
+        )
     return groups
 
 

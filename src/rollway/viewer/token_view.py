@@ -156,12 +156,16 @@ def _page(trajectory: Trajectory, sample: Sample, offset: int, limit: int) -> di
         "entropy": sample.entropy[first:last] if sample.entropy is not None else None,
         # A turn's prompt is the stream so far: its completion follows it.
         "turns": [
-            {"index": t.index, "start": t.prompt_len,
-             "end": t.prompt_len + len(t.completion_ids), "reissued": t.reissued}
+            {
+                "index": t.index,
+                "start": t.prompt_len,
+                "end": t.prompt_len + len(t.completion_ids),
+                "reissued": t.reissued,
+            }
             for t in turns
         ],
         "drift_at": None,
-    }  # fmt: skip
+    }
 
 
 def token_texts(

@@ -134,11 +134,13 @@ async def rollout_page(request: Request) -> Response:
     return FileResponse(ASSETS / "rollout.html")
 
 
-_PAGE = (Param("offset", "query", int, "First row (default 0)"),
-         Param("limit", "query", int, f"Rows, 1 to {MAX_PAGE} (default 50)"),
-         Param("sort", "query", str, "Column to sort on"),
-         Param("order", "query", str, "asc or desc"),
-         Param("q", "query", str, "Case-insensitive text filter"))  # fmt: skip
+_PAGE = (
+    Param("offset", "query", int, "First row (default 0)"),
+    Param("limit", "query", int, f"Rows, 1 to {MAX_PAGE} (default 50)"),
+    Param("sort", "query", str, "Column to sort on"),
+    Param("order", "query", str, "asc or desc"),
+    Param("q", "query", str, "Case-insensitive text filter"),
+)
 ENDPOINTS = [
     Endpoint(
         "GET",

@@ -35,9 +35,12 @@ class BackgroundServer:
         bound_host, bound_port = self._socket.getsockname()[:2]
         self.url = f"http://{bound_host}:{bound_port}"
         config = uvicorn_config(
-            app, limits or ServerLimits(), log_level="warning", lifespan="on",
+            app,
+            limits or ServerLimits(),
+            log_level="warning",
+            lifespan="on",
             timeout_graceful_shutdown=5,
-        )  # fmt: skip
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True

@@ -185,8 +185,13 @@ def _path_params(endpoint: Endpoint) -> list[dict[str, Any]]:
 
 
 def _param(param: Param) -> dict[str, Any]:
-    return {"name": param.name, "in": param.where, "required": False,
-            "description": param.description, "schema": _schema(param.schema)}  # fmt: skip
+    return {
+        "name": param.name,
+        "in": param.where,
+        "required": False,
+        "description": param.description,
+        "schema": _schema(param.schema),
+    }
 
 
 def _schema(kind: Any) -> dict[str, Any]:

@@ -206,9 +206,11 @@ class RemoteAgent(AgentLoop):
             unreachable += 1
             log.warning(
                 "agent server unreachable (%d/%d): %r",
-                unreachable, self.poll.max_status_failures, exc,
+                unreachable,
+                self.poll.max_status_failures,
+                exc,
                 extra={"rollout_id": rollout_id, "stage": "status"},
-            )  # fmt: skip
+            )
             if unreachable >= self.poll.max_status_failures:
                 raise InfrastructureError(
                     f"agent server {self.url} unreachable for {unreachable} status calls in a "

@@ -117,9 +117,12 @@ class AgentService:
             )
         tools = self._tools(init)
         report = AgentReport(
-            run_key=key, rollout_id=init.rollout_id, agent=self.agent.name, status="running",
+            run_key=key,
+            rollout_id=init.rollout_id,
+            agent=self.agent.name,
+            status="running",
             started_at=time.time(),
-        )  # fmt: skip
+        )
         run = Run(key, init, tools, report)
         self._remember(run)
         self.runs_started += 1
@@ -175,23 +178,33 @@ class AgentService:
         log_stage(log, "finish", init.rollout_id, logging.INFO, status=outcome.status)
         if callback_url:
             run.callback = await deliver_report(
-                self.session(), callback_url, callback_key, report,
-                attempts=self.config.callback_attempts, wait_s=self.config.callback_wait_s,
-            )  # fmt: skip
+                self.session(),
+                callback_url,
+                callback_key,
+                report,
+                attempts=self.config.callback_attempts,
+                wait_s=self.config.callback_wait_s,
+            )
 
     async def _run_agent(self, run: Run) -> AgentOutcome:
         init = run.init
         chat = HttpChat(self.session(), init.base_url, init.api_key, init.model or "default")
         ctx = RolloutContext(
-            init.task, run.tools, init.rollout_id, chat, self._debug_path(init),
-            base_url=init.base_url, api_key=init.api_key,
-        )  # fmt: skip
+            init.task,
+            run.tools,
+            init.rollout_id,
+            chat,
+            self._debug_path(init),
+            base_url=init.base_url,
+            api_key=init.api_key,
+        )
         outcome = await run_agent(
-            self.agent, ctx,
+            self.agent,
+            ctx,
             cancel=run.cancel,
             timeout_s=init.limits.timeout_s,
             stop_grace_s=self.config.stop_grace_s,
-        )  # fmt: skip
+        )
         run.report.metrics = ctx.metrics
         return outcome
 
@@ -271,8 +284,12 @@ def _record_crash(run: Run, task: asyncio.Task[None]) -> None:
     error = task.exception()
     log.error("agent server run failed: %r", error, extra={"rollout_id": run.init.rollout_id})
     if run.finished_at is None:
-        update = {"status": "error", "error_kind": "infrastructure",
-                  "reason": f"agent server: {error!r}", "finished_at": time.time()}  # fmt: skip
+        update = {
+            "status": "error",
+            "error_kind": "infrastructure",
+            "reason": f"agent server: {error!r}",
+            "finished_at": time.time(),
+        }
         run.report, run.finished_at = run.report.model_copy(update=update), time.monotonic()
     if run.callback == "pending":
         run.callback = "failed"

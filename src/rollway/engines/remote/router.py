@@ -315,8 +315,11 @@ class RoutedEngine:
                 # catch-up, which alone can end the mismatch.
                 if endpoint.healthy:
                     endpoint.successes = 0
-                    self._take_out(endpoint, f"it serves weights version {engine.policy_version}, "
-                                   f"not the fleet's {self.policy_version}")  # fmt: skip
+                    self._take_out(
+                        endpoint,
+                        f"it serves weights version {engine.policy_version}, "
+                        f"not the fleet's {self.policy_version}",
+                    )
 
     async def _catch_up(self, endpoint: Endpoint) -> bool:
         """Bring a returning endpoint to the fleet's weights and pause state; False if it

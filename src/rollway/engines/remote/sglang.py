@@ -188,9 +188,14 @@ class SGLangEngine:
                 length = new.start + len(new.ids)
                 versions = token_versions(new.meta, length, self.policy_version, new.start)
                 chunk = GenerationChunk(
-                    new.ids, new.logprobs, new.finish_reason, versions, kind,
-                    top_ids=new.top_ids, top_logprobs=new.top_logprobs,
-                )  # fmt: skip
+                    new.ids,
+                    new.logprobs,
+                    new.finish_reason,
+                    versions,
+                    kind,
+                    top_ids=new.top_ids,
+                    top_logprobs=new.top_logprobs,
+                )
                 if last is not None:
                     continue  # nothing but [DONE] follows the finish: read it, reuse the line
                 if chunk.finish_reason is not None:
@@ -290,8 +295,12 @@ class SGLangEngine:
         truth (a routed fleet then takes it out and replays the last update on it)."""
         served = version_number(label, self.policy_version) if label is not None else None
         if served is not None and served != self.policy_version:
-            log.warning("%s serves weights version %d, not %d (restarted?)", self.base_url,
-                        served, self.policy_version)  # fmt: skip
+            log.warning(
+                "%s serves weights version %d, not %d (restarted?)",
+                self.base_url,
+                served,
+                self.policy_version,
+            )
             self.policy_version = served
 
     async def probe(self) -> SGLangServer:
@@ -422,8 +431,9 @@ class SGLangEngine:
         if answer.status == 401:
             raise EngineError(f"{self.base_url}{route} wants an API key (HTTP 401): {_KEY_HINT}")
         if check and not answer.ok:
-            raise EngineError(f"{self.base_url}{route} failed ({doing}): HTTP {answer.status} "
-                              f"{answer.text}")  # fmt: skip
+            raise EngineError(
+                f"{self.base_url}{route} failed ({doing}): HTTP {answer.status} {answer.text}"
+            )
         return answer
 
     def _enter(self) -> None:

@@ -423,9 +423,12 @@ class VLLMEngine:
                 return  # caught up, or it does not say
             log.warning(
                 "vLLM at %s serves weights %r, not version %d (it restarted): loading %s again",
-                self.base_url, label, self.policy_version, self._last_load,
+                self.base_url,
+                label,
+                self.policy_version,
+                self._last_load,
                 extra={"stage": "weights", "version": self.policy_version},
-            )  # fmt: skip
+            )
             self._server_at = -float("inf")  # it may have restarted with other settings too
             try:
                 await self._load(self._last_load, self.policy_version, server)

@@ -165,8 +165,10 @@ def top_logprobs_of(block: Any, tokens: int, top: int) -> tuple[list[list[int]],
     ``{"token_id:<id>": logprob}`` per token (``return_tokens_as_token_ids``), holding the top
     ones and the sampled token, which makes ``top + 1`` where it is not among them."""
     try:
-        steps = [[(float(lp), _token_id(key)) for key, lp in step.items()]
-                 for step in block["top_logprobs"]]  # fmt: skip
+        steps = [
+            [(float(lp), _token_id(key)) for key, lp in step.items()]
+            for step in block["top_logprobs"]
+        ]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(f"malformed vLLM top_logprobs: {exc!r}") from exc
     if len(steps) != tokens:

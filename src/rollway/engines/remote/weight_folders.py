@@ -73,8 +73,9 @@ def _header_shapes(file: Path) -> Shapes:
             if name != "__metadata__"
         }
     except (OSError, struct.error, ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"weights file {str(file)!r} is not readable safetensors: {exc}",
-                          "source") from exc  # fmt: skip
+        raise ConfigError(
+            f"weights file {str(file)!r} is not readable safetensors: {exc}", "source"
+        ) from exc
 
 
 def _check_shapes(folder: Path, shapes: Shapes, expected: Shapes) -> None:

@@ -2,46 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import Response
 
-from rollway.gateway.core import Gateway
 from rollway.gateway.experiment_leases import LeaseRequest, ReleaseRequest
+from rollway.gateway.http.app_state import gateway_of, read_body, require_admin
 from rollway.ids import SafeId, check_id
 from rollway.web.handlers import JSONResponse, parse_model
 from rollway.web.openapi import Endpoint
 
 
-def lease_endpoints(
-    gateway: Gateway,
-    require_admin: Callable[[Request], None],
-    read_body: Callable[[Request], Awaitable[dict[str, Any]]],
-) -> list[Endpoint]:
-    async def take(request: Request) -> Response:
-        require_admin(request)
-        exp_id = check_id(request.path_params["exp_id"], "exp_id")
-        body = parse_model(LeaseRequest, await read_body(request))
-        lease = gateway.leases.take(exp_id, body.holder, body.ttl_s)
-        return JSONResponse(lease.model_dump(mode="json"))
+async def take(request: Request) -> Response:
+    require_admin(request)
+    exp_id = check_id(request.path_params["exp_id"], "exp_id")
+    body = parse_model(LeaseRequest, await read_body(request))
+    lease = gateway_of(request).leases.take(exp_id, body.holder, body.ttl_s)
+    return JSONResponse(lease.model_dump(mode="json"))
 
-    async def release(request: Request) -> Response:
-        require_admin(request)
-        exp_id = check_id(request.path_params["exp_id"], "exp_id")
-        body = parse_model(ReleaseRequest, await read_body(request))
-        return JSONResponse({"released": gateway.leases.release(exp_id, body.holder_id)})
 
-    prefix, ids = "/v1/experiments/{exp_id}", {"exp_id": SafeId}
-    return [
-        Endpoint(
-            "POST", f"{prefix}/lease", take,
-            "Hold the experiment for one client, or renew its hold (409 names another holder)",
-            LeaseRequest, auth="adminKey", path_types=ids, errors=(400, 409, 413, 422),
-        ),
-        Endpoint(
-            "POST", f"{prefix}/release", release, "Give the experiment's lease back",
-            ReleaseRequest, auth="adminKey", path_types=ids, errors=(400, 413, 422),
-        ),
-    ]  # fmt: skip
+async def release(request: Request) -> Response:
+    require_admin(request)
+    exp_id = check_id(request.path_params["exp_id"], "exp_id")
+    body = parse_model(ReleaseRequest, await read_body(request))
+    return JSONResponse({"released": gateway_of(request).leases.release(exp_id, body.holder_id)})
+
+
+_PREFIX, _IDS = "/v1/experiments/{exp_id}", {"exp_id": SafeId}
+LEASE_ENDPOINTS = (
+    Endpoint(
+        "POST", f"{_PREFIX}/lease", take,
+        "Hold the experiment for one client, or renew its hold (409 names another holder)",
+        LeaseRequest, auth="adminKey", path_types=_IDS, errors=(400, 409, 413, 422),
+    ),
+    Endpoint(
+        "POST", f"{_PREFIX}/release", release, "Give the experiment's lease back",
+        ReleaseRequest, auth="adminKey", path_types=_IDS, errors=(400, 413, 422),
+    ),
+)  # fmt: skip

@@ -169,8 +169,12 @@ def _usage(result: ChatResult) -> dict[str, int]:
 
 def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     function = call["function"]
-    return {"type": "tool_use", "id": call["id"], "name": function["name"],
-            "input": json.loads(function["arguments"] or "{}")}  # fmt: skip
+    return {
+        "type": "tool_use",
+        "id": call["id"],
+        "name": function["name"],
+        "input": json.loads(function["arguments"] or "{}"),
+    }
 
 
 async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncGenerator[bytes, None]:

@@ -265,8 +265,13 @@ async def sse_events(
             result = piece
         elif isinstance(piece, ContentDelta):
             if not opened:
-                item = {"type": "message", "id": message_id, "status": "in_progress",
-                        "role": "assistant", "content": []}  # fmt: skip
+                item = {
+                    "type": "message",
+                    "id": message_id,
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                }
                 yield event("response.output_item.added", output_index=0, item=item)
                 part = {"type": "output_text", "text": "", "annotations": []}
                 yield event("response.content_part.added", **where, part=part)
@@ -279,18 +284,29 @@ async def sse_events(
             yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
             yield event("response.content_part.done", **where, part=part)
         else:
-            yield event("response.output_item.added", output_index=index,
-                        item=item | {"status": "in_progress", "arguments": ""})  # fmt: skip
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item=item | {"status": "in_progress", "arguments": ""},
+            )
             at = {"item_id": item["id"], "output_index": index}
             yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            yield event("response.function_call_arguments.done", **at,
-                        arguments=item["arguments"], name=item["name"])  # fmt: skip
+            yield event(
+                "response.function_call_arguments.done",
+                **at,
+                arguments=item["arguments"],
+                name=item["name"],
+            )
         yield event("response.output_item.done", output_index=index, item=item)
     yield event("response.completed", response=body)
 
 
 def error_event(error: RollwayError) -> bytes:
     """An error after the stream began, as the openai SDK raises it."""
-    payload = {"type": "error", "code": type(error).__name__, "message": error.message,
-               "param": error.param} | error_body(error)  # fmt: skip
+    payload = {
+        "type": "error",
+        "code": type(error).__name__,
+        "message": error.message,
+        "param": error.param,
+    } | error_body(error)
     return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
