@@ -1,6 +1,12 @@
-"""The Ray executor on a real local Ray cluster started here, with the embedded model in every
-worker: same outcomes as the local executor, limits across the cluster, workers killed
-mid-batch, cancellation and timeouts, a shared gateway, and what travels to workers."""
+"""The Ray executor on a real local Ray cluster started here: same outcomes as the local
+executor, limits across the cluster, workers killed mid-batch, cancellation and timeouts, a shared
+gateway, and what travels to workers.
+
+A worker that builds its own engine (even ``sim``, for its tokenizer) imports torch and
+transformers, and ``embedded`` loads the model: 5-10 s of CPU per worker, which dominated this
+file. So tests whose claim is about a worker's own engine or model build one, on two workers
+only where the claim spans workers; the others share the session's served gateway, and their
+workers import neither."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import orjson
 import pytest
 import ray
@@ -51,6 +58,23 @@ def ray_cluster() -> Iterator[None]:
 
 def two_workers(**options: object) -> RayExecutor:
     return RayExecutor(num_workers=2, resources_per_worker={"CPU": 1}, **options)  # type: ignore[arg-type]
+
+
+def one_worker() -> RayExecutor:
+    return RayExecutor(num_workers=1, resources_per_worker={"CPU": 1})
+
+
+def shared_gateway(served: Served) -> RemoteGateway:
+    """The session's served gateway (the embedded model, in this process) for workers that
+    need no engine of their own."""
+    return RemoteGateway(served.url, admin_key=served.admin_key)
+
+
+def forget_left(served: Served, exp_id: str) -> None:
+    """Unregister what workers killed mid-rollout left on the session's gateway."""
+    for rollout_id in [r for r in served.gateway._rollouts if r.startswith(f"{exp_id}.")]:
+        url = f"{served.url}/v1/rollouts/{rollout_id}/unregister"
+        httpx.post(url, headers=served.admin_headers).raise_for_status()
 
 
 def run_in_thread(client: RolloutClient, tasks: list[dict], **kwargs: object) -> tuple:
@@ -140,7 +164,7 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
 
 
 def test_a_rollout_recorded_by_a_worker_that_then_died_is_not_run_again(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, served: Served, tmp_path: Path
 ) -> None:
     log, marker = tmp_path / "events", tmp_path / "died"
     tasks = [
@@ -149,7 +173,7 @@ def test_a_rollout_recorded_by_a_worker_that_then_died_is_not_run_again(
     ]
     store = DyingStore(tmp_path, "dying")
     with RolloutClient(
-        ProbeAgent, "embedded", store=store, exp_id="dying", executor=two_workers(),
+        ProbeAgent, shared_gateway(served), store=store, exp_id="dying", executor=two_workers(),
         max_concurrent=1,
     ) as client:  # fmt: skip
         items = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
@@ -160,10 +184,11 @@ def test_a_rollout_recorded_by_a_worker_that_then_died_is_not_run_again(
     assert sorted(starts) == ["dying.d0.0.1", "dying.d1.0.1"]  # d0 ran once
     index = (tmp_path / "dying" / "index.jsonl").read_text().splitlines()
     assert len(index) == 2
+    forget_left(served, "dying")
 
 
 def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, served: Served, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
     tasks = [
@@ -173,7 +198,7 @@ def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
     ]
     executor = two_workers(max_requeues=1, max_worker_restarts=4)
     with RolloutClient(
-        ProbeAgent, "embedded", store=str(tmp_path), exp_id="bound", executor=executor
+        ProbeAgent, shared_gateway(served), store=str(tmp_path), exp_id="bound", executor=executor
     ) as client:
         items = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
         # Per-call overrides travel to the worker with the rollout.
@@ -190,15 +215,16 @@ def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
     (turn,) = store.get(after.rollout_key).trajectory.turns
     assert (turn.sampling["temperature"], turn.sampling["max_tokens"]) == (0.25, 3)
     assert len(turn.completion_ids) <= 3
+    forget_left(served, "bound")
 
 
 def test_the_cap_and_the_rate_limit_hold_across_the_cluster(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, served: Served, tmp_path: Path
 ) -> None:
     log = tmp_path / "events"
     tasks = [{"task_id": f"c{i}", "wait": 0.8, "chat": False, "log": str(log)} for i in range(10)]
     with RolloutClient(
-        ProbeAgent, "embedded", store=str(tmp_path), executor=two_workers(),
+        ProbeAgent, shared_gateway(served), store=str(tmp_path), executor=two_workers(),
         max_concurrent=3, tps_limit=4,
     ) as client:  # fmt: skip
         assert all(i.success for i in client.run_batch(tasks))
@@ -211,10 +237,13 @@ def test_the_cap_and_the_rate_limit_hold_across_the_cluster(
     assert starts[-1] - starts[0] >= 2.0
 
 
-def test_timeout_and_cancel_reach_rollouts_on_workers(ray_cluster: None, tmp_path: Path) -> None:
+def test_timeout_and_cancel_reach_rollouts_on_workers(
+    ray_cluster: None, served: Served, tmp_path: Path
+) -> None:
     with RolloutClient(
-        ProbeAgent, "embedded", store=str(tmp_path), executor=two_workers(), timeout=1.0
-    ) as client:
+        ProbeAgent, shared_gateway(served), store=str(tmp_path), executor=two_workers(),
+        timeout=1.0,
+    ) as client:  # fmt: skip
         timed_out = client.invoke({"task_id": "slow", "wait": 30})
         cancelled = client.invoke({"task_id": "hang", "wait": 30})
         cancelled.cancel()
@@ -225,13 +254,14 @@ def test_timeout_and_cancel_reach_rollouts_on_workers(ray_cluster: None, tmp_pat
 
 
 def test_rollouts_on_workers_are_heard_starting_and_finishing(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, served: Served, tmp_path: Path
 ) -> None:
     heard: list[RolloutEvent] = []
     tasks = [{"task_id": f"e{i}", "chat": False, "reward": 0.5 * i} for i in range(2)]
     with RolloutClient(
-        ProbeAgent, "sim", store=str(tmp_path), executor=two_workers(), on_event=heard.append
-    ) as client:
+        ProbeAgent, shared_gateway(served), store=str(tmp_path), executor=two_workers(),
+        on_event=heard.append,
+    ) as client:  # fmt: skip
         records = [item.result for item in client.run_batch(tasks)]
     for record in records:
         mine = [e for e in heard if e.rollout_id == record.rollout_id]
@@ -271,7 +301,7 @@ def test_a_program_agent_runs_in_a_sandbox_on_a_worker(ray_cluster: None, tmp_pa
     )
     agent = ProgramAgent(f"{sys.executable} {program}")
     with RolloutClient(
-        agent, "embedded", store=str(tmp_path), exp_id="prog", executor=two_workers(), seed=4
+        agent, "embedded", store=str(tmp_path), exp_id="prog", executor=one_worker(), seed=4
     ) as client:
         items = list(client.run_batch([{"task_id": "p0"}, {"task_id": "p1"}]))
     assert [i.result.status for i in items] == ["completed", "completed"]
@@ -304,7 +334,7 @@ def test_everything_sent_to_workers_survives_pickling(
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
     from rollway.executors.base import WorkerConfig
     from rollway.executors.ray_executor import _check_shippable
-    from rollway.rollouts import RolloutLimits, RolloutConfig
+    from rollway.rollouts import RolloutConfig, RolloutLimits
     from rollway.sandbox import sandbox_factory
 
     calculator = load_agent(CALCULATOR)()
@@ -404,13 +434,13 @@ def test_rollway_run_on_a_ray_cluster_from_the_command_line(
         [sys.executable, "-m", "rollway", "run", f"{root}/{CALCULATOR}",
          "--tasks", str(root / "examples/calculator/tasks.jsonl"), "--limit", "2",
          "--group-size", "2", "--max-tokens", "8", "--seed", "1", "--out", str(tmp_path),
-         "--executor", "ray", "--ray-address", address, "--workers", "2"],
+         "--executor", "ray", "--ray-address", address, "--workers", "1"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     exp = tmp_path / "calculator-tasks"
     config = orjson.loads((exp / "config.json").read_bytes())
-    assert (config["executor"], config["workers"]) == ("ray", 2)
+    assert (config["executor"], config["workers"]) == ("ray", 1)  # not the cluster's 4 CPUs
     records = list(store_from_uri(str(tmp_path), "calculator-tasks").records())
     assert len(records) == 4 and all(r.trajectory and r.trajectory.turns for r in records)
     assert orjson.loads((exp / "summary.json").read_bytes())["total"] == 4
@@ -449,7 +479,7 @@ def test_every_worker_takes_a_weight_update_and_a_sglang_spec_is_refused(
     # Each worker's engine would send the same update to the same servers.
     with (
         RolloutClient(
-            ProbeAgent, "sglang://127.0.0.1:9", store=str(tmp_path), executor=two_workers()
+            ProbeAgent, "sglang://127.0.0.1:9", store=str(tmp_path), executor=one_worker()
         ) as shared_servers,
         pytest.raises(ConfigError, match="through a shared gateway"),
     ):
