@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "vllm_server.sh"
 VENV = Path(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm"))
 LOG_DIR = ROOT / "rollway-runs" / "vllm"
