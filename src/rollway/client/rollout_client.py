@@ -7,7 +7,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator, Mapping
@@ -16,10 +15,11 @@ from typing import Any, Unpack
 
 from rollway import tracing
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent, resolve_agent
-from rollway.checks import check_count, check_seconds, is_number
+from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
+from rollway.checks import check_count
 from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.client_config import ClientConfig, check_pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
@@ -34,7 +34,6 @@ from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.generation import SamplingParams
-from rollway.ids import check_exp_id, id_from
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
 from rollway.rollouts import (
@@ -45,7 +44,6 @@ from rollway.rollouts import (
     ServingConfig,
     task_key,
 )
-from rollway.rollouts.config import config_object
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import remove_leftovers
@@ -118,22 +116,12 @@ class RolloutClient:
         **options: Unpack[RolloutOptions],
     ) -> None:
         # Checked before anything starts: a bad value is named here, not met as a hang later.
-        check_count("max_concurrent", max_concurrent, least=1)
-        if tps_limit is not None and not (is_number(tps_limit) and 0 < tps_limit < math.inf):
-            raise ConfigError("tps_limit must be None or a positive number", "tps_limit")
-        check_seconds("status_interval", status_interval)
-        if stuck_after_s is not None:
-            check_seconds("stuck_after_s", stuck_after_s, zero=True)
-        serving = config_object(ServingConfig, serving, "serving")
-        tracing.enable_if(trace)
-        self.agent = resolve_agent(agent, agent_key, poll)
-        # Rollout ids and the store's folder start with it: a bad one fails here, not later.
-        self.exp_id = check_exp_id(exp_id) if exp_id else id_from(self.agent.name)
-        # Checked and typed once, here: a typo fails now, not in every rollout.
-        self.settings = RolloutConfig.build(
-            self.exp_id, sampling=sampling, limits=limits, retry=retry, debug=debug,
-            options=options,
+        check_pacing(max_concurrent, tps_limit, status_interval, stuck_after_s)
+        config = ClientConfig.build(
+            agent, exp_id, agent_key=agent_key, poll=poll, trace=trace, serving=serving,
+            sampling=sampling, limits=limits, retry=retry, debug=debug, options=options,
         )  # fmt: skip
+        self.agent, self.exp_id, self.settings = config.agent, config.exp_id, config.settings
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
         remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
         self.reward_fn = reward
@@ -152,14 +140,26 @@ class RolloutClient:
         # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
         watch_after_s = stuck_after_s or None
         self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
+        self._start(engine, model, config.serving, following=max_staleness is not None)
+
+    def _start(
+        self,
+        engine: str | Engine | ChatEngine | Gateway | RemoteGateway,
+        model: str | None,
+        serving: ServingConfig,
+        *,
+        following: bool,
+    ) -> None:
+        """Start the executor (its engine and gateway) on the client's own loop, then the
+        watchdog and, with a staleness bound (``following``), the policy follower."""
         setup = WorkerConfig(
             agent=self.agent,
             engine=engine,
             model=model,
             store=self.store,
             settings=self.settings,
-            reward=reward,
-            serving=serving or ServingConfig(),
+            reward=self.reward_fn,
+            serving=serving,
             events=self._events.bus,
             trace=tracing.enabled(),
         )
@@ -179,9 +179,7 @@ class RolloutClient:
         self._watching = self._loop.submit(self._watchdog.watch_forever())
         # Updates can come from elsewhere (POST /admin/weights on a shared gateway): with a
         # staleness bound, the client follows the engines' version.
-        self._following = (
-            self._loop.submit(self._follow_policy()) if max_staleness is not None else None
-        )
+        self._following = self._loop.submit(self._follow_policy()) if following else None
 
     @property
     def gateway(self) -> GatewayHandle:

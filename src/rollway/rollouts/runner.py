@@ -180,45 +180,14 @@ class RolloutRunner:
         except Exception as exc:
             outcome = AgentOutcome("error", "infrastructure", f"register failed: {exc}")
         else:
-            try:
-                ctx = self._context(spec, rollout_id, registration.api_key)
-                with self.attempts.running(rollout_id, cancel):
-                    outcome = await run_agent(
-                        self.agent, ctx,
-                        cancel=cancel,
-                        timeout_s=self.settings.limits.timeout,
-                        stop_grace_s=self.settings.limits.stop_grace_s,
-                        on_stop=functools.partial(self.gateway.cancel, rollout_id),
-                    )  # fmt: skip
-            except Exception as exc:  # get_tools failed, say
-                outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
-            stuck = self.attempts.aborted(rollout_id)
-            if stuck is not None and outcome.status == "cancelled":
-                outcome = AgentOutcome("timeout", reason=stuck, result=outcome.result)
+            ctx, outcome = await self._run_agent(spec, rollout_id, registration.api_key, cancel)
             # What the agent returned is recorded even if the outcome is reclassified below.
             result = outcome.result
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
             if ctx is not None:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
-            if trajectory is None and outcome.status != "cancelled":
-                outcome = _unrecorded(outcome, cleanup_errors[-1])
-            elif trajectory is not None and trajectory.is_cancelled and outcome.status in (
-                "error", "completed",
-            ):  # fmt: skip
-                outcome = _cancelled_at_gateway(outcome)
-            elif trajectory is not None and outcome.kind == "agent" and trajectory.engine_errors:
-                # A program agent exits on the gateway's 502: the engine failed, not the agent.
-                reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
-                outcome = AgentOutcome("error", "engine", reason + str(outcome.reason))
-        reward: float | None = None
-        reward_info: dict[str, Any] = {}
-        if outcome.status == "completed" and trajectory is not None:
-            if trajectory.truncation_reason is not None:  # a gateway limit ended it
-                outcome.status = "truncated"
-            try:
-                reward, reward_info = await self._reward(spec, outcome.result, trajectory)
-            except RewardError as exc:
-                outcome = AgentOutcome("error", "reward", str(exc))
+            outcome = _as_recorded(outcome, trajectory, cleanup_errors)
+        outcome, reward, reward_info = await self._scored(spec, outcome, trajectory)
         return make_record(
             spec, self.settings, outcome.status, outcome.kind, outcome.reason,
             attempts=attempt,
@@ -231,6 +200,44 @@ class RolloutRunner:
             cleanup_errors=cleanup_errors,
             trajectory=trajectory,
         )  # fmt: skip
+
+    async def _run_agent(
+        self, spec: RolloutSpec, rollout_id: str, api_key: str, cancel: asyncio.Event
+    ) -> tuple[RolloutContext | None, AgentOutcome]:
+        """The agent's run of a registered attempt, under its timeout and cancel signal; the
+        context is None when it could not be made."""
+        ctx: RolloutContext | None = None
+        try:
+            ctx = self._context(spec, rollout_id, api_key)
+            with self.attempts.running(rollout_id, cancel):
+                outcome = await run_agent(
+                    self.agent, ctx,
+                    cancel=cancel,
+                    timeout_s=self.settings.limits.timeout,
+                    stop_grace_s=self.settings.limits.stop_grace_s,
+                    on_stop=functools.partial(self.gateway.cancel, rollout_id),
+                )  # fmt: skip
+        except Exception as exc:  # get_tools failed, say
+            outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
+        stuck = self.attempts.aborted(rollout_id)
+        if stuck is not None and outcome.status == "cancelled":
+            outcome = AgentOutcome("timeout", reason=stuck, result=outcome.result)
+        return ctx, outcome
+
+    async def _scored(
+        self, spec: RolloutSpec, outcome: AgentOutcome, trajectory: Trajectory | None
+    ) -> tuple[AgentOutcome, float | None, dict[str, Any]]:
+        """The outcome of a completed attempt with its reward (truncated when a gateway limit
+        ended it; an error when the reward failed); any other outcome unscored."""
+        if outcome.status != "completed" or trajectory is None:
+            return outcome, None, {}
+        if trajectory.truncation_reason is not None:  # a gateway limit ended it
+            outcome.status = "truncated"
+        try:
+            reward, reward_info = await self._reward(spec, outcome.result, trajectory)
+        except RewardError as exc:
+            return AgentOutcome("error", "reward", str(exc)), None, {}
+        return outcome, reward, reward_info
 
     async def _register(self, rollout_id: str, params: RegisterRequest) -> Registration:
         # Agents that can re-attach (served ones) pick up a rollout a dead client left open
@@ -346,6 +353,23 @@ def _outage_record(
         "reason": f"{reason}; its last attempt ended: {lost.reason}",
     }
     return lost.model_copy(update=update)
+
+
+def _as_recorded(
+    outcome: AgentOutcome, trajectory: Trajectory | None, cleanup_errors: list[str]
+) -> AgentOutcome:
+    """The agent's outcome, reclassified by what the gateway recorded (or failed to)."""
+    if trajectory is None:
+        if outcome.status == "cancelled":
+            return outcome
+        return _unrecorded(outcome, cleanup_errors[-1])
+    if trajectory.is_cancelled and outcome.status in ("error", "completed"):
+        return _cancelled_at_gateway(outcome)
+    if outcome.kind == "agent" and trajectory.engine_errors:
+        # A program agent exits on the gateway's 502: the engine failed, not the agent.
+        reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
+        return AgentOutcome("error", "engine", reason + str(outcome.reason))
+    return outcome
 
 
 def _cancelled_at_gateway(outcome: AgentOutcome) -> AgentOutcome:

@@ -36,7 +36,7 @@ import orjson
 from rollway import json_text
 from rollway.errors import ConfigError
 from rollway.results import RolloutRecord
-from rollway.trajectory import Turn
+from rollway.trajectory import Sample, Turn
 
 ExportFormat = Literal["jsonl", "parquet"]
 
@@ -63,65 +63,90 @@ def sample_rows(
     if drop_flat_groups:
         flat = flat_groups(records)
         records = [r for r in records if r.group_id not in flat]
+    latest_version = _latest_version(records, latest_version)
+    for record in records:
+        yield from _record_rows(record, latest_version, max_staleness)
+
+
+def _latest_version(records: list[RolloutRecord], given: int | None) -> int | None:
+    """``given``, or the newest version that sampled a token of ``records``; a ``given`` older
+    than that is an error."""
     newest = max((max(t.policy_versions) for r in records if r.trajectory
                   for t in r.trajectory.turns if t.policy_versions), default=None)  # fmt: skip
-    if latest_version is None:
-        latest_version = newest
-    elif newest is not None and latest_version < newest:
+    if given is None:
+        return newest
+    if newest is not None and given < newest:
         raise ConfigError(
-            f"latest version {latest_version} is older than version {newest} in the records",
+            f"latest version {given} is older than version {newest} in the records",
             "latest_version",
         )
-    for record in records:
-        trajectory = record.trajectory
-        assert trajectory is not None
-        opening = _json_text(_opening_messages(record.messages or trajectory.messages))
-        reward_info = _json_text(record.reward_info)
-        by_segment: dict[int, list[Turn]] = {}
-        for turn in trajectory.turns:  # once per record, not once per sample
-            by_segment.setdefault(turn.segment, []).append(turn)
-        for sample in trajectory.samples:
-            oldest = _oldest(sample.policy_versions, sample.loss_mask)
-            staleness = (
-                None if oldest is None or latest_version is None else latest_version - oldest
-            )
-            if max_staleness is not None and staleness is not None and staleness > max_staleness:
-                continue
-            turns = by_segment.get(sample.segment, [])
-            kinds = {t.logprob_kind for t in turns}
-            sampling = turns[0].sampling if turns else trajectory.sampling
-            yield {
-                "rollout_id": record.rollout_id,
-                "rollout_key": record.rollout_key,
-                "group_id": record.group_id,
-                "group_index": record.group_index,
-                "sample_index": record.sample_index,
-                "segment": sample.segment,
-                "status": record.status,
-                "finish_reason": record.finish_reason,
-                "reward": record.reward,
-                "prompt_ids": sample.prompt_ids,
-                "response_ids": sample.response_ids,
-                "loss_mask": sample.loss_mask,
-                "logprobs": sample.logprobs,
-                "policy_versions": sample.policy_versions,
-                "policy_version": oldest,
-                "policy_version_max": _newest(sample.policy_versions, sample.loss_mask),
-                "staleness": staleness,
-                "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
-                "raw_logprobs": sample.raw_logprobs,
-                "kept_mass": sample.kept_mass,
-                "top_ids": sample.top_ids,
-                "top_logprobs": sample.top_logprobs,
-                "entropy": sample.entropy,
-                "temperature": sampling.get("temperature"),
-                "top_p": sampling.get("top_p"),
-                "top_k": sampling.get("top_k"),
-                "turns": len(turns),
-                "task_id": _task_id(record.task),
-                "prompt_messages": opening,
-                "reward_info": reward_info,
-            }
+    return given
+
+
+def _record_rows(
+    record: RolloutRecord, latest_version: int | None, max_staleness: int | None
+) -> Iterator[dict[str, Any]]:
+    """The rows of one record's samples, but those more than ``max_staleness`` behind."""
+    trajectory = record.trajectory
+    assert trajectory is not None
+    # The same on each of the record's rows: made once per record, not once per sample.
+    tail = {
+        "task_id": _task_id(record.task),
+        "prompt_messages": _json_text(_opening_messages(record.messages or trajectory.messages)),
+        "reward_info": _json_text(record.reward_info),
+    }
+    by_segment: dict[int, list[Turn]] = {}
+    for turn in trajectory.turns:
+        by_segment.setdefault(turn.segment, []).append(turn)
+    for sample in trajectory.samples:
+        oldest = _oldest(sample.policy_versions, sample.loss_mask)
+        staleness = None if oldest is None or latest_version is None else latest_version - oldest
+        if max_staleness is not None and staleness is not None and staleness > max_staleness:
+            continue
+        turns = by_segment.get(sample.segment, [])
+        sampling = turns[0].sampling if turns else trajectory.sampling
+        yield {**_sample_columns(record, sample, turns, sampling, oldest, staleness), **tail}
+
+
+def _sample_columns(
+    record: RolloutRecord,
+    sample: Sample,
+    turns: list[Turn],
+    sampling: dict[str, Any],
+    oldest: int | None,
+    staleness: int | None,
+) -> dict[str, Any]:
+    """A row's columns but the record's last three (task, opening messages, reward info)."""
+    kinds = {t.logprob_kind for t in turns}
+    return {
+        "rollout_id": record.rollout_id,
+        "rollout_key": record.rollout_key,
+        "group_id": record.group_id,
+        "group_index": record.group_index,
+        "sample_index": record.sample_index,
+        "segment": sample.segment,
+        "status": record.status,
+        "finish_reason": record.finish_reason,
+        "reward": record.reward,
+        "prompt_ids": sample.prompt_ids,
+        "response_ids": sample.response_ids,
+        "loss_mask": sample.loss_mask,
+        "logprobs": sample.logprobs,
+        "policy_versions": sample.policy_versions,
+        "policy_version": oldest,
+        "policy_version_max": _newest(sample.policy_versions, sample.loss_mask),
+        "staleness": staleness,
+        "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
+        "raw_logprobs": sample.raw_logprobs,
+        "kept_mass": sample.kept_mass,
+        "top_ids": sample.top_ids,
+        "top_logprobs": sample.top_logprobs,
+        "entropy": sample.entropy,
+        "temperature": sampling.get("temperature"),
+        "top_p": sampling.get("top_p"),
+        "top_k": sampling.get("top_k"),
+        "turns": len(turns),
+    }
 
 
 def _task_id(task: dict[str, Any]) -> str | None:
