@@ -118,9 +118,18 @@ class RolloutClient:
         # Checked before anything starts: a bad value is named here, not met as a hang later.
         check_pacing(max_concurrent, tps_limit, status_interval, stuck_after_s)
         config = ClientConfig.build(
-            agent, exp_id, agent_key=agent_key, poll=poll, trace=trace, serving=serving,
-            sampling=sampling, limits=limits, retry=retry, debug=debug, options=options,
-        )  # fmt: skip
+            agent,
+            exp_id,
+            agent_key=agent_key,
+            poll=poll,
+            trace=trace,
+            serving=serving,
+            sampling=sampling,
+            limits=limits,
+            retry=retry,
+            debug=debug,
+            options=options,
+        )
         self.agent, self.exp_id, self.settings = config.agent, config.exp_id, config.settings
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
         remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
@@ -131,6 +140,19 @@ class RolloutClient:
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
+        self._watch(max_concurrent, tps_limit, on_event, stuck_after_s, abort_stuck)
+        self._start(engine, model, config.serving, following=max_staleness is not None)
+
+    def _watch(
+        self,
+        max_concurrent: int,
+        tps_limit: float | None,
+        on_event: EventSink | None,
+        stuck_after_s: float | None,
+        abort_stuck: bool,
+    ) -> None:
+        """The parts that watch rollouts: events, admission (the cap and the rate), the
+        watchdog."""
         self._events = ClientEvents()
         self._admission = Admission(
             self.executor, self.policy, self._events, max_concurrent, tps_limit
@@ -140,7 +162,6 @@ class RolloutClient:
         # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
         watch_after_s = stuck_after_s or None
         self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
-        self._start(engine, model, config.serving, following=max_staleness is not None)
 
     def _start(
         self,
@@ -391,9 +412,10 @@ class RolloutClient:
                 waiting = {asyncio.wrap_future(f._future): f for f in futures}
                 while waiting:
                     finished, _ = await asyncio.wait(
-                        waiting, timeout=progress.until_status(),
+                        waiting,
+                        timeout=progress.until_status(),
                         return_when=asyncio.FIRST_COMPLETED,
-                    )  # fmt: skip
+                    )
                     progress.tick()
                     for aw in finished:
                         future = waiting.pop(aw)
@@ -407,9 +429,12 @@ class RolloutClient:
 
     def _progress(self, total: int) -> BatchProgress:
         return BatchProgress(
-            total, show=self.show_progress, status_interval_s=self.status_interval,
-            stuck=lambda: self._watchdog.stuck, outages=self._outages,
-        )  # fmt: skip
+            total,
+            show=self.show_progress,
+            status_interval_s=self.status_interval,
+            stuck=lambda: self._watchdog.stuck,
+            outages=self._outages,
+        )
 
     def _outages(self) -> list[str]:
         """What this process's rollouts wait for (Ray workers keep their own)."""

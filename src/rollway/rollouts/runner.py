@@ -101,12 +101,7 @@ class RolloutRunner:
 
         async def attempt() -> RolloutRecord:
             if cancel.is_set():  # while queued or waiting to retry: register and start nothing
-                retried = len(opened) >= spec.first_attempt
-                why = "while waiting to retry" if retried else "before it started"
-                return make_record(
-                    spec, self.settings, "cancelled", None, f"cancelled {why}",
-                    attempts=max(spec.first_attempt, len(opened)), started_at=started_at,
-                )  # fmt: skip
+                return _cancelled_unstarted(spec, self.settings, len(opened), started_at)
             number = next(attempts)
             rollout_id = attempt_id(self.settings, spec, number)
             opened.append(rollout_id)
@@ -143,9 +138,13 @@ class RolloutRunner:
         # gateway when it restarts, and re-attaches instead of running it again.
         await self._unregister(opened)
         log_stage(
-            log, "finish", record.rollout_id,
-            status=record.status, attempts=record.attempts, reward=record.reward,
-        )  # fmt: skip
+            log,
+            "finish",
+            record.rollout_id,
+            status=record.status,
+            attempts=record.attempts,
+            reward=record.reward,
+        )
         return record
 
     async def _unregister(self, rollout_ids: list[str]) -> None:
@@ -156,19 +155,24 @@ class RolloutRunner:
                 pass  # registration itself failed
             except Exception as exc:
                 log.warning(
-                    "unregister failed: %r", exc,
+                    "unregister failed: %r",
+                    exc,
                     extra={"rollout_id": rollout_id, "stage": "unregister"},
-                )  # fmt: skip
+                )
 
     async def _attempt(
         self, spec: RolloutSpec, attempt: int, cancel: asyncio.Event, started_at: float
     ) -> RolloutRecord:
         rollout_id = attempt_id(self.settings, spec, attempt)
         if self.events:
-            self.events(RolloutStarted(
-                rollout_id=rollout_id, task_key=spec.rollout_key, group=spec.group_id,
-                attempt=attempt,
-            ))  # fmt: skip
+            self.events(
+                RolloutStarted(
+                    rollout_id=rollout_id,
+                    task_key=spec.rollout_key,
+                    group=spec.group_id,
+                    attempt=attempt,
+                )
+            )
         register = self._registration(spec)
         ctx: RolloutContext | None = None
         result: AgentResult | None = None
@@ -189,7 +193,11 @@ class RolloutRunner:
             outcome = _as_recorded(outcome, trajectory, cleanup_errors)
         outcome, reward, reward_info = await self._scored(spec, outcome, trajectory)
         return make_record(
-            spec, self.settings, outcome.status, outcome.kind, outcome.reason,
+            spec,
+            self.settings,
+            outcome.status,
+            outcome.kind,
+            outcome.reason,
             attempts=attempt,
             started_at=started_at,
             reward=reward,
@@ -199,7 +207,7 @@ class RolloutRunner:
             finish_reason=result.finish_reason if result is not None else None,
             cleanup_errors=cleanup_errors,
             trajectory=trajectory,
-        )  # fmt: skip
+        )
 
     async def _run_agent(
         self, spec: RolloutSpec, rollout_id: str, api_key: str, cancel: asyncio.Event
@@ -211,12 +219,13 @@ class RolloutRunner:
             ctx = self._context(spec, rollout_id, api_key)
             with self.attempts.running(rollout_id, cancel):
                 outcome = await run_agent(
-                    self.agent, ctx,
+                    self.agent,
+                    ctx,
                     cancel=cancel,
                     timeout_s=self.settings.limits.timeout,
                     stop_grace_s=self.settings.limits.stop_grace_s,
                     on_stop=functools.partial(self.gateway.cancel, rollout_id),
-                )  # fmt: skip
+                )
         except Exception as exc:  # get_tools failed, say
             outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
         stuck = self.attempts.aborted(rollout_id)
@@ -276,10 +285,17 @@ class RolloutRunner:
             debug_path = debug_dir / f"{rollout_id}.jsonl"
         tools = self.agent.get_tools(spec.task)
         return RolloutContext(
-            spec.task, tools, rollout_id, self.gateway, debug_path,
-            base_url=self.gateway.base_url(rollout_id), api_key=api_key,
-            gateway_socket=self.gateway.socket_path, settings=self.settings, events=self.events,
-        )  # fmt: skip
+            spec.task,
+            tools,
+            rollout_id,
+            self.gateway,
+            debug_path,
+            base_url=self.gateway.base_url(rollout_id),
+            api_key=api_key,
+            gateway_socket=self.gateway.socket_path,
+            settings=self.settings,
+            events=self.events,
+        )
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
         """Abort in-flight generation and fetch the trajectory; errors are recorded (the last
@@ -320,8 +336,13 @@ def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[s
 
 
 def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
-    span.set({"rollway.status": record.status, "rollway.error_kind": record.error_kind,
-              "rollway.reward": record.reward})  # fmt: skip
+    span.set(
+        {
+            "rollway.status": record.status,
+            "rollway.error_kind": record.error_kind,
+            "rollway.reward": record.reward,
+        }
+    )
     if record.status == "error":
         span.fail(record.reason or "error")
 
@@ -329,6 +350,24 @@ def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
 def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:
     log_stage(log, stage, rollout_id, level=logging.WARNING, error=repr(exc))
     return f"{stage}: {type(exc).__name__}: {exc}"
+
+
+def _cancelled_unstarted(
+    spec: RolloutSpec, settings: RolloutConfig, opened: int, started_at: float
+) -> RolloutRecord:
+    """The record of a rollout cancelled while queued or waiting to retry (``opened``
+    attempts so far, counting those a dead worker left)."""
+    why = "while waiting to retry" if opened >= spec.first_attempt else "before it started"
+    attempts = max(spec.first_attempt, opened)
+    return make_record(
+        spec,
+        settings,
+        "cancelled",
+        None,
+        f"cancelled {why}",
+        attempts=attempts,
+        started_at=started_at,
+    )
 
 
 def _outage_record(
@@ -344,9 +383,14 @@ def _outage_record(
     kind, reason = outage.component.kind, outage.reason()
     if lost is None:
         return make_record(
-            spec, settings, "error", kind, f"{reason}; no attempt had started",
-            attempts=attempts, started_at=started_at,
-        )  # fmt: skip
+            spec,
+            settings,
+            "error",
+            kind,
+            f"{reason}; no attempt had started",
+            attempts=attempts,
+            started_at=started_at,
+        )
     update = {
         "status": "error",  # a timeout it caused included: the component's fault, rerun
         "error_kind": kind,

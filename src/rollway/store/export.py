@@ -71,8 +71,16 @@ def sample_rows(
 def _latest_version(records: list[RolloutRecord], given: int | None) -> int | None:
     """``given``, or the newest version that sampled a token of ``records``; a ``given`` older
     than that is an error."""
-    newest = max((max(t.policy_versions) for r in records if r.trajectory
-                  for t in r.trajectory.turns if t.policy_versions), default=None)  # fmt: skip
+    newest = max(
+        (
+            max(t.policy_versions)
+            for r in records
+            if r.trajectory
+            for t in r.trajectory.turns
+            if t.policy_versions
+        ),
+        default=None,
+    )
     if given is None:
         return newest
     if newest is not None and given < newest:
