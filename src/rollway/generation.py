@@ -64,6 +64,12 @@ class SamplingParams:
                 f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, not {top!r}",
                 param="top_logprobs",
             )
+        # Not merely truthy: "no" would record entropy on every turn.
+        if not isinstance(self.record_entropy, bool):
+            raise InvalidFieldsError(
+                f"record_entropy must be True or False, not {self.record_entropy!r}",
+                param="record_entropy",
+            )
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)

@@ -42,6 +42,7 @@ def merged_settings(ctx: Any, path: Path | None) -> dict[str, Any]:
         source = ctx.get_parameter_source(name)
         if source is not None and source.name in GIVEN:
             continue  # the command line and the environment win over the file
+        _check_kind(param, value, f"{path}: {key}")
         try:
             settings[name] = param.process_value(ctx, value)  # converted and checked
         except Exception as exc:  # click's BadParameter, from Typer's copy of click
@@ -49,6 +50,27 @@ def merged_settings(ctx: Any, path: Path | None) -> dict[str, Any]:
                 raise
             raise ConfigError(f"{path}: {key}: {exc.format_message()}", param=name) from None
     return settings
+
+
+#: What a TOML value must be for an option of each type, and how to say it: the option's own
+#: conversion takes strings (it reads a command line), so it would turn ``"3"`` or ``true`` into
+#: 3 or 1 and ``1`` or ``"yes"`` into true; a file has typed values, and another type is a mistake.
+_TOML_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
+    int: ((int,), "a whole number"),
+    float: ((int, float), "a number"),
+    bool: ((bool,), "true or false"),
+}
+
+
+def _check_kind(param: Any, value: Any, where: str) -> None:
+    """Refuse a TOML ``value`` whose type is not the option's (``ConfigError`` naming it)."""
+    descriptor = getattr(param, "type_descriptor", None)
+    kinds, wanted = _TOML_KINDS.get(getattr(descriptor, "annotation", None), ((), ""))
+    if not kinds or (isinstance(value, kinds) and isinstance(value, bool) == (bool in kinds)):
+        return
+    raise ConfigError(
+        f"{where}: must be {wanted}, not {type(value).__name__} {value!r}", param=param.name
+    )
 
 
 def _read(path: Path) -> dict[str, Any]:

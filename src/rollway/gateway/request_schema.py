@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from rollway.generation import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -79,6 +80,26 @@ class SamplingFields(_Strict):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     #: rollway's: record each sampled token's entropy (engines that see the logits).
     record_entropy: bool | None = None
+
+    # Strict even for in-process callers, whose lax mode takes True for 1, "3" for 3 and "no"
+    # for false: what a turn records beside its tokens must be what was meant.
+    @field_validator("top_logprobs", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise PydanticCustomError(
+            "int_type", "must be a whole number, not {given}", {"given": repr(value)}
+        )
+
+    @field_validator("record_entropy", mode="before")
+    @classmethod
+    def _true_or_false(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        raise PydanticCustomError(
+            "bool_type", "must be true or false, not {given}", {"given": repr(value)}
+        )
 
     def sampling_overrides(self) -> dict[str, Any]:
         """The fields that were set, as SamplingParams keyword arguments."""

@@ -164,10 +164,16 @@ class RolloutState:
 
     def sampling_for(self, asked: dict[str, Any]) -> SamplingParams:
         """Registered sampling params win; the request fills only what registration left
-        open. A seed moves on by one per turn, so turns of a seeded rollout differ."""
-        merged = {**asked, **self.locked_sampling}
-        if "max_tokens" in asked and "max_tokens" in self.locked_sampling:
-            merged["max_tokens"] = min(asked["max_tokens"], self.locked_sampling["max_tokens"])
+        open, and asks for top logprobs and entropy beside them. A seed moves on by one per
+        turn, so turns of a seeded rollout differ."""
+        locked = self.locked_sampling
+        merged = {**asked, **locked}
+        if "max_tokens" in asked and "max_tokens" in locked:
+            merged["max_tokens"] = min(asked["max_tokens"], locked["max_tokens"])
+        # What to record beside the tokens is no sampling behaviour to guard: a turn records
+        # what either side asked (an OpenAI client's own top_logprobs is answered from it).
+        merged["top_logprobs"] = max(asked.get("top_logprobs", 0), locked.get("top_logprobs", 0))
+        merged["record_entropy"] = bool(asked.get("record_entropy") or locked.get("record_entropy"))
         if merged.get("seed") is not None:
             merged["seed"] += self.turns_started
         return SamplingParams(**merged)

@@ -45,11 +45,13 @@ def completion_body(
     return body
 
 
-def logprobs_body(result: ChatResult, token_text: Callable[[int], str]) -> dict[str, Any]:
+def logprobs_body(result: ChatResult, token_text: Callable[[int], str], top: int) -> dict[str, Any]:
+    """OpenAI's ``logprobs`` of a choice, with the ``top`` most likely tokens of each step
+    that the request asked (the turn may record more: the registration asked them)."""
     content: list[dict[str, Any]] = []
     if result.completion_ids is None:  # a chat-level engine: no tokens to name
         return {"content": content}
-    tops = _top_entries(result, token_text)
+    tops = _top_entries(result, token_text, top) if top else None
     for at, (token_id, logprob) in enumerate(
         zip(result.completion_ids, result.logprobs or [], strict=True)
     ):
@@ -63,13 +65,14 @@ def _token_entry(text: str, logprob: float) -> dict[str, Any]:
 
 
 def _top_entries(
-    result: ChatResult, token_text: Callable[[int], str]
+    result: ChatResult, token_text: Callable[[int], str], top: int
 ) -> list[list[dict[str, Any]]] | None:
-    """OpenAI's ``top_logprobs`` of each token, where the turn recorded them."""
+    """OpenAI's ``top_logprobs`` of each token (the first ``top``), where the turn recorded
+    them."""
     if result.top_ids is None or result.top_logprobs is None:
         return None
     return [
-        [_token_entry(token_text(i), lp) for i, lp in zip(ids, values, strict=True)]
+        [_token_entry(token_text(i), lp) for i, lp in zip(ids[:top], values[:top], strict=True)]
         for ids, values in zip(result.top_ids, result.top_logprobs, strict=True)
     ]
 

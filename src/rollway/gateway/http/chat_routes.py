@@ -39,7 +39,9 @@ async def chat_completions(request: Request) -> Response:
     model = body.model or gateway.model_name
 
     def logprobs(result: ChatResult) -> dict[str, Any] | None:
-        return logprobs_body(result, gateway.renderer.decode_one) if body.logprobs else None
+        if not body.logprobs:
+            return None
+        return logprobs_body(result, gateway.renderer.decode_one, body.top_logprobs or 0)
 
     if body.stream:
         pieces = await first_awaited(gateway.chat_stream(rollout_id, body))
