@@ -222,6 +222,10 @@ def run(config: GRPOConfig) -> list[dict[str, Any]]:
     # The client closes first (cancelling a batch still running), then the pool's thread ends.
     with ThreadPoolExecutor(1) as pool, make_client(config, task_set) as client:
         trainer = Trainer(config, client.policy_version or 0)
+        if not config.engine.startswith("embedded"):
+            # A server may hold an earlier run's weights (it outlives the run): it gets this
+            # trainer's start weights first, so step 0 samples the model it trains.
+            push_weights(client, trainer, config)
         feed = RolloutFeed(client, task_set, config, pool)
         for step in range(config.steps):
             started = time.perf_counter()
