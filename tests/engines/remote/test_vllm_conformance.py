@@ -24,7 +24,7 @@ from rollway.client import RolloutClient
 from rollway.engines.base import PauseMode
 from rollway.engines.remote.vllm import VLLMEngine
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.errors import ConfigError
+from rollway.errors import ConfigError, EngineError
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.generation import GenerationResult, SamplingParams
@@ -176,6 +176,17 @@ async def engine(leg: Leg) -> AsyncIterator[VLLMEngine]:
         yield client
     finally:
         await client.close()
+        if client.policy_version:  # it pushed, and put the served weights back as its last
+            await label_start_weights(leg)
+
+
+async def label_start_weights(leg: Leg) -> None:
+    """The shared real server's label back to ``default``, once a test has put its start-up
+    weights back: an engine made after it refuses weights it did not push."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        body = {"new_version": "default"}
+        response = await http.post(f"{leg.url}/update_weight_version", json=body)
+        response.raise_for_status()
 
 
 @contextlib.contextmanager
@@ -313,6 +324,26 @@ async def test_an_update_stamps_versions_and_samples_with_the_new_weights(
     assert done_late.policy_versions == [1] * len(done_late.output_ids)
     version = 0 if mode == "drain" else 1
     assert done_early.policy_versions == [version] * len(done_early.output_ids)
+
+
+async def test_weights_another_client_pushed_are_refused_until_this_engine_pushes_its_own(
+    leg: Leg, engine: VLLMEngine, tmp_path: Path
+) -> None:
+    """A server outlives its clients: a new engine's version 0 means the start-up weights, so
+    weights an earlier client pushed are refused (not stamped 0), until it pushes its own."""
+    prompt = tokenizer_prompt(SHORT)
+    with weights(leg, tmp_path, "v1", 1.25) as new:
+        await engine.update_weights(new, 1)
+    newcomer = VLLMEngine(leg.url, model="smollm2")
+    try:
+        with pytest.raises(EngineError, match="labelled '1', pushed before this engine connected"):
+            await newcomer.generate(prompt, SEEDED, "refused")
+        await newcomer.update_weights(leg.folder, 1)
+        result = await newcomer.generate(prompt, SEEDED, "own")
+        assert result.policy_versions == [1] * len(result.output_ids)
+        await assert_logprobs_match(leg, prompt, SEEDED, result, leg.folder)
+    finally:
+        await newcomer.close()
 
 
 async def test_keep_is_refused_below_vllm_0_33(leg: Leg, engine: VLLMEngine) -> None:

@@ -82,6 +82,13 @@ _STALE_TIED_OUTPUT = (
     "restart the server on the new folder"
 )
 
+#: Why a new engine does not sample from weights another client pushed.
+_FOREIGN_WEIGHTS = (
+    "vLLM at {url} serves weights labelled {label!r}, pushed before this engine connected, not "
+    "its start-up weights: its tokens would be stamped version 0 by weights that are not. Push "
+    "this run's weights first (update_weights), or restart the server"
+)
+
 
 class VLLMEngine:
     """A vLLM server, token ids in and out, with the ``WeightSync`` seam.
@@ -99,7 +106,9 @@ class VLLMEngine:
     pushed, each request first asks ``/weight_info`` (one call shared by concurrent requests):
     a server that restarted serves its start-up weights (label ``default``) and is given the
     last update again before the request goes, so no token is stamped with weights that did
-    not sample it.
+    not sample it. Before any push, the first request asks once: a server holding weights an
+    earlier client pushed (a label other than ``default``) is refused, naming the fix, since
+    version 0 means the start-up weights.
     """
 
     #: How long the server's version and context length are trusted without asking again.
@@ -143,6 +152,7 @@ class VLLMEngine:
         self._last_load: str | None = None  # the folder of the last update (a restart's replay)
         self._loading = asyncio.Lock()  # a weight load and a restart check, one at a time
         self._checking: asyncio.Future[None] | None = None
+        self._start_weights_seen = False  # the server said it serves its start-up weights
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
@@ -408,8 +418,11 @@ class VLLMEngine:
 
     async def _caught_up(self, server: VLLMServer) -> None:
         """Once weights were pushed: the server still serves them, or is given them again
-        (it restarted). One check runs at a time; concurrent requests share it."""
-        if self._last_load is None or not server.since(WEIGHT_INFO_SINCE):
+        (it restarted). Before: it serves its start-up weights (asked once), not weights
+        another client pushed. One check runs at a time; concurrent requests share it."""
+        if not server.since(WEIGHT_INFO_SINCE):
+            return
+        if self._last_load is None and self._start_weights_seen:
             return
         if self._checking is None or self._checking.done():
             self._checking = asyncio.ensure_future(self._check_restart(server))
@@ -419,7 +432,12 @@ class VLLMEngine:
         async with self._loading:
             info = await self._get_json("/weight_info")
             label = info.get("weight_version") if isinstance(info, dict) else None
-            if label is None or label == str(self.policy_version) or self._last_load is None:
+            if self._last_load is None:  # nothing pushed yet: it must serve its own weights
+                if label not in (None, "default"):
+                    raise EngineError(_FOREIGN_WEIGHTS.format(url=self.base_url, label=label))
+                self._start_weights_seen = True
+                return
+            if label is None or label == str(self.policy_version):
                 return  # caught up, or it does not say
             log.warning(
                 "vLLM at %s serves weights %r, not version %d (it restarted): loading %s again",
