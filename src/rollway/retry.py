@@ -4,11 +4,11 @@ Every retry loop in rollway runs a named policy, through the tenacity loop the p
 (``policy.retrying()``), instead of counting and sleeping by hand. Each named policy lives
 beside its owner: ``ENGINE_CONNECT`` (engines.remote.connection), ``AGENT_INIT``
 (agents.server.remote_agent), ``REPORT_DELIVERY`` (agents.server.report_sender),
-``ROLLOUT_ATTEMPTS`` (rollouts.config), ``WORKER_REDISPATCH`` and ``WORKER_RESTART``
-(executors.ray_executor). A policy whose numbers come from configuration is the named one with
-those numbers replaced
-(``dataclasses.replace(ROLLOUT_ATTEMPTS, attempts=n)``); one whose retryable errors are private
-to its caller or imported late (the Ray executor's) gets them where it is used.
+``ROLLOUT_ATTEMPTS`` (rollouts.config), ``WORKER_REDISPATCH`` (executors.ray_executor) and
+``WORKER_RESTART`` (executors.ray_workers). A policy whose numbers come from configuration is
+the named one with those numbers replaced (``dataclasses.replace(ROLLOUT_ATTEMPTS,
+attempts=n)``); one whose retryable errors are private to its caller or imported late (the Ray
+executor's) gets them where it is used.
 
 Loops that are not retries have no policy: health checks and expiry sweeps on a timer, a
 router failing over to the next server (bounded by the fleet, not a count), a client starting

@@ -4,27 +4,25 @@ groups, timeouts, retries, rewards, resume and a store. Sync and async."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import logging
-import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
 from rollway import tracing
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.remote_agent import PollPolicy, RemoteAgent
+from rollway.agents.server.remote_agent import PollPolicy
 from rollway.checks import check_count
 from rollway.client.admission import Admission
-from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.batch import BatchItem
+from rollway.client.batch_runs import BatchRequest, BatchRuns, cancel_and_wait
 from rollway.client.client_config import ClientConfig, check_pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
-from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S, BatchProgress, summary_table
+from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
@@ -136,7 +134,6 @@ class RolloutClient:
         self.reward_fn = reward
         self.show_progress = show_progress
         self.status_interval = status_interval
-        self.last_summary: dict[str, Any] | None = None
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
@@ -172,7 +169,7 @@ class RolloutClient:
         following: bool,
     ) -> None:
         """Start the executor (its engine and gateway) on the client's own loop, then the
-        watchdog and, with a staleness bound (``following``), the policy follower."""
+        watchdog, with a staleness bound (``following``) the policy follower, and batches."""
         setup = WorkerConfig(
             agent=self.agent,
             engine=engine,
@@ -201,6 +198,16 @@ class RolloutClient:
         # Updates can come from elsewhere (POST /admin/weights on a shared gateway): with a
         # staleness bound, the client follows the engines' version.
         self._following = self._loop.submit(self._follow_policy()) if following else None
+        self._batches = BatchRuns(
+            exp_id=self.exp_id,
+            agent=self.agent,
+            store=self.store,
+            executor=self.executor,
+            submit=self._submit,
+            lease=self._lease,
+            loop=self._loop,
+            watchdog=self._watchdog,
+        )
 
     @property
     def gateway(self) -> GatewayHandle:
@@ -309,8 +316,7 @@ class RolloutClient:
         it waits) cancels what is running, writes the summary of what finished
         (``last_summary["interrupted"]``), and is raised again."""
         # Refused now, not at the first item.
-        settings, tasks = self._batch_args(tasks, group_size, overrides)
-        return self._leased(self._run_batch(tasks, group_size, resume, settings))
+        return self._batches.run(self._batch_request(tasks, group_size, resume, overrides))
 
     def run_batch_async(
         self,
@@ -321,12 +327,15 @@ class RolloutClient:
         **overrides: Unpack[RolloutOptions],
     ) -> AsyncIterator[BatchItem]:
         """``run_batch`` as an async iterator."""
-        settings, tasks = self._batch_args(tasks, group_size, overrides)
-        return self._leased_async(self._run_batch_async(tasks, group_size, resume, settings))
+        return self._batches.run_async(self._batch_request(tasks, group_size, resume, overrides))
 
-    def _batch_args(
-        self, tasks: Iterable[dict[str, Any]], group_size: int, overrides: Mapping[str, Any]
-    ) -> tuple[RolloutConfig, list[dict[str, Any]]]:
+    def _batch_request(
+        self,
+        tasks: Iterable[dict[str, Any]],
+        group_size: int,
+        resume: bool,
+        overrides: Mapping[str, Any],
+    ) -> BatchRequest:
         """A batch's settings and tasks, checked before it starts."""
         self._check_open()
         check_count("group_size", group_size, least=1)
@@ -337,110 +346,14 @@ class RolloutClient:
                 raise ConfigError(
                     f"tasks[{index}] must be a dict, not {type(task).__name__}", "tasks"
                 )
-        return settings, listed
-
-    def _leased(self, items: Generator[BatchItem, None, None]) -> Iterator[BatchItem]:
-        """A batch under the experiment's lease, taken before it plans anything."""
-        with self._lease.held(self._loop), contextlib.closing(items):
-            yield from items
-
-    async def _leased_async(
-        self, items: AsyncGenerator[BatchItem, None]
-    ) -> AsyncIterator[BatchItem]:
-        with self._lease.held(self._loop):
-            async with contextlib.aclosing(items):
-                async for item in items:
-                    yield item
-
-    def _run_batch(
-        self,
-        tasks: list[dict[str, Any]],
-        group_size: int,
-        resume: bool,
-        settings: RolloutConfig,
-    ) -> Generator[BatchItem, None, None]:
-        started = time.monotonic()
-        done, todo = self._prepare(tasks, group_size, resume, settings)
-        futures = {self._submit(spec, settings): index for index, spec in todo}
-        resumed = [item.result for item in done]
-        ran: list[RolloutRecord] = []
-        try:
-            with self._progress(len(done) + len(todo)) as progress:
-                try:
-                    for item in done:
-                        progress.advance(item.result)
-                        yield item
-                    by_cf = {f._future: f for f in futures}
-                    waiting = set(by_cf)
-                    while waiting:
-                        # Wake for the next status line too: a stuck batch still reports.
-                        finished, waiting = concurrent.futures.wait(
-                            waiting, progress.until_status(), concurrent.futures.FIRST_COMPLETED
-                        )
-                        progress.tick()
-                        for cf in finished:
-                            future = by_cf[cf]
-                            record = cf.result()
-                            ran.append(record)
-                            progress.advance(record)
-                            yield BatchItem.of(record, futures[future], future.elapsed())
-                finally:
-                    self._cancel_and_wait(futures)
-        except KeyboardInterrupt:
-            # Every rollout has its record now: what finished, and the cancelled rest.
-            ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
-            self._finish(resumed, ended, time.monotonic() - started, interrupted=True)
-            raise
-        self._finish(resumed, ran, time.monotonic() - started)
-
-    async def _run_batch_async(
-        self,
-        tasks: list[dict[str, Any]],
-        group_size: int,
-        resume: bool,
-        settings: RolloutConfig,
-    ) -> AsyncGenerator[BatchItem, None]:
-        started = time.monotonic()
-        done, todo = self._prepare(tasks, group_size, resume, settings)
-        futures = {self._submit(spec, settings): index for index, spec in todo}
-        ran: list[RolloutRecord] = []
-        try:
-            with self._progress(len(done) + len(todo)) as progress:
-                for item in done:
-                    progress.advance(item.result)
-                    yield item
-                waiting = {asyncio.wrap_future(f._future): f for f in futures}
-                while waiting:
-                    finished, _ = await asyncio.wait(
-                        waiting,
-                        timeout=progress.until_status(),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    progress.tick()
-                    for aw in finished:
-                        future = waiting.pop(aw)
-                        record = aw.result()
-                        ran.append(record)
-                        progress.advance(record)
-                        yield BatchItem.of(record, futures[future], future.elapsed())
-        finally:
-            await asyncio.to_thread(self._cancel_and_wait, futures)
-        self._finish([item.result for item in done], ran, time.monotonic() - started)
-
-    def _progress(self, total: int) -> BatchProgress:
-        return BatchProgress(
-            total,
-            show=self.show_progress,
-            status_interval_s=self.status_interval,
-            stuck=lambda: self._watchdog.stuck,
-            outages=self._outages,
+        return BatchRequest(
+            listed, group_size, resume, settings, self.show_progress, self.status_interval
         )
 
-    def _outages(self) -> list[str]:
-        """What this process's rollouts wait for (Ray workers keep their own)."""
-        if isinstance(self.executor, LocalExecutor):
-            return self.executor.availability.status()
-        return []
+    @property
+    def last_summary(self) -> dict[str, Any] | None:
+        """The summary of the last batch that ended (None before any)."""
+        return self._batches.last_summary
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -451,7 +364,7 @@ class RolloutClient:
         if self._following is not None:
             self._following.cancel()
         self._watching.cancel()
-        self._cancel_and_wait(list(self._live))
+        cancel_and_wait(list(self._live))
         self._lease.close(self._loop)  # every rollout has ended
         try:
             self.executor.close(self._loop)
@@ -492,64 +405,3 @@ class RolloutClient:
         record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
         self._events.finished(record)
         return record
-
-    def _prepare(
-        self, tasks: list[dict[str, Any]], group_size: int, resume: bool, settings: RolloutConfig
-    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
-        specs = plan(tasks, group_size, self.exp_id, run_id=uuid.uuid4().hex)
-        self.store.write_config(self._config(len(tasks), group_size, settings))
-        done: list[BatchItem] = []
-        todo: list[tuple[int, RolloutSpec]] = []
-        stored_keys = self.store.keys() if resume else set()  # one listing, not a read each
-        for index, spec in enumerate(specs):
-            stored = self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
-            if should_rerun(stored):
-                todo.append((index, spec))
-            else:
-                assert stored is not None
-                if self.executor.light_records:
-                    stored = stored.light()
-                done.append(BatchItem.of(stored, index, 0.0, from_store=True))
-        return done, todo
-
-    def _cancel_and_wait(self, futures: Iterable[RolloutFuture]) -> None:
-        pending = [f for f in futures if not f.done()]
-        for future in pending:
-            future.cancel()
-        concurrent.futures.wait([f._future for f in pending])
-
-    def _finish(
-        self,
-        resumed: list[RolloutRecord],
-        ran: list[RolloutRecord],
-        wall_s: float,
-        *,
-        interrupted: bool = False,
-    ) -> None:
-        groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
-        self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(ran, wall_s, resumed, interrupted=interrupted)
-        self.last_summary = summary.to_dict()
-        self.store.write_summary("summary", self.last_summary)
-        if self.show_progress:
-            BatchProgress(0, show=False).console.print(summary_table(summary))
-
-    def _config(self, n_tasks: int, group_size: int, settings: RolloutConfig) -> dict[str, Any]:
-        return {
-            "exp_id": self.exp_id,
-            "agent": _agent_spec(self.agent),
-            "agent_name": self.agent.name,
-            "model": self.executor.model_name,
-            **self.executor.describe(),
-            "tasks": n_tasks,
-            "group_size": group_size,
-            **settings.to_dict(),
-            "status_interval": self.status_interval,
-            "written_at": time.time(),
-        }
-
-
-def _agent_spec(agent: AgentLoop) -> str:
-    if isinstance(agent, RemoteAgent):
-        return agent.url
-    return f"{type(agent).__module__}:{type(agent).__qualname__}"

@@ -15,20 +15,20 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import re
 import sys
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
 from rollway.executors.base import WorkerConfig
+from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
+from rollway.executors.ray_workers import RayWorker, catch_up, ray_cause, wait_for_restart
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
 from rollway.results import RolloutRecord
-from rollway.retry import Backoff, RetryPolicy
+from rollway.retry import RetryPolicy
 from rollway.rollouts import RolloutConfig, RolloutSpec, attempt_id, make_record
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
@@ -37,16 +37,11 @@ from rollway.store.base import Store
 #: executor names its worker-lost error and sets ``attempts`` from ``max_requeues``).
 WORKER_REDISPATCH = RetryPolicy(attempts=3)
 
-#: A Ray worker being restarted, asked every half second whether it is ready, for two
-#: minutes at most (the executor names Ray's errors and sets ``within_s``).
-WORKER_RESTART = RetryPolicy(backoff=Backoff(first_s=0.5, factor=1.0), within_s=120.0)
-
 log = logging.getLogger(__name__)
 
 #: Modules that ``import_target`` loads from a file path: workers cannot import them by name,
 #: so their agents and reward functions travel by value.
 _FILE_MODULE_PREFIX = "rollway_agent_"
-_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt): ")
 
 
 def import_ray() -> Any:
@@ -63,15 +58,6 @@ class _WorkerLost(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass
-class _Worker:
-    index: int
-    actor: Any
-    in_flight: int = 0
-    dispatched: int = 0
-    up: bool = True
 
 
 class RayExecutor:
@@ -112,8 +98,8 @@ class RayExecutor:
         #: What each worker said when it started (pid, model), by worker index.
         self.worker_info: list[dict[str, Any]] = []
         #: Live or restarting workers; ``_all_workers`` keeps the ones gone for good too.
-        self._workers: list[_Worker] = []
-        self._all_workers: list[_Worker] = []
+        self._workers: list[RayWorker] = []
+        self._all_workers: list[RayWorker] = []
         self._changed = asyncio.Condition()
         self._probes: set[asyncio.Task[None]] = set()
         self._store: Store | None = None
@@ -136,7 +122,7 @@ class RayExecutor:
                 ray.init(address=self.address, **self.init_options)
             except Exception as exc:
                 where = self.address or "RAY_ADDRESS, or a new local instance"
-                raise ConfigError(f"cannot start Ray ({where}): {_cause(exc)}") from exc
+                raise ConfigError(f"cannot start Ray ({where}): {ray_cause(exc)}") from exc
             self._owns_ray = True
         self._store = setup.store
         self._engine = setup.engine
@@ -144,7 +130,7 @@ class RayExecutor:
         actor_class = ray.remote(RolloutWorker).options(**self._actor_options())
         # By value, not ray.put: a restarted actor needs its arguments again.
         self._workers = [
-            _Worker(i, actor_class.remote(setup, self.return_trajectories)) for i in range(count)
+            RayWorker(i, actor_class.remote(setup, self.return_trajectories)) for i in range(count)
         ]
         self._all_workers = list(self._workers)
         try:
@@ -155,7 +141,7 @@ class RayExecutor:
             self._kill_actors()
             if self._owns_ray:
                 ray.shutdown()
-            cause = _cause(exc)
+            cause = ray_cause(exc)
             if cause.startswith("ModuleNotFoundError"):
                 cause += (
                     " (workers import agents and reward functions by module name: install the"
@@ -295,7 +281,7 @@ class RayExecutor:
         try:
             return await self._run_on(worker, spec, settings, cancel)
         except self._ray.exceptions.RayTaskError as exc:  # the worker raised: a bug, not a loss
-            raise InfrastructureError(f"Ray worker failed: {_cause(exc)}") from exc
+            raise InfrastructureError(f"Ray worker failed: {ray_cause(exc)}") from exc
         except self._ray.exceptions.RayError as exc:
             self._lost(worker)
             log_stage(
@@ -304,14 +290,14 @@ class RayExecutor:
                 attempt_id(settings, spec, spec.first_attempt),
                 level=logging.WARNING,
                 worker=worker.index,
-                error=_cause(exc),
+                error=ray_cause(exc),
             )
-            raise _WorkerLost(_cause(exc)) from exc
+            raise _WorkerLost(ray_cause(exc)) from exc
         finally:
             worker.in_flight -= 1
 
     async def _run_on(
-        self, worker: _Worker, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
+        self, worker: RayWorker, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         token = uuid.uuid4().hex
         worker.dispatched += 1
@@ -328,7 +314,7 @@ class RayExecutor:
             return record
         return record.model_copy(update={"task": spec.task})  # the caller's own task object
 
-    async def _pick(self) -> _Worker:
+    async def _pick(self) -> RayWorker:
         """The live worker with the fewest rollouts in flight; waits while all are restarting."""
         async with self._changed:
             while True:
@@ -339,7 +325,7 @@ class RayExecutor:
                     raise InfrastructureError("no Ray worker is alive")
                 await self._changed.wait()
 
-    def _lost(self, worker: _Worker) -> None:
+    def _lost(self, worker: RayWorker) -> None:
         if not worker.up:
             return
         worker.up = False
@@ -347,56 +333,15 @@ class RayExecutor:
         self._probes.add(probe)
         probe.add_done_callback(self._probes.discard)
 
-    async def _probe(self, worker: _Worker) -> None:
+    async def _probe(self, worker: RayWorker) -> None:
         """Wait for Ray to restart a lost worker; drop it when it is gone for good."""
-        errors = self._ray.exceptions
-        restart = dataclasses.replace(
-            WORKER_RESTART,
-            within_s=self.restart_timeout_s,
-            retry_on=(errors.RayError, TimeoutError),
-        )
-        deadline = time.monotonic() + self.restart_timeout_s
-        restarted = False
-        with contextlib.suppress(errors.RayError, TimeoutError):  # not back in time
-            async for attempt in restart.retrying():
-                with attempt:
-                    restarted = await self._ready(worker, deadline)
-        if restarted:
-            worker.up = await self._catch_up(worker)
+        if await wait_for_restart(worker, self._ray.exceptions, self.restart_timeout_s):
+            worker.up = await catch_up(worker, self._last_update)
         async with self._changed:
             if not worker.up:
                 self._workers.remove(worker)
                 log.error("Ray worker %d is gone", worker.index, extra={"stage": "worker_gone"})
             self._changed.notify_all()
-
-    async def _ready(self, worker: _Worker, deadline: float) -> bool:
-        """True once a restarted worker answers; False when Ray is out of restarts for it."""
-        ready = asyncio.wrap_future(worker.actor.ready.remote().future())
-        try:
-            await asyncio.wait_for(ready, max(0.1, deadline - time.monotonic()))
-        except self._ray.exceptions.ActorDiedError:
-            return False
-        return True
-
-    async def _catch_up(self, worker: _Worker) -> bool:
-        """A restarted worker loads the last update before it takes rollouts again."""
-        if self._last_update is None:
-            return True
-        ref, version, mode = self._last_update
-        try:
-            await asyncio.wrap_future(
-                worker.actor.update_weights.remote(ref, version, mode).future()
-            )
-        except Exception as exc:
-            log.error(
-                "restarted Ray worker %d cannot load version %d: %s",
-                worker.index,
-                version,
-                _cause(exc),
-                extra={"stage": "worker_gone"},
-            )
-            return False
-        return True
 
     async def _record(
         self,
@@ -490,17 +435,8 @@ def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
             ) from exc
 
 
-def _cause(exc: BaseException) -> str:
-    """The line that says what went wrong: Ray wraps a worker's own exception in a traceback,
-    whose last ``SomeError: ...`` line is the one to show."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    text = named[-1] if named else lines[0] if lines else type(exc).__name__
-    return text[:500]
-
-
 def _task_error(exc: BaseException) -> Exception:
     """The error a worker raised, as itself when Ray kept it (a refused version stays a
     refused version), else an infrastructure error naming it."""
     cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, Exception) else InfrastructureError(_cause(exc))
+    return cause if isinstance(cause, Exception) else InfrastructureError(ray_cause(exc))

@@ -1,0 +1,225 @@
+"""A client's batches: what resume leaves to run, submitted under the experiment's lease and
+yielded as they finish, with a bar and status lines, the run's config and its summary in the
+store."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.agents.base import AgentLoop
+from rollway.agents.server.remote_agent import RemoteAgent
+from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.future import RolloutFuture
+from rollway.client.lease_keeper import LeaseKeeper
+from rollway.client.progress import BatchProgress, summary_table
+from rollway.client.watchdog import Watchdog
+from rollway.executors import Executor, LocalExecutor
+from rollway.results import RolloutRecord
+from rollway.rollouts import RolloutConfig, RolloutSpec
+from rollway.rollouts.loop_thread import LoopThread
+from rollway.store.base import Store
+
+#: Starts one rollout: the client's own ``_submit``.
+Submit = Callable[[RolloutSpec, RolloutConfig], RolloutFuture]
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """One batch as it was asked for, checked; how it shows is the client's at that time."""
+
+    tasks: list[dict[str, Any]]
+    group_size: int
+    resume: bool
+    settings: RolloutConfig
+    show_progress: bool
+    status_interval: float
+
+
+class BatchRuns:
+    """The client's batches, over the parts of the client they use. ``last_summary``: the
+    summary of the last batch that ended (None before)."""
+
+    def __init__(
+        self,
+        *,
+        exp_id: str,
+        agent: AgentLoop,
+        store: Store,
+        executor: Executor,
+        submit: Submit,
+        lease: LeaseKeeper,
+        loop: LoopThread,
+        watchdog: Watchdog,
+    ) -> None:
+        self.exp_id, self.agent, self.store, self.executor = exp_id, agent, store, executor
+        self._submit = submit
+        self._lease, self._loop = lease, loop
+        self._watchdog = watchdog
+        self.last_summary: dict[str, Any] | None = None
+
+    def run(self, request: BatchRequest) -> Iterator[BatchItem]:
+        return self._leased(self._run(request))
+
+    def run_async(self, request: BatchRequest) -> AsyncIterator[BatchItem]:
+        return self._leased_async(self._run_async(request))
+
+    def _leased(self, items: Generator[BatchItem, None, None]) -> Iterator[BatchItem]:
+        """A batch under the experiment's lease, taken before it plans anything."""
+        with self._lease.held(self._loop), contextlib.closing(items):
+            yield from items
+
+    async def _leased_async(
+        self, items: AsyncGenerator[BatchItem, None]
+    ) -> AsyncIterator[BatchItem]:
+        with self._lease.held(self._loop):
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
+
+    def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
+        started = time.monotonic()
+        done, todo = self._prepare(request)
+        futures = {self._submit(spec, request.settings): index for index, spec in todo}
+        resumed = [item.result for item in done]
+        ran: list[RolloutRecord] = []
+        try:
+            with self._progress(len(done) + len(todo), request) as progress:
+                try:
+                    for item in done:
+                        progress.advance(item.result)
+                        yield item
+                    by_cf = {f._future: f for f in futures}
+                    waiting = set(by_cf)
+                    while waiting:
+                        # Wake for the next status line too: a stuck batch still reports.
+                        finished, waiting = concurrent.futures.wait(
+                            waiting, progress.until_status(), concurrent.futures.FIRST_COMPLETED
+                        )
+                        progress.tick()
+                        for cf in finished:
+                            future = by_cf[cf]
+                            record = cf.result()
+                            ran.append(record)
+                            progress.advance(record)
+                            yield BatchItem.of(record, futures[future], future.elapsed())
+                finally:
+                    cancel_and_wait(futures)
+        except KeyboardInterrupt:
+            # Every rollout has its record now: what finished, and the cancelled rest.
+            ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
+            self._finish(request, resumed, ended, time.monotonic() - started, interrupted=True)
+            raise
+        self._finish(request, resumed, ran, time.monotonic() - started)
+
+    async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
+        started = time.monotonic()
+        done, todo = self._prepare(request)
+        futures = {self._submit(spec, request.settings): index for index, spec in todo}
+        ran: list[RolloutRecord] = []
+        try:
+            with self._progress(len(done) + len(todo), request) as progress:
+                for item in done:
+                    progress.advance(item.result)
+                    yield item
+                waiting = {asyncio.wrap_future(f._future): f for f in futures}
+                while waiting:
+                    finished, _ = await asyncio.wait(
+                        waiting,
+                        timeout=progress.until_status(),
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                    progress.tick()
+                    for aw in finished:
+                        future = waiting.pop(aw)
+                        record = aw.result()
+                        ran.append(record)
+                        progress.advance(record)
+                        yield BatchItem.of(record, futures[future], future.elapsed())
+        finally:
+            await asyncio.to_thread(cancel_and_wait, futures)
+        self._finish(request, [item.result for item in done], ran, time.monotonic() - started)
+
+    def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
+        return BatchProgress(
+            total,
+            show=request.show_progress,
+            status_interval_s=request.status_interval,
+            stuck=lambda: self._watchdog.stuck,
+            outages=self._outages,
+        )
+
+    def _outages(self) -> list[str]:
+        """What this process's rollouts wait for (Ray workers keep their own)."""
+        if isinstance(self.executor, LocalExecutor):
+            return self.executor.availability.status()
+        return []
+
+    def _prepare(
+        self, request: BatchRequest
+    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
+        specs = plan(request.tasks, request.group_size, self.exp_id, run_id=uuid.uuid4().hex)
+        self.store.write_config(self._config(request))
+        done: list[BatchItem] = []
+        todo: list[tuple[int, RolloutSpec]] = []
+        stored_keys = self.store.keys() if request.resume else set()  # one listing, not a read each
+        for index, spec in enumerate(specs):
+            stored = self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
+            if should_rerun(stored):
+                todo.append((index, spec))
+            else:
+                assert stored is not None
+                if self.executor.light_records:
+                    stored = stored.light()
+                done.append(BatchItem.of(stored, index, 0.0, from_store=True))
+        return done, todo
+
+    def _finish(
+        self,
+        request: BatchRequest,
+        resumed: list[RolloutRecord],
+        ran: list[RolloutRecord],
+        wall_s: float,
+        *,
+        interrupted: bool = False,
+    ) -> None:
+        groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
+        self.store.write_summary("groups", {"groups": groups})
+        summary = summarize(ran, wall_s, resumed, interrupted=interrupted)
+        self.last_summary = summary.to_dict()
+        self.store.write_summary("summary", self.last_summary)
+        if request.show_progress:
+            BatchProgress(0, show=False).console.print(summary_table(summary))
+
+    def _config(self, request: BatchRequest) -> dict[str, Any]:
+        return {
+            "exp_id": self.exp_id,
+            "agent": _agent_spec(self.agent),
+            "agent_name": self.agent.name,
+            "model": self.executor.model_name,
+            **self.executor.describe(),
+            "tasks": len(request.tasks),
+            "group_size": request.group_size,
+            **request.settings.to_dict(),
+            "status_interval": request.status_interval,
+            "written_at": time.time(),
+        }
+
+
+def cancel_and_wait(futures: Iterable[RolloutFuture]) -> None:
+    pending = [f for f in futures if not f.done()]
+    for future in pending:
+        future.cancel()
+    concurrent.futures.wait([f._future for f in pending])
+
+
+def _agent_spec(agent: AgentLoop) -> str:
+    if isinstance(agent, RemoteAgent):
+        return agent.url
+    return f"{type(agent).__module__}:{type(agent).__qualname__}"

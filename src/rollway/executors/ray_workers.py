@@ -1,0 +1,85 @@
+"""The Ray executor's view of its worker actors: their load, what their errors say, and their
+restarts (waited for, then caught up on the last weight update)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rollway.retry import Backoff, RetryPolicy
+
+#: A Ray worker being restarted, asked every half second whether it is ready, for two
+#: minutes at most (the executor names Ray's errors and sets ``within_s``).
+WORKER_RESTART = RetryPolicy(backoff=Backoff(first_s=0.5, factor=1.0), within_s=120.0)
+
+log = logging.getLogger(__name__)
+
+_EXCEPTION_LINE = re.compile(r"^[\w.]+(Error|Exception|Exit|Interrupt): ")
+
+
+@dataclass
+class RayWorker:
+    index: int
+    actor: Any
+    in_flight: int = 0
+    dispatched: int = 0
+    up: bool = True
+
+
+async def wait_for_restart(worker: RayWorker, errors: Any, timeout_s: float) -> bool:
+    """True once Ray has restarted a lost worker within ``timeout_s``; ``errors``: Ray's
+    ``ray.exceptions``."""
+    restart = dataclasses.replace(
+        WORKER_RESTART, within_s=timeout_s, retry_on=(errors.RayError, TimeoutError)
+    )
+    deadline = time.monotonic() + timeout_s
+    restarted = False
+    with contextlib.suppress(errors.RayError, TimeoutError):  # not back in time
+        async for attempt in restart.retrying():
+            with attempt:
+                restarted = await _ready(worker, errors, deadline)
+    return restarted
+
+
+async def _ready(worker: RayWorker, errors: Any, deadline: float) -> bool:
+    """True once a restarted worker answers; False when Ray is out of restarts for it."""
+    ready = asyncio.wrap_future(worker.actor.ready.remote().future())
+    try:
+        await asyncio.wait_for(ready, max(0.1, deadline - time.monotonic()))
+    except errors.ActorDiedError:
+        return False
+    return True
+
+
+async def catch_up(worker: RayWorker, last_update: tuple[Any, int, str] | None) -> bool:
+    """A restarted worker loads the last update before it takes rollouts again."""
+    if last_update is None:
+        return True
+    ref, version, mode = last_update
+    try:
+        await asyncio.wrap_future(worker.actor.update_weights.remote(ref, version, mode).future())
+    except Exception as exc:
+        log.error(
+            "restarted Ray worker %d cannot load version %d: %s",
+            worker.index,
+            version,
+            ray_cause(exc),
+            extra={"stage": "worker_gone"},
+        )
+        return False
+    return True
+
+
+def ray_cause(exc: BaseException) -> str:
+    """The line that says what went wrong: Ray wraps a worker's own exception in a traceback,
+    whose last ``SomeError: ...`` line is the one to show."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    text = named[-1] if named else lines[0] if lines else type(exc).__name__
+    return text[:500]
