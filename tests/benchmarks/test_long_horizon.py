@@ -10,7 +10,10 @@ from benchmarks.long_horizon import in_flight_growth, measure
 async def test_a_records_size_stays_flat_against_its_ids_as_turns_grow() -> None:
     short, long = await measure(5, 200, 16), await measure(40, 200, 16)
     assert long.context > 6 * short.context
-    assert long.record_ratio < 1.15 * short.record_ratio < 4  # format 1: 8x more at 40 turns
+    # Flat (format 1 grew 8x from 5 to 40 turns), and a few times its ids: how many bytes an id
+    # takes in JSON moves with the ids sampled, so the bound is on each ratio, not their product.
+    assert long.record_ratio < 1.15 * short.record_ratio
+    assert short.record_ratio < 4 and long.record_ratio < 4
     assert long.token_ratio < 1.1 * short.token_ratio
 
 
