@@ -17,12 +17,14 @@ from starlette.responses import Response
 
 from rollway import json_text
 from rollway.errors import (
+    AuthError,
     InvalidFieldsError,
     MalformedBodyError,
     PayloadTooLargeError,
     RollwayError,
     http_status_for,
 )
+from rollway.ids import keys_match
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -98,6 +100,12 @@ def bearer(request: Request) -> str | None:
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
     return request.headers.get("x-api-key") or None
+
+
+def require_key(request: Request, key: str, refusal: str) -> None:
+    """An ``AuthError`` saying ``refusal`` unless the request carries ``key`` (``bearer``)."""
+    if not keys_match(bearer(request), key):
+        raise AuthError(refusal)
 
 
 async def route_error(request: Request, exc: Exception) -> Response:

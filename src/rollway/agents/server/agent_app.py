@@ -26,14 +26,14 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.agent_schema import InitRequest
 from rollway.agents.server.service import AgentServerConfig, AgentService, Run
 from rollway.agents.validate import ready_agent
-from rollway.errors import AuthError, InvalidFieldsError, OverloadedError
-from rollway.ids import IdempotencyKey, keys_match
+from rollway.errors import InvalidFieldsError, OverloadedError
+from rollway.ids import IdempotencyKey
 from rollway.web.handlers import (
     JSONResponse,
-    bearer,
     error_body,
     parse_model,
     read_json,
+    require_key,
     route_error,
 )
 from rollway.web.openapi import Endpoint, Param, routes_and_document
@@ -46,8 +46,7 @@ def _service(request: Request) -> AgentService:
 
 def _require_key(request: Request) -> None:
     api_key: str = request.app.state.api_key
-    if not keys_match(bearer(request), api_key):
-        raise AuthError("wrong or missing agent server key")
+    require_key(request, api_key, "wrong or missing agent server key")
 
 
 async def init(request: Request) -> Response:

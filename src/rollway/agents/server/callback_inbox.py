@@ -10,10 +10,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from rollway.errors import AuthError, UnknownRolloutError
-from rollway.ids import keys_match
+from rollway.errors import UnknownRolloutError
 from rollway.results import AgentReport
-from rollway.web.handlers import JSONResponse, bearer, guarded, parse_model, read_json
+from rollway.web.handlers import JSONResponse, guarded, parse_model, read_json, require_key
 
 
 class CallbackInbox:
@@ -40,8 +39,7 @@ class CallbackInbox:
 
     def route(self) -> Route:
         async def completed(request: Request) -> Response:
-            if not keys_match(bearer(request), self.key):
-                raise AuthError("wrong or missing callback key")
+            require_key(request, self.key, "wrong or missing callback key")
             report = parse_model(AgentReport, await read_json(request))
             if not self.deliver(report):
                 # A 4xx tells the agent server to stop retrying: nobody waits for it (the

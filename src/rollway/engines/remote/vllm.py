@@ -425,10 +425,10 @@ class VLLMEngine:
         if self._last_load is None and self._start_weights_seen:
             return
         if self._checking is None or self._checking.done():
-            self._checking = asyncio.ensure_future(self._check_restart(server))
+            self._checking = asyncio.ensure_future(self._check_served_weights(server))
         await asyncio.shield(self._checking)
 
-    async def _check_restart(self, server: VLLMServer) -> None:
+    async def _check_served_weights(self, server: VLLMServer) -> None:
         async with self._loading:
             info = await self._get_json("/weight_info")
             label = info.get("weight_version") if isinstance(info, dict) else None

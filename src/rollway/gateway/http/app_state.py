@@ -7,10 +7,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from rollway.errors import AuthError, InvalidFieldsError
+from rollway.errors import InvalidFieldsError
 from rollway.gateway.core import Gateway
-from rollway.ids import keys_match
-from rollway.web.handlers import bearer, read_json
+from rollway.web.handlers import read_json, require_key
 
 
 def gateway_of(request: Request) -> Gateway:
@@ -20,8 +19,7 @@ def gateway_of(request: Request) -> Gateway:
 
 def require_admin(request: Request) -> None:
     admin_key: str = request.app.state.admin_key
-    if not keys_match(bearer(request), admin_key):
-        raise AuthError("this route needs the gateway's admin key")
+    require_key(request, admin_key, "this route needs the gateway's admin key")
 
 
 async def read_body(request: Request) -> dict[str, Any]:
