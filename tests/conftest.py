@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import pytest
 
@@ -20,7 +20,7 @@ from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
 
-__all__ = ["ADD_TOOL", "FEW_SHOT", "tool_call"]
+__all__ = ["ADD_TOOL", "FEW_SHOT", "Closing", "tool_call"]
 
 # Agent servers and callback receivers; an S3 server on loopback; the real vLLM server of the
 # conformance suite's real leg (--real-vllm).
@@ -29,6 +29,30 @@ pytest_plugins = [
     "tests.store.s3_fixtures",
     "tests.engines.remote.vllm_servers",
 ]
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=Closeable)
+Closing = Callable[[C], C]
+
+
+@pytest.fixture
+def closing() -> Iterator[Closing[C]]:
+    """``client = closing(openai.OpenAI(...))``: closed when the test ends. An SDK client left
+    open holds a pooled socket that warns when the garbage collector finds it, which under
+    ``filterwarnings = error`` fails whichever test is running then."""
+    opened: list[Closeable] = []
+
+    def keep(client: C) -> C:
+        opened.append(client)
+        return client
+
+    yield keep
+    for client in opened:
+        client.close()
 
 
 @pytest.fixture(scope="session")

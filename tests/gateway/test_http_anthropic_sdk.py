@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from rollway.gateway.http.messages_api import MessagesRequest
-from tests.conftest import Served
+from tests.conftest import Closing, Served
 
 ADD = {
     "name": "add",
@@ -60,9 +60,10 @@ def trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
 
 def test_a_tool_conversation_through_the_anthropic_sdk_is_one_exact_segment(
     served: Served,
+    closing: Closing,
 ) -> None:
     reg = register(served, temperature=0.7, seed=1)
-    client = anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"]))
     messages = list(FEW_SHOT)
     first = client.messages.create(model="m", max_tokens=48, messages=messages, tools=[ADD])
     blocks = [b.model_dump(exclude_none=True) for b in first.content]
@@ -84,9 +85,9 @@ def test_a_tool_conversation_through_the_anthropic_sdk_is_one_exact_segment(
     assert turn1["prompt_ids"][: len(prefix)] == prefix
 
 
-def test_streaming_events_rebuild_the_recorded_answer(served: Served) -> None:
+def test_streaming_events_rebuild_the_recorded_answer(served: Served, closing: Closing) -> None:
     reg = register(served, temperature=0.7, seed=1)
-    client = anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"]))
     with client.messages.stream(model="m", max_tokens=48, messages=FEW_SHOT, tools=[ADD]) as stream:
         final = stream.get_final_message()
     turn = trajectory(served, reg["rollout_id"])["turns"][0]
@@ -97,12 +98,16 @@ def test_streaming_events_rebuild_the_recorded_answer(served: Served) -> None:
     assert final.usage.output_tokens == len(turn["completion_ids"])
 
 
-def test_wrong_key_and_bad_bodies_get_anthropic_sdk_errors(served: Served) -> None:
+def test_wrong_key_and_bad_bodies_get_anthropic_sdk_errors(
+    served: Served, closing: Closing
+) -> None:
     reg = register(served)
-    wrong = anthropic.Anthropic(base_url=reg["base_url"], api_key="nope", max_retries=0)
+    wrong = closing(anthropic.Anthropic(base_url=reg["base_url"], api_key="nope", max_retries=0))
     with pytest.raises(anthropic.AuthenticationError):
         wrong.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "x"}])
-    client = anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+    client = closing(
+        anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+    )
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
     with pytest.raises(anthropic.UnprocessableEntityError):
         client.messages.create(

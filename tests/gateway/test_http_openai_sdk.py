@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import ADD_TOOL, FEW_SHOT, Served
+from tests.conftest import ADD_TOOL, FEW_SHOT, Closing, Served
 
 
 def register(served: Served, **body: Any) -> dict[str, Any]:
@@ -37,16 +37,16 @@ def fetch_trajectory(
 QUESTION = [*FEW_SHOT, {"role": "user", "content": "What is 17 + 25?"}]
 
 
-def test_register_answers_a_base_url_the_sdk_takes(served: Served) -> None:
+def test_register_answers_a_base_url_the_sdk_takes(served: Served, closing: Closing) -> None:
     reg = register(served, temperature=0.7, seed=1)
     assert reg["base_url"] == f"{served.url}/v1/rollouts/{reg['rollout_id']}"
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     assert [m.id for m in client.models.list()] == ["SmolLM2-135M-Instruct"]
 
 
-def test_sync_client_holds_a_two_turn_tool_conversation(served: Served) -> None:
+def test_sync_client_holds_a_two_turn_tool_conversation(served: Served, closing: Closing) -> None:
     reg = register(served, temperature=0.7, seed=1, max_tokens=48)
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     messages: list[Any] = list(QUESTION)
     first = client.chat.completions.create(model="m", messages=messages, tools=[ADD_TOOL])
     choice = first.choices[0]
@@ -86,9 +86,9 @@ async def test_async_client_and_logprobs(served: Served) -> None:
     assert len(tokens) == reply.usage.completion_tokens
 
 
-def test_streaming_gives_the_same_answer_as_the_record(served: Served) -> None:
+def test_streaming_gives_the_same_answer_as_the_record(served: Served, closing: Closing) -> None:
     reg = register(served, temperature=0.7, seed=1, max_tokens=48)
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     stream = client.chat.completions.create(
         model="m",
         messages=QUESTION,
@@ -112,9 +112,10 @@ def test_streaming_gives_the_same_answer_as_the_record(served: Served) -> None:
 
 def test_return_token_ids_adds_what_was_sampled_in_fields_the_sdk_ignores(
     served: Served,
+    closing: Closing,
 ) -> None:
     reg = register(served, temperature=0.7, seed=3, max_tokens=12)
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     messages: list[Any] = [{"role": "user", "content": "Say hello."}]
     plain = client.chat.completions.create(model="m", messages=messages)
     asked = client.chat.completions.create(
@@ -136,9 +137,9 @@ def test_return_token_ids_adds_what_was_sampled_in_fields_the_sdk_ignores(
     assert len(turns[1]["completion_ids"]) == asked.usage.completion_tokens > 0
 
 
-def test_streaming_plain_text(served: Served) -> None:
+def test_streaming_plain_text(served: Served, closing: Closing) -> None:
     reg = register(served, temperature=0.0, max_tokens=24)
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     stream = client.chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Say hello."}], stream=True
     )
@@ -146,11 +147,11 @@ def test_streaming_plain_text(served: Served) -> None:
     assert text and text == fetch_trajectory(served, reg["rollout_id"])["turns"][0]["content"]
 
 
-def test_the_sdk_raises_its_own_errors_for_gateway_errors(served: Served) -> None:
+def test_the_sdk_raises_its_own_errors_for_gateway_errors(served: Served, closing: Closing) -> None:
     reg = register(served)
-    wrong = openai.OpenAI(base_url=reg["base_url"], api_key="not-the-key", max_retries=0)
+    wrong = closing(openai.OpenAI(base_url=reg["base_url"], api_key="not-the-key", max_retries=0))
     with pytest.raises(openai.AuthenticationError):
         wrong.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0))
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)

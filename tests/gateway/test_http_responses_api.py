@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from rollway.gateway.http.responses_api import ResponsesRequest
-from tests.conftest import Served
+from tests.conftest import Closing, Served
 
 ADD = {
     "type": "function",
@@ -44,13 +44,12 @@ FEW_SHOT: list[dict[str, Any]] = [
 ]
 
 
-def client_for(served: Served, **body: Any) -> tuple[openai.OpenAI, str]:
+def client_for(served: Served, closing: Closing, **body: Any) -> tuple[openai.OpenAI, str]:
     rollout_id = f"resp-{uuid.uuid4().hex[:8]}"
     url = f"{served.url}/v1/rollouts/{rollout_id}/register"
     reg = httpx.post(url, json=body, headers=served.admin_headers).json()
-    return openai.OpenAI(
-        base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0
-    ), rollout_id
+    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
+    return closing(client), rollout_id
 
 
 def trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
@@ -59,8 +58,10 @@ def trajectory(served: Served, rollout_id: str) -> dict[str, Any]:
     return httpx.get(url, headers=served.admin_headers).json()
 
 
-def test_a_tool_loop_with_previous_response_id_is_one_exact_segment(served: Served) -> None:
-    client, rollout_id = client_for(served, temperature=0.7, seed=1)
+def test_a_tool_loop_with_previous_response_id_is_one_exact_segment(
+    served: Served, closing: Closing
+) -> None:
+    client, rollout_id = client_for(served, closing, temperature=0.7, seed=1)
     first = client.responses.create(model="m", input=FEW_SHOT, tools=[ADD], max_output_tokens=48)
     calls = [item for item in first.output if item.type == "function_call"]
     follow: list[dict[str, Any]] = [
@@ -79,8 +80,8 @@ def test_a_tool_loop_with_previous_response_id_is_one_exact_segment(served: Serv
     assert [c.name for c in calls] == [c["function"]["name"] for c in turn0["tool_calls"]]
 
 
-def test_streaming_rebuilds_the_recorded_answer(served: Served) -> None:
-    client, rollout_id = client_for(served, temperature=0.7, seed=1)
+def test_streaming_rebuilds_the_recorded_answer(served: Served, closing: Closing) -> None:
+    client, rollout_id = client_for(served, closing, temperature=0.7, seed=1)
     with client.responses.stream(
         model="m", input=FEW_SHOT, tools=[ADD], max_output_tokens=48
     ) as stream:
@@ -91,8 +92,8 @@ def test_streaming_rebuilds_the_recorded_answer(served: Served) -> None:
     assert names == [c["function"]["name"] for c in turn["tool_calls"]]
 
 
-def test_unknown_previous_response_and_bad_items_are_422(served: Served) -> None:
-    client, _ = client_for(served)
+def test_unknown_previous_response_and_bad_items_are_422(served: Served, closing: Closing) -> None:
+    client, _ = client_for(served, closing)
     with pytest.raises(openai.UnprocessableEntityError, match="previous_response_id"):
         client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.UnprocessableEntityError, match="not supported"):

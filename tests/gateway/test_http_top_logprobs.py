@@ -10,13 +10,15 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import Served
+from tests.conftest import Closing, Served
 from tests.gateway.test_http_openai_sdk import QUESTION, fetch_trajectory, register
 
 
-def test_the_sdk_gets_top_logprobs_and_the_turn_records_them(served: Served) -> None:
+def test_the_sdk_gets_top_logprobs_and_the_turn_records_them(
+    served: Served, closing: Closing
+) -> None:
     reg = register(served, temperature=0.7, seed=2, max_tokens=12)
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     reply = client.chat.completions.create(
         model="m", messages=QUESTION, logprobs=True, top_logprobs=3
     )
@@ -36,10 +38,12 @@ def test_the_sdk_gets_top_logprobs_and_the_turn_records_them(served: Served) -> 
             assert token.logprob == pytest.approx(top_values[texts.index(token.token)], abs=1e-6)
 
 
-def test_registered_top_logprobs_and_entropy_are_recorded_on_every_turn(served: Served) -> None:
+def test_registered_top_logprobs_and_entropy_are_recorded_on_every_turn(
+    served: Served, closing: Closing
+) -> None:
     reg = register(served, temperature=0.7, seed=3, max_tokens=8, top_logprobs=2,
                    record_entropy=True)  # fmt: skip
-    client = openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"])
+    client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"]))
     first = client.chat.completions.create(model="m", messages=QUESTION)
     assert first.choices[0].logprobs is None  # not asked by the caller: not answered
     messages: list[Any] = [

@@ -25,7 +25,7 @@ from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.turn_stream import ContentDelta, ToolCallDelta
 from rollway.generation import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
-from tests.conftest import ADD_TOOL, FEW_SHOT, Served
+from tests.conftest import ADD_TOOL, FEW_SHOT, Closing, Served
 from tests.gateway.test_http_openai_sdk import fetch_trajectory, register
 
 QUESTION = [*FEW_SHOT, {"role": "user", "content": "What is 17 + 25?"}]
@@ -105,12 +105,16 @@ def assert_same_samples(got: dict[str, Any], want: dict[str, Any]) -> None:
         assert mine["logprobs"] == pytest.approx(theirs["logprobs"], abs=1e-4)
 
 
-def test_a_streamed_chat_completion_records_what_the_plain_one_records(served: Served) -> None:
+def test_a_streamed_chat_completion_records_what_the_plain_one_records(
+    served: Served, closing: Closing
+) -> None:
     plain, streamed = (register(served, temperature=0.7, seed=3, max_tokens=48) for _ in "ab")
-    answer = chat_client(plain).chat.completions.create(
+    answer = closing(chat_client(plain)).chat.completions.create(
         model="m", messages=QUESTION, tools=[ADD_TOOL]
     )
-    content, calls, last = stream_chat(chat_client(streamed), messages=QUESTION, tools=[ADD_TOOL])
+    content, calls, last = stream_chat(
+        closing(chat_client(streamed)), messages=QUESTION, tools=[ADD_TOOL]
+    )
     want, got = (
         fetch_trajectory(served, plain["rollout_id"], samples=True),
         fetch_trajectory(served, streamed["rollout_id"], samples=True),
@@ -123,13 +127,17 @@ def test_a_streamed_chat_completion_records_what_the_plain_one_records(served: S
     assert last.choices[0].finish_reason == answer.choices[0].finish_reason
 
 
-def test_a_streamed_message_records_what_the_plain_one_records(served: Served) -> None:
+def test_a_streamed_message_records_what_the_plain_one_records(
+    served: Served, closing: Closing
+) -> None:
     plain, streamed = (register(served, temperature=0.7, seed=4) for _ in "ab")
     body = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "Hi!"}]}
-    anthropic.Anthropic(base_url=plain["base_url"], api_key=plain["api_key"]).messages.create(
-        **body
+    closing(
+        anthropic.Anthropic(base_url=plain["base_url"], api_key=plain["api_key"])
+    ).messages.create(**body)
+    client = closing(
+        anthropic.Anthropic(base_url=streamed["base_url"], api_key=streamed["api_key"])
     )
-    client = anthropic.Anthropic(base_url=streamed["base_url"], api_key=streamed["api_key"])
     with client.messages.stream(**body) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
@@ -142,12 +150,14 @@ def test_a_streamed_message_records_what_the_plain_one_records(served: Served) -
     assert text == turn["content"] and final.usage.input_tokens == turn["prompt_len"]
 
 
-def test_a_streamed_response_records_what_the_plain_one_records(served: Served) -> None:
+def test_a_streamed_response_records_what_the_plain_one_records(
+    served: Served, closing: Closing
+) -> None:
     plain, streamed = (register(served, temperature=0.7, seed=5) for _ in "ab")
     body = {"model": "m", "input": "Say hello.", "max_output_tokens": 16}
-    chat_client(plain).responses.create(**body)
+    closing(chat_client(plain)).responses.create(**body)
     deltas = []
-    with chat_client(streamed).responses.stream(**body) as stream:
+    with closing(chat_client(streamed)).responses.stream(**body) as stream:
         for event in stream:
             if event.type == "response.output_text.delta":
                 deltas.append(event.delta)
@@ -164,9 +174,11 @@ def test_a_streamed_response_records_what_the_plain_one_records(served: Served) 
 # Pacing, text and tool calls over HTTP.
 
 
-def test_the_first_content_reaches_the_client_long_before_the_last(paced: Served) -> None:
+def test_the_first_content_reaches_the_client_long_before_the_last(
+    paced: Served, closing: Closing
+) -> None:
     registration = register(paced)
-    client = chat_client(registration)
+    client = closing(chat_client(registration))
     started, arrivals, content = time.monotonic(), [], ""
     with client.chat.completions.create(model="m", messages=USER, stream=True) as stream:
         for chunk in stream:
@@ -180,12 +192,12 @@ def test_the_first_content_reaches_the_client_long_before_the_last(paced: Served
     assert content == turn["content"] and len(turn["completion_ids"]) == 30
 
 
-def test_tool_call_deltas_are_the_recorded_calls(renderer: ChatRenderer) -> None:
+def test_tool_call_deltas_are_the_recorded_calls(renderer: ChatRenderer, closing: Closing) -> None:
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 17, "b": 25}}\n</tool_call>'
     for served in serve(ScriptedEngine(renderer, f"Adding.\n{call}<|im_end|>"), renderer):
         registration = register(served)
         content, calls, last = stream_chat(
-            chat_client(registration), messages=USER, tools=[ADD_TOOL]
+            closing(chat_client(registration)), messages=USER, tools=[ADD_TOOL]
         )
         (turn,) = fetch_trajectory(served, registration["rollout_id"])["turns"]
     assert content == turn["content"] == "Adding."
@@ -193,11 +205,13 @@ def test_tool_call_deltas_are_the_recorded_calls(renderer: ChatRenderer) -> None
     assert last.choices[0].finish_reason == "tool_calls"
 
 
-def test_a_stop_string_never_reaches_the_client(renderer: ChatRenderer) -> None:
+def test_a_stop_string_never_reaches_the_client(renderer: ChatRenderer, closing: Closing) -> None:
     engine = ScriptedEngine(renderer, "alpha beta gamma delta epsilon")
     for served in serve(engine, renderer):
         registration = register(served)
-        content, _, _ = stream_chat(chat_client(registration), messages=USER, stop=["gamma"])
+        content, _, _ = stream_chat(
+            closing(chat_client(registration)), messages=USER, stop=["gamma"]
+        )
         (turn,) = fetch_trajectory(served, registration["rollout_id"])["turns"]
     assert content == turn["content"] == "alpha beta "
 
@@ -207,12 +221,13 @@ def test_a_stop_string_never_reaches_the_client(renderer: ChatRenderer) -> None:
 
 def test_an_engine_failure_mid_stream_is_an_error_event_each_sdk_raises(
     renderer: ChatRenderer,
+    closing: Closing,
 ) -> None:
     engine = ScriptedEngine(renderer, "one two three four five six", fail_after=4)
     for served in serve(engine, renderer):
         registration = register(served)
         shown = []
-        openai_client = chat_client(registration)
+        openai_client = closing(chat_client(registration))
         with (
             pytest.raises(openai.APIError, match="engine failed"),
             openai_client.chat.completions.create(model="m", messages=USER, stream=True) as chat,
@@ -220,8 +235,10 @@ def test_an_engine_failure_mid_stream_is_an_error_event_each_sdk_raises(
             for chunk in chat:
                 shown.append(chunk.choices[0].delta.content)
         assert shown  # it failed after the stream began
-        client = anthropic.Anthropic(
-            base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
+        client = closing(
+            anthropic.Anthropic(
+                base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
+            )
         )
         with (
             pytest.raises(anthropic.APIStatusError, match="engine failed"),
@@ -237,18 +254,24 @@ def test_an_engine_failure_mid_stream_is_an_error_event_each_sdk_raises(
     assert trajectory["turns"] == [] and len(trajectory["engine_errors"]) == 3
 
 
-def test_an_error_before_the_first_piece_is_an_ordinary_http_error(paced: Served) -> None:
+def test_an_error_before_the_first_piece_is_an_ordinary_http_error(
+    paced: Served, closing: Closing
+) -> None:
     registration = register(paced)
     httpx.post(f"{registration['base_url']}/cancel", headers=paced.admin_headers)
     with pytest.raises(openai.ConflictError):
-        chat_client(registration).chat.completions.create(model="m", messages=USER, stream=True)
+        closing(chat_client(registration)).chat.completions.create(
+            model="m", messages=USER, stream=True
+        )
 
 
-def test_a_client_that_goes_away_aborts_the_generation(renderer: ChatRenderer) -> None:
+def test_a_client_that_goes_away_aborts_the_generation(
+    renderer: ChatRenderer, closing: Closing
+) -> None:
     engine = SimEngine(SimConfig(per_token_s=0.05, output_len=400))  # 20 s if left running
     for served in serve(engine, renderer):
         registration = register(served)
-        with chat_client(registration).chat.completions.create(
+        with closing(chat_client(registration)).chat.completions.create(
             model="m", messages=USER, stream=True
         ) as stream:
             next(stream), next(stream)

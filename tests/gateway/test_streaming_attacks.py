@@ -15,7 +15,7 @@ import pytest
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
-from tests.conftest import Served
+from tests.conftest import Closing, Served
 from tests.gateway.test_http_openai_sdk import register
 
 USER = [{"role": "user", "content": "hi"}]
@@ -106,6 +106,7 @@ def test_with_tools_offered_an_answer_that_begins_with_whitespace_still_streams(
 
 def test_an_anthropic_stream_that_hits_a_stop_sequence_says_so(
     renderer: ChatRenderer,
+    closing: Closing,
 ) -> None:
     """Anthropic's Messages API answers stop_reason "stop_sequence" and names the sequence in
     stop_sequence when one ended the answer; the SDK's final message carries them. rollway
@@ -113,8 +114,10 @@ def test_an_anthropic_stream_that_hits_a_stop_sequence_says_so(
     tell a stop sequence from a natural end."""
     for served in serve(PacedText(renderer, "one two three STOP four five six"), renderer):
         registration = register(served)
-        client = anthropic.Anthropic(
-            base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
+        client = closing(
+            anthropic.Anthropic(
+                base_url=registration["base_url"], api_key=registration["api_key"], max_retries=0
+            )
         )
         with client.messages.stream(
             model="m", max_tokens=32, messages=USER, stop_sequences=["STOP"]

@@ -61,32 +61,29 @@ def run(
     admin_key = f"ak-{secrets.token_urlsafe(16)}"
     with console.status("loading the model and starting the gateway"):
         app = create_app(build_gateway(engine, model=model), admin_key=admin_key)
-    with BackgroundServer(app) as url:
-        admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"})
+    headers = {"Authorization": f"Bearer {admin_key}"}
+    with BackgroundServer(app) as url, httpx.Client(base_url=url, headers=headers) as admin:
         registered = admin.post(
             "/v1/rollouts/demo-1/register",
             json={"temperature": 0.7, "seed": seed, "max_tokens": 64, "max_turns": 4},
         ).json()
         console.print(f"gateway {url}; rollout base URL {registered['base_url']}")
-        client = OpenAI(base_url=registered["base_url"], api_key=registered["api_key"])
-        messages: list[ChatCompletionMessageParam] = [
-            *FEW_SHOT,
-            {"role": "user", "content": question},
-        ]
-        for turn in (1, 2):
-            reply = client.chat.completions.create(
-                model="default", messages=messages, tools=[ADD_TOOL]
-            )
-            message = reply.choices[0].message
-            console.print(
-                f"[bold]turn {turn}[/] ({reply.choices[0].finish_reason}): {_show(message)}"
-            )
-            messages.append(_sent_back(message))
-            messages.extend(_answer(message))
+        with OpenAI(base_url=registered["base_url"], api_key=registered["api_key"]) as client:
+            _converse(console, client, question)
         trajectory = admin.get("/v1/rollouts/demo-1/trajectory?samples=true").json()
         admin.post("/v1/rollouts/demo-1/unregister")
-        admin.close()
     _print_summary(console, trajectory)
+
+
+def _converse(console: Console, client: OpenAI, question: str) -> None:
+    """Two turns: the question, then the tool's answer (or a nudge to call it)."""
+    messages: list[ChatCompletionMessageParam] = [*FEW_SHOT, {"role": "user", "content": question}]
+    for turn in (1, 2):
+        reply = client.chat.completions.create(model="default", messages=messages, tools=[ADD_TOOL])
+        message = reply.choices[0].message
+        console.print(f"[bold]turn {turn}[/] ({reply.choices[0].finish_reason}): {_show(message)}")
+        messages.append(_sent_back(message))
+        messages.extend(_answer(message))
 
 
 def _sent_back(message: Any) -> ChatCompletionAssistantMessageParam:

@@ -347,7 +347,9 @@ async def test_a_repeatable_call_goes_again_on_the_connection_vllm_closed_after_
 
 def skip_folder_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder only the server sees (a remote server): the engine cannot check it first."""
-    monkeypatch.setattr("rollway.engines.remote.vllm.check_weights_folder", lambda *args: None)
+    monkeypatch.setattr(
+        "rollway.engines.remote.vllm_weights.check_weights_folder", lambda *args: None
+    )
 
 
 async def test_a_reload_vllm_refuses_answers_its_cause_and_leaves_nothing_paused(

@@ -37,19 +37,17 @@ import logging
 import os
 import time
 from collections.abc import AsyncGenerator, Mapping
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
 
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.remote.connection import DisconnectAbort, RemoteClient
 from rollway.engines.remote.pause_gate import PauseGate
 from rollway.engines.remote.sse import EventStream, StreamCuts
 from rollway.engines.remote.vllm_stream import CompletionDelta, CompletionStream
+from rollway.engines.remote.vllm_weights import ServedWeights, VLLMControl
 from rollway.engines.remote.vllm_wire import (
     PAUSED_REFUSAL,
     VLLM_PAUSE_MODES,
-    WEIGHT_INFO_SINCE,
     WEIGHT_LABELS_SINCE,
     WEIGHT_SYNC_SINCE,
     VLLMServer,
@@ -64,30 +62,12 @@ from rollway.engines.remote.vllm_wire import (
     versions_of,
     vllm_payload,
 )
-from rollway.engines.remote.weight_folders import check_weights_folder, tied_embedding_changed
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.generation import GenerationChunk, GenerationResult, SamplingParams
 
 log = logging.getLogger(__name__)
 
-_DEV_MODE = "start vLLM with VLLM_SERVER_DEV_MODE=1 (its weight-sync routes are dev routes)"
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _clock = time.monotonic  # a module name, so that a test can move it on
-#: Why a CPU server cannot take a new tied embedding by ``reload_weights`` (vLLM 0.32).
-_STALE_TIED_OUTPUT = (
-    "{folder} changes the token embedding, which this model ties to its output layer; vLLM's "
-    "CPU build computes that layer from a copy packed at start-up (oneDNN, "
-    "dispatch_cpu_unquantized_gemm) that reload_weights does not refresh, so its logprobs "
-    "would be up to 1e-2 off the new weights'. Keep the embedding frozen in training, or "
-    "restart the server on the new folder"
-)
-
-#: Why a new engine does not sample from weights another client pushed.
-_FOREIGN_WEIGHTS = (
-    "vLLM at {url} serves weights labelled {label!r}, pushed before this engine connected, not "
-    "its start-up weights: its tokens would be stamped version 0 by weights that are not. Push "
-    "this run's weights first (update_weights), or restart the server"
-)
 
 
 class VLLMEngine:
@@ -134,6 +114,8 @@ class VLLMEngine:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.http = http or RemoteClient(timeout_s=timeout_s)
+        self._control = VLLMControl(self.base_url, self.http, health_timeout_s)
+        self._weights = ServedWeights(self._control)
         self.context_length = context_length
         self._given_context_length = context_length
         self.default_max_tokens = default_max_tokens
@@ -149,10 +131,6 @@ class VLLMEngine:
         self._server: VLLMServer | None = None
         self._server_at = -float("inf")  # _clock() of the last answer to server()
         self._probing = asyncio.Lock()
-        self._last_load: str | None = None  # the folder of the last update (a restart's replay)
-        self._loading = asyncio.Lock()  # a weight load and a restart check, one at a time
-        self._checking: asyncio.Future[None] | None = None
-        self._start_weights_seen = False  # the server said it serves its start-up weights
 
     async def generate(
         self, input_ids: list[int], sampling: SamplingParams, request_id: str
@@ -286,8 +264,7 @@ class VLLMEngine:
 
     async def close(self) -> None:
         self._gate.release_all()
-        if self._checking is not None:
-            self._checking.cancel()
+        self._weights.close()
         await self.http.close()
 
     async def server(self) -> VLLMServer:
@@ -298,8 +275,8 @@ class VLLMEngine:
             return self._server
         async with self._probing:
             if self._server is None or self._server_stale():
-                version = await self._get_json("/version")
-                models = await self._get_json("/v1/models")
+                version = await self._control.get_json("/version")
+                models = await self._control.get_json("/v1/models")
                 self._server = VLLMServer(
                     version=str(version["version"]) if isinstance(version, dict) else None,
                     max_model_len=max_model_len_of(models, self.model),
@@ -330,7 +307,7 @@ class VLLMEngine:
         self._gate.close()
         self._pauses += 1
         try:
-            await self._control("/pause", params={"mode": VLLM_PAUSE_MODES[mode]})
+            await self._control.post("/pause", params={"mode": VLLM_PAUSE_MODES[mode]})
         except BaseException:
             if was_open:
                 self._gate.open()
@@ -339,7 +316,7 @@ class VLLMEngine:
     async def resume(self) -> None:
         # Before the server resumes: whatever it samples from now on is the new weights'.
         self._sampling_version = self.policy_version
-        await self._control("/resume", repeatable=True)
+        await self._control.post("/resume", repeatable=True)
         self._gate.open()
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
@@ -360,13 +337,14 @@ class VLLMEngine:
             )
         server = await self._check_weight_sync()
         path = os.fspath(source)
-        await asyncio.to_thread(self._check_folder, path, server, await self._on_cpu())
+        await self._weights.check_folder(path, server)
         pausing = not self._gate.closed
         if pausing:
             await self.pause("drain")
         try:
-            async with self._loading:
-                await self._load(path, version, server)
+            async with self._weights.loading:
+                await self._weights.load(path, version, server)
+                self.policy_version = version
         except BaseException:
             if pausing:
                 await self._resume_after_failure()
@@ -381,80 +359,10 @@ class VLLMEngine:
         except Exception as exc:
             log.error("vLLM at %s stays paused after a failed update: %s", self.base_url, exc)
 
-    async def _load(self, path: str, version: int, server: VLLMServer) -> None:
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        await self._control("/collective_rpc", payload=rpc)
-        reset = await self._control("/reset_prefix_cache", params={"reset_running_requests": 1})
-        if isinstance(reset, dict) and reset.get("success") is False:
-            raise EngineError(
-                f"vLLM loaded {path} but could not reset its prefix cache (blocks still held); "
-                "call update_weights again"
-            )
-        if server.since(WEIGHT_INFO_SINCE):
-            await self._control("/update_weight_version", payload={"new_version": str(version)})
-        self.policy_version = version
-        self._last_load = path
-
-    def _check_folder(self, path: str, server: VLLMServer, on_cpu: bool) -> None:
-        """The folder as the server will see it, when this machine sees the same one."""
-        folder = Path(path)
-        if urlsplit(self.base_url).hostname not in _LOOPBACK and not folder.exists():
-            return
-        held = self._last_load or server.root  # what the server holds now
-        check_weights_folder(folder, Path(server.root) if server.root else None)
-        if on_cpu and held is not None and tied_embedding_changed(folder, Path(held)):
-            raise ConfigError(_STALE_TIED_OUTPUT.format(folder=path), "source")
-
-    async def _on_cpu(self) -> bool:
-        """Whether the server runs vLLM's CPU build (dev mode's ``/server_info``; False when
-        it does not say)."""
-        try:
-            info = await self._get_json("/server_info?config_format=json")
-        except EngineError:
-            return False
-        config = info.get("vllm_config") if isinstance(info, dict) else None
-        device = config.get("device_config") if isinstance(config, dict) else None
-        return isinstance(device, dict) and device.get("device") == "cpu"
-
     async def _caught_up(self, server: VLLMServer) -> None:
-        """Once weights were pushed: the server still serves them, or is given them again
-        (it restarted). Before: it serves its start-up weights (asked once), not weights
-        another client pushed. One check runs at a time; concurrent requests share it."""
-        if not server.since(WEIGHT_INFO_SINCE):
-            return
-        if self._last_load is None and self._start_weights_seen:
-            return
-        if self._checking is None or self._checking.done():
-            self._checking = asyncio.ensure_future(self._check_served_weights(server))
-        await asyncio.shield(self._checking)
-
-    async def _check_served_weights(self, server: VLLMServer) -> None:
-        async with self._loading:
-            info = await self._get_json("/weight_info")
-            label = info.get("weight_version") if isinstance(info, dict) else None
-            if self._last_load is None:  # nothing pushed yet: it must serve its own weights
-                if label not in (None, "default"):
-                    raise EngineError(_FOREIGN_WEIGHTS.format(url=self.base_url, label=label))
-                self._start_weights_seen = True
-                return
-            if label is None or label == str(self.policy_version):
-                return  # caught up, or it does not say
-            log.warning(
-                "vLLM at %s serves weights %r, not version %d (it restarted): loading %s again",
-                self.base_url,
-                label,
-                self.policy_version,
-                self._last_load,
-                extra={"stage": "weights", "version": self.policy_version},
-            )
-            self._server_at = -float("inf")  # it may have restarted with other settings too
-            try:
-                await self._load(self._last_load, self.policy_version, server)
-            except EngineError as exc:
-                raise EngineError(
-                    f"vLLM at {self.base_url} restarted with its start-up weights; loading "
-                    f"version {self.policy_version} from {self._last_load} again failed: {exc}"
-                ) from exc
+        """The server serves the weights this engine stamps (``ServedWeights.caught_up``)."""
+        if await self._weights.caught_up(server, self.policy_version):
+            self._server_at = -float("inf")  # it restarted, maybe with other settings too
 
     def _max_tokens(self, prompt_len: int, wanted: int | None, server: VLLMServer) -> int:
         context = self.context_length or server.max_model_len
@@ -481,37 +389,6 @@ class VLLMEngine:
             f"pause mode {mode!r} needs vLLM >= {named(WEIGHT_LABELS_SINCE)}, which says which "
             f"weights sampled each token of a frozen request; {self.base_url} runs {version}"
         )
-
-    async def _get_json(self, path: str) -> Any:
-        """The JSON answer of ``GET path``; None when not 200 or not JSON. Unreachable is an
-        ``EngineConnectError``: nothing was sent for the turn yet, another server may take it."""
-        url = f"{self.base_url}{path}"
-        try:
-            answer = await self.http.call(
-                "GET", url, timeout_s=self.health_timeout_s, retry_connect=False, repeatable=True
-            )
-        except EngineConnectError:
-            raise
-        except EngineError as exc:
-            raise EngineConnectError(f"cannot reach {url}: {exc}") from exc
-        return answer.body if answer.status == 200 else None
-
-    async def _control(
-        self,
-        path: str,
-        *,
-        params: dict[str, Any] | None = None,
-        payload: Any = None,
-        repeatable: bool = False,
-    ) -> Any:
-        """POST a control route; its JSON answer, None for an empty body."""
-        url = f"{self.base_url}{path}" + (f"?{urlencode(params)}" if params else "")
-        answer = await self.http.call("POST", url, payload, repeatable=repeatable)
-        if answer.status == 404:
-            raise ConfigError(f"{url} answered 404: {_DEV_MODE}", "engine")
-        if answer.status >= 400:
-            raise EngineError(f"vLLM {path} failed: HTTP {answer.status} {answer.text!r}")
-        return answer.body
 
 
 async def _already_disconnected() -> None:
