@@ -152,7 +152,7 @@ def _sampling(s: dict[str, Any]) -> dict[str, Any]:
             sampling[name] = s[name]
     if s["stop"]:
         sampling["stop"] = tuple(s["stop"])
-    # Fixed only when asked: a fixed 0 would also refuse an agent's own top_logprobs request.
+    # Recording extras are asked only when given; a turn records the most either side asked.
     if s["top_logprobs"]:
         sampling["top_logprobs"] = s["top_logprobs"]
     if s["record_entropy"]:

@@ -45,34 +45,40 @@ def completion_body(
     return body
 
 
-def logprobs_body(result: ChatResult, token_text: Callable[[int], str], top: int) -> dict[str, Any]:
+#: A token's text alone and its own bytes (``ChatRenderer.token_piece``).
+TokenPiece = Callable[[int], tuple[str, bytes]]
+
+
+def logprobs_body(result: ChatResult, token_piece: TokenPiece, top: int) -> dict[str, Any]:
     """OpenAI's ``logprobs`` of a choice, with the ``top`` most likely tokens of each step
-    that the request asked (the turn may record more: the registration asked them)."""
+    that the request asked (the turn may record more: the registration asked them). Each
+    token's ``bytes`` are its own: a character split across tokens joins from them."""
     content: list[dict[str, Any]] = []
     if result.completion_ids is None:  # a chat-level engine: no tokens to name
         return {"content": content}
-    tops = _top_entries(result, token_text, top) if top else None
+    tops = _top_entries(result, token_piece, top) if top else None
     for at, (token_id, logprob) in enumerate(
         zip(result.completion_ids, result.logprobs or [], strict=True)
     ):
-        entry = _token_entry(token_text(token_id), logprob)
+        entry = _token_entry(token_piece(token_id), logprob)
         content.append({**entry, "top_logprobs": tops[at] if tops else []})
     return {"content": content}
 
 
-def _token_entry(text: str, logprob: float) -> dict[str, Any]:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+def _token_entry(piece: tuple[str, bytes], logprob: float) -> dict[str, Any]:
+    text, raw = piece
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
 def _top_entries(
-    result: ChatResult, token_text: Callable[[int], str], top: int
+    result: ChatResult, token_piece: TokenPiece, top: int
 ) -> list[list[dict[str, Any]]] | None:
     """OpenAI's ``top_logprobs`` of each token (the first ``top``), where the turn recorded
     them."""
     if result.top_ids is None or result.top_logprobs is None:
         return None
     return [
-        [_token_entry(token_text(i), lp) for i, lp in zip(ids[:top], values[:top], strict=True)]
+        [_token_entry(token_piece(i), lp) for i, lp in zip(ids[:top], values[:top], strict=True)]
         for ids, values in zip(result.top_ids, result.top_logprobs, strict=True)
     ]
 

@@ -41,7 +41,7 @@ async def chat_completions(request: Request) -> Response:
     def logprobs(result: ChatResult) -> dict[str, Any] | None:
         if not body.logprobs:
             return None
-        return logprobs_body(result, gateway.renderer.decode_one, body.top_logprobs or 0)
+        return logprobs_body(result, gateway.renderer.token_piece, body.top_logprobs or 0)
 
     if body.stream:
         pieces = await first_awaited(gateway.chat_stream(rollout_id, body))

@@ -20,6 +20,7 @@ from typing import Any
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.message_template import ROLES, read_pieces
 from rollway.gateway.render.token_bound import TokenBound
+from rollway.gateway.render.token_bytes import token_bytes
 from rollway.gateway.render.tool_calls import (
     render_tool_calls,
     render_tool_result,
@@ -108,6 +109,12 @@ class ChatRenderer:
     def decode_one(self, token_id: int) -> str:
         text: str = self.tokenizer.decode([token_id], skip_special_tokens=False)
         return text
+
+    def token_piece(self, token_id: int) -> tuple[str, bytes]:
+        """A token's text alone and its own bytes (``token_bytes``: part of a character's
+        where the text is U+FFFD)."""
+        text = self.decode_one(token_id)
+        return text, token_bytes(self.tokenizer, token_id, text)
 
     def render(
         self,
