@@ -1,5 +1,7 @@
-"""``SamplingParams`` checks what it records beside the tokens: a ``record_entropy`` that is not
-a bool (``"no"`` is truthy) would silently record, or not, what the caller did not mean."""
+"""``SamplingParams`` checks what it is given in-process as the HTTP schema does over the wire:
+a ``record_entropy`` that is not a bool (``"no"`` is truthy) would silently record, or not,
+what the caller did not mean; a ``temperature`` of ``"0.5"`` would fail deep in an engine, or
+be sent on to a server, with nothing naming the field."""
 
 from __future__ import annotations
 
@@ -21,3 +23,35 @@ def test_record_entropy_that_is_not_a_bool_is_refused_naming_the_field(value: An
 @pytest.mark.parametrize("value", [True, False])
 def test_record_entropy_bools_are_taken_as_given(value: bool) -> None:
     assert SamplingParams(record_entropy=value).to_dict().get("record_entropy", False) is value
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", "0.5"),
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("temperature", True),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", None),
+        ("top_k", -1),
+        ("top_k", 2.0),
+        ("max_tokens", -1),
+        ("max_tokens", "16"),
+        ("seed", 1.5),
+        ("seed", 2**63),
+    ],
+)
+def test_sampling_fields_of_the_wrong_type_or_range_are_refused_naming_them(
+    field: str, value: Any
+) -> None:
+    with pytest.raises(InvalidFieldsError, match=field) as raised:
+        SamplingParams(**{field: value})
+    assert raised.value.param == field
+
+
+def test_the_edges_of_each_range_are_taken() -> None:
+    edges = SamplingParams(temperature=0, top_p=1, top_k=0, max_tokens=0, seed=-(2**63))
+    assert edges.to_dict()["temperature"] == 0 and edges.seed == -(2**63)
+    assert SamplingParams(temperature=3.0, top_p=1e-9, seed=2**63 - 1).top_p == 1e-9

@@ -7,6 +7,7 @@ recorded turn and answers every chat call, in process or over HTTP, with a ``Cha
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,6 +45,13 @@ class SamplingParams:
     record_entropy: bool = False
 
     def __post_init__(self) -> None:
+        _check_number("temperature", self.temperature, low=0.0)
+        _check_number("top_p", self.top_p, low=0.0, high=1.0, above_low=True)
+        _check_whole("top_k", self.top_k, low=0, hint=" (0 switches it off)")
+        if self.max_tokens is not None:
+            _check_whole("max_tokens", self.max_tokens, low=0)
+        if self.seed is not None:
+            _check_whole("seed", self.seed, low=-(2**63), high=2**63 - 1)
         # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one
         # stop string per character.
         for name, kind in (("stop", str), ("stop_token_ids", int)):
@@ -92,6 +100,36 @@ class SamplingParams:
         if self.record_entropy:
             fields["record_entropy"] = True
         return fields
+
+
+def _check_number(
+    name: str, value: Any, *, low: float, high: float = math.inf, above_low: bool = False
+) -> None:
+    """A real number (not a bool, not a string, finite) within ``low`` to ``high``."""
+    real = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if (
+        not real
+        or not math.isfinite(value)
+        or not low <= value <= high
+        or (above_low and value == low)
+    ):
+        bound = f"above {low:g}" if above_low else f"at least {low:g}"
+        upto = f" and at most {high:g}" if math.isfinite(high) else ""
+        raise InvalidFieldsError(
+            f"{name} must be a number {bound}{upto}, not {value!r}", param=name
+        )
+
+
+def _check_whole(
+    name: str, value: Any, *, low: int, high: int | None = None, hint: str = ""
+) -> None:
+    """A whole number (not a bool) within ``low`` to ``high``."""
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or value < low or (high is not None and value > high):
+        within = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise InvalidFieldsError(
+            f"{name} must be a whole number {within}{hint}, not {value!r}", param=name
+        )
 
 
 @dataclass(frozen=True, slots=True)

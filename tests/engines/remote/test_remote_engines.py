@@ -248,6 +248,28 @@ def test_malformed_answers_are_engine_errors_naming_the_field() -> None:
         parse_completion({"choices": [choice]})
 
 
+def test_fewer_top_logprobs_than_asked_are_engine_errors_naming_the_token() -> None:
+    """A short row would be recorded as the head of the distribution when it is not."""
+    tops = [{"token_id:1": -0.1, "token_id:2": -2.0}, {"token_id:3": -0.2}]
+    choice = {
+        "token_ids": [1, 3],
+        "logprobs": {"token_logprobs": [-0.1, -0.2], "top_logprobs": tops},
+        "finish_reason": "stop",
+    }
+    assert parse_completion({"choices": [choice]}, top=1).top_ids == [[1], [3]]
+    with pytest.raises(EngineError, match="gave 1 top logprobs for token 1, not 2"):
+        parse_completion({"choices": [choice]}, top=2)
+    meta = {
+        "finish_reason": {"type": "stop"},
+        "output_token_logprobs": [[-0.1, 1, None]],
+        "output_top_logprobs": [[[-0.1, 1, None]]],
+    }
+    body = {"output_ids": [1], "meta_info": meta}
+    assert parse_generate_response(body, top=1).top_ids == [[1]]
+    with pytest.raises(EngineError, match="gave 1 top logprobs for token 0, not 3"):
+        parse_generate_response(body, top=3)
+
+
 @PROTOCOLS
 async def test_connections_idle_to_the_servers_limit_are_not_reused(protocol: Protocol) -> None:
     """A server closes a connection idle for its keep-alive (uvicorn: 5 s; 1 s here); a client

@@ -342,6 +342,11 @@ def most_likely(
     steps: list[list[tuple[float, int]]], top: int
 ) -> tuple[list[list[int]], list[list[float]]]:
     """Per token, the ``top`` highest ``(logprob, id)`` pairs a server gave, most likely first,
-    as ids and logprobs apart (a server may give more than asked, or in its own order)."""
+    as ids and logprobs apart (a server may give more than asked, or in its own order). Fewer
+    than ``top`` for a token is an ``EngineError``: a short row would be recorded as the
+    distribution's head when it is not."""
+    for at, step in enumerate(steps):
+        if len(step) < top:
+            raise EngineError(f"the server gave {len(step)} top logprobs for token {at}, not {top}")
     ordered = [sorted(step, reverse=True)[:top] for step in steps]
     return [[i for _, i in step] for step in ordered], [[lp for lp, _ in step] for step in ordered]
