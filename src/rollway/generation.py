@@ -29,10 +29,12 @@ MAX_TOP_LOGPROBS = 20
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How an engine samples, and what it records beside each sampled token. ``top_k=0`` and
-    ``top_p=1.0`` switch those filters off; ``temperature=0`` means greedy decoding.
-    ``top_logprobs`` (0 to 20) records the ids and logprobs of that many most likely tokens at
-    each step; ``record_entropy`` records each step's entropy (engines that see the logits)."""
+    """How an engine samples, and what it records beside each sampled token. ``top_k=0`` (or
+    vLLM's -1, made 0) and ``top_p=1.0`` switch those filters off; ``temperature=0`` means
+    greedy decoding. ``top_logprobs`` (0 to 20) records the ids and logprobs of that many most
+    likely tokens at each step; ``record_entropy`` records each step's entropy (engines that
+    see the logits). Each field is checked as the HTTP schema checks it (``InvalidFieldsError``
+    naming the field)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -47,7 +49,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, low=0.0)
         _check_number("top_p", self.top_p, low=0.0, high=1.0, above_low=True)
-        _check_whole("top_k", self.top_k, low=0, hint=" (0 switches it off)")
+        if self.top_k == -1 and not isinstance(self.top_k, bool):
+            object.__setattr__(self, "top_k", 0)  # vLLM's and SGLang's "off", as over HTTP
+        _check_whole("top_k", self.top_k, low=0, hint=" (0 or -1 switch it off)")
         if self.max_tokens is not None:
             _check_whole("max_tokens", self.max_tokens, low=0)
         if self.seed is not None:

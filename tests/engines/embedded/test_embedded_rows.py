@@ -92,23 +92,6 @@ def test_nan_logits_are_an_error_not_a_token() -> None:
             choose_token(logits, sampling, torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize(
-    "sampling",
-    [
-        SamplingParams(temperature=math.nan),
-        SamplingParams(temperature=-1.0),
-        SamplingParams(top_p=0.0),
-        SamplingParams(top_p=math.nan),
-        SamplingParams(top_p=1.5),
-    ],
-)
-async def test_unusable_sampling_params_are_refused(
-    engine: EmbeddedEngine, sampling: SamplingParams
-) -> None:
-    with pytest.raises(InvalidFieldsError):
-        await engine.generate(prompt(engine, "Hi"), sampling, "unusable")
-
-
 async def test_input_that_fills_the_context_is_refused(engine: EmbeddedEngine) -> None:
     with pytest.raises(InvalidFieldsError, match=str(engine.context_length)):
         await engine.generate([1] * engine.context_length, SamplingParams(), "full")

@@ -40,7 +40,7 @@ from rollway.checks import check_count
 from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.embedded.batch_runner import BatchRunner, Request
 from rollway.engines.embedded.kv_cache import PrefixCache
-from rollway.engines.embedded.sampling import check_sampling, make_generator
+from rollway.engines.embedded.sampling import make_generator
 from rollway.engines.embedded.state_dicts import check_state_dict, copy_weights, read_state_dict
 from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.generation import GenerationChunk, GenerationResult, SamplingParams
@@ -201,8 +201,7 @@ class EmbeddedEngine:
     ) -> Request:
         """Check a request and queue it; answered through ``chunks`` when given, else its
         future."""
-        self._check_input(input_ids)
-        check_sampling(sampling)
+        self._check_input(input_ids)  # the sampling checked itself (SamplingParams)
         room = self.context_length - len(input_ids)
         max_new = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
         loop = asyncio.get_running_loop()

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
 import torch
 
-from rollway.errors import EngineError, InvalidFieldsError
+from rollway.errors import EngineError
 from rollway.generation import LogprobKind, SamplingParams
 
 #: A temperature or top_p below this samples like its limit: greedy, the top token. Dividing
@@ -22,14 +21,6 @@ def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(seed if seed is not None else random.getrandbits(63))
     return generator
-
-
-def check_sampling(sampling: SamplingParams) -> None:
-    """Refuse what no sampler can honour (NaN, a negative temperature, top_p outside (0, 1])."""
-    if not sampling.temperature >= 0.0 or math.isinf(sampling.temperature):
-        raise InvalidFieldsError(f"temperature {sampling.temperature} is not >= 0", "temperature")
-    if not 0.0 < sampling.top_p <= 1.0:
-        raise InvalidFieldsError(f"top_p {sampling.top_p} is not in (0, 1]", "top_p")
 
 
 @dataclass(frozen=True, slots=True)
