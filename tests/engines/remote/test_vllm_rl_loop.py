@@ -23,7 +23,7 @@ def test_grpo_on_real_vllm_passes_the_ratio_check_at_every_step(
     config = GRPOConfig(
         engine=f"vllm://127.0.0.1:{real_vllm.port}?logprobs_mode=processed_logprobs",
         steps=3,
-        prompts_per_step=2,
+        prompts_per_step=3,
         group_size=3,
         max_tokens=8,
         out_dir=tmp_path,
@@ -37,7 +37,11 @@ def test_grpo_on_real_vllm_passes_the_ratio_check_at_every_step(
     for metrics in steps:
         assert metrics["on_policy_tokens"] == metrics["tokens"] > 0
         assert metrics["ratio_dev_on_policy"] < config.ratio_tol, metrics
-    assert steps[1]["grad_norm"] > 0 and (tmp_path / "metrics.jsonl").is_file()
+    # Some step before the last moved the weights, so a later ratio check tested new ones. A
+    # step whose groups each got one reward throughout has no advantage and no gradient (the
+    # second step of a run with 2 groups a step did); with 3, two such steps in a row are rare.
+    assert any(m["grad_norm"] > 0 for m in steps[:-1]), steps
+    assert (tmp_path / "metrics.jsonl").is_file()
     # The last checkpoint stays for a restart's replay; the ones before the previous are gone.
     assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == [
         f"v{start + 2}",

@@ -361,8 +361,13 @@ class VLLMEngine:
 
     async def _caught_up(self, server: VLLMServer) -> None:
         """The server serves the weights this engine stamps (``ServedWeights.caught_up``)."""
-        if await self._weights.caught_up(server, self.policy_version):
-            self._server_at = -float("inf")  # it restarted, maybe with other settings too
+        try:
+            restarted = await self._weights.caught_up(server, self.policy_version)
+        except EngineError:
+            self._server_at = -float("inf")  # ask the server what it is again next time
+            raise
+        if restarted:  # maybe with other settings too
+            self._server_at = -float("inf")
 
     def _max_tokens(self, prompt_len: int, wanted: int | None, server: VLLMServer) -> int:
         context = self.context_length or server.max_model_len
