@@ -49,7 +49,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature, low=0.0)
         _check_number("top_p", self.top_p, low=0.0, high=1.0, above_low=True)
-        if self.top_k == -1 and not isinstance(self.top_k, bool):
+        if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)  # vLLM's and SGLang's "off", as over HTTP
         _check_whole("top_k", self.top_k, low=0, hint=" (0 or -1 switch it off)")
         if self.max_tokens is not None:

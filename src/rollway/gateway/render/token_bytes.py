@@ -19,13 +19,11 @@ _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 @cache
 def byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's ``bytes_to_unicode`` reversed: each byte's printable stand-in -> the byte.
-    Printable Latin-1 bytes stand for themselves; the other 68 take 256, 257, ... in order."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
-    table = {chr(byte): byte for byte in printable}
-    others = (byte for byte in range(256) if byte not in printable)
-    table.update({chr(256 + n): byte for n, byte in enumerate(others)})
-    return table
+    """GPT-2's ``bytes_to_unicode`` (transformers') reversed: each byte's printable stand-in
+    -> the byte."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes:
