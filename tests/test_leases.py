@@ -56,3 +56,10 @@ def test_another_live_holder_is_named_in_the_refusal() -> None:
     assert "experiment 'exp' is in use by another client (lease at /runs/exp/lease.json)" in message
     assert f"pid {first.pid} on {first.host}, started " in message
     assert first.id[:8] in message and refused.value.param == "exp_id"
+
+
+def test_a_heartbeat_dated_ahead_is_live_only_within_its_ttl_ahead() -> None:
+    elsewhere = LeaseHolder.this_process().model_copy(update={"machine": "other:1"})
+    assert lease_of(elsewhere, age_s=-20.0).is_live()  # a clock 20 s ahead of this one
+    assert not lease_of(elsewhere, age_s=-31.0).is_live()
+    assert not lease_of(elsewhere, age_s=-1e12).is_live()  # a hand edit: never held for good

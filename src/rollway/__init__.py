@@ -20,6 +20,7 @@ from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
     AgentError,
     AuthError,
+    BadRecordError,
     ConfigError,
     EngineConnectError,
     EngineError,
@@ -33,6 +34,7 @@ from rollway.errors import (
     RewardError,
     RolloutClosedError,
     RollwayError,
+    StoredDataError,
     UnknownRolloutError,
 )
 from rollway.executors import LocalExecutor, RayExecutor
@@ -53,6 +55,7 @@ __all__ = [
     "AgentResult",
     "AuthError",
     "Backoff",
+    "BadRecordError",
     "BatchItem",
     "ChatResult",
     "ConfigError",
@@ -99,6 +102,7 @@ __all__ = [
     "SimConfig",
     "SimEngine",
     "Store",
+    "StoredDataError",
     "SummarizeOlder",
     "Tool",
     "Trajectory",

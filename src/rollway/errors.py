@@ -17,6 +17,8 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     │   └── EngineConnectError      no connection could be made (twice)      (502)
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
+    ├── StoredDataError             a stored file or object is unusable      (500)
+    │   └── BadRecordError          a rollout's record: unreadable, invalid or misaligned
     └── InfrastructureError         a transient failure; the client retries  (503)
         └── OverloadedError         at capacity now; try again later         (429)
 
@@ -103,6 +105,35 @@ class RewardError(RollwayError):
     error_type = "reward_error"
 
 
+class StoredDataError(RollwayError):
+    """A file or object in a store cannot be used as it is (a lease nobody can read, a record
+    that is not one): the message names it and the fix."""
+
+    error_type = "stored_data_error"
+
+
+class BadRecordError(StoredDataError):
+    """A rollout's record that cannot be used. ``where`` names it (the file, the object's URI,
+    or the rollout), ``reason`` says what is wrong with it (never its bytes), ``key`` (the
+    ``param``) is its rollout key where known. Readers report it by name and go on: export
+    skips it, resume runs the rollout again, the viewer lists it as unreadable."""
+
+    def __init__(
+        self, message: str, param: str | None = None, where: str = "", reason: str = ""
+    ) -> None:
+        super().__init__(message, param)
+        self.args = (message, param, where, reason)
+        self.where, self.reason = where or message, reason or message
+
+    @classmethod
+    def of(cls, where: str, reason: str, key: str | None = None) -> BadRecordError:
+        return cls(f"{where}: {reason}", key, where, reason)
+
+    @property
+    def key(self) -> str | None:
+        return self.param
+
+
 class InfrastructureError(RollwayError):
     error_type = "infrastructure_error"
 
@@ -133,6 +164,8 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     EngineConnectError: 502,
     AgentError: 500,
     RewardError: 500,
+    StoredDataError: 500,
+    BadRecordError: 500,
     InfrastructureError: 503,
     OverloadedError: 429,
 }

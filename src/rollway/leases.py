@@ -7,7 +7,8 @@ shared gateway, at the gateway: it takes it when it starts, renews it every ``tt
 seconds (its heartbeat) and gives it back when it closes. Another client is refused with an
 ``ExperimentInUseError`` naming the holder (host, pid, start time) while the lease is live.
 
-A lease lapses when its heartbeat is older than its ``ttl_s``, or at once when the holder's
+A lease lapses when its heartbeat is older than its ``ttl_s`` (at most 3600 s), or dated more
+than its ``ttl_s`` ahead of the reader's clock, or at once when the holder's
 process is seen gone from the holder's own machine (a client killed with SIGKILL: its restart
 on the same host goes on without waiting). A pid alone could be reused, so the holder names its
 process by pid and start time, on a machine named by its boot id and pid namespace.
@@ -82,8 +83,12 @@ class Lease(BaseModel):
     ttl_s: float = Field(gt=0, le=3600)
 
     def is_live(self, now: float | None = None) -> bool:
+        """Renewed within its ttl of ``now``, on either side: a heartbeat up to ``ttl_s`` ahead
+        is a holder whose clock runs ahead of this one. One further ahead (clocks apart by
+        more than the ttl, a hand edit) is lapsed, so no lease stays live for longer than
+        twice its ttl from the first look, whatever its clock says."""
         now = time.time() if now is None else now
-        return now - self.renewed_at <= self.ttl_s and not self.holder.is_gone()
+        return abs(now - self.renewed_at) <= self.ttl_s and not self.holder.is_gone()
 
     def renewed(self) -> Lease:
         return self.model_copy(update={"renewed_at": time.time()})

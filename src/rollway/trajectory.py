@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollway import trajectory_format
+from rollway.errors import BadRecordError
 from rollway.generation import GenerationResult, LogprobKind
 from rollway.trajectory_format import FORMAT_VERSION
 
@@ -224,8 +225,22 @@ class Trajectory(WireModel):
     @property
     def samples(self) -> list[Sample]:
         """The training view: one sample per segment (made from the turns on each access;
-        none behind a chat-level engine, which records no ids)."""
-        return build_samples(self.turns) if self.has_token_ids else []
+        none behind a chat-level engine, which records no ids). Turns whose token data do
+        not line up (``check``) are a ``BadRecordError`` naming the rollout and the turn."""
+        if not self.has_token_ids:
+            return []
+        self.check()
+        return build_samples(self.turns)
+
+    def check(self) -> None:
+        """Refuse turns a sample cannot be made of: per-token lists not one per completion id
+        (logprobs, versions, distribution fields), ids outside int32, or a chain of prompts
+        that does not hash to each turn's ``prompt_hash`` (``trajectory_format.check_turns``);
+        a ``BadRecordError`` naming the rollout and the turns."""
+        problems = trajectory_format.check_turns(self.turns) if self.has_token_ids else []
+        if problems:
+            more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+            raise BadRecordError.of(f"rollout {self.rollout_id}", "; ".join(problems[:3]) + more)
 
     def prompt_ids(self, index: int) -> list[int]:
         """The whole prompt the engine got on turn ``index``."""

@@ -72,6 +72,48 @@ def whole_prompt(turns: Sequence[Turn], index: int) -> list[int]:
     return ids
 
 
+def check_turns(turns: Sequence[Turn]) -> list[str]:
+    """What is wrong with the turns' token data, by turn (empty: nothing): per-token lists that
+    are not one per completion id, ids outside int32, and a broken chain of prompts
+    (``check_prompt_hashes``). A sample made from such turns would pair tokens with the
+    wrong logprobs, versions or masks."""
+    problems = [problem for turn in turns for problem in _turn_problems(turn)]
+    return problems or check_prompt_hashes(turns)
+
+
+#: A turn's lists that hold one value per completion id, where it has them.
+_PER_TOKEN = (
+    "logprobs",
+    "policy_versions",
+    "raw_logprobs",
+    "kept_mass",
+    "top_ids",
+    "top_logprobs",
+    "entropy",
+)
+_INT32_END = 2**31
+
+
+def _turn_problems(turn: Turn) -> Iterator[str]:
+    tokens = len(turn.completion_ids)
+    for name in _PER_TOKEN:
+        values = getattr(turn, name)
+        if values is not None and len(values) != tokens:
+            yield f"turn {turn.index}: {len(values)} {name} for {tokens} completion ids"
+    top_ids, top_logprobs = turn.top_ids, turn.top_logprobs
+    if (top_ids is None) != (top_logprobs is None) or any(
+        len(ids) != len(logprobs)
+        for ids, logprobs in zip(top_ids or (), top_logprobs or (), strict=False)
+    ):
+        yield f"turn {turn.index}: its top_logprobs are not one per top id"
+    top = [i for ids in top_ids or () for i in ids]
+    for name, ids in (("prompt", turn.new_prompt_ids), ("completion", turn.completion_ids)):
+        if ids and (min(ids) < 0 or max(ids) >= _INT32_END):
+            yield f"turn {turn.index}: a {name} id outside 0 to 2**31 - 1"
+    if top and (min(top) < 0 or max(top) >= _INT32_END):
+        yield f"turn {turn.index}: a top id outside 0 to 2**31 - 1"
+
+
 def check_prompt_hashes(turns: Sequence[Turn]) -> list[str]:
     """The turns whose whole prompt, rebuilt from the chain, does not hash to the recorded
     ``prompt_hash`` or is not ``prompt_len`` long (empty: the chain holds). Linear time: each

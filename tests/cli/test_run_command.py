@@ -53,6 +53,41 @@ def test_run_then_rerun_then_export(tmp_path: Path) -> None:
     assert all(len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) for r in rows)
 
 
+def test_bad_records_are_rerun_by_resume_and_skipped_by_export_each_named(
+    tmp_path: Path,
+) -> None:
+    args = ["run", AGENT, "--tasks", str(TASKS), "--limit", "4", "--engine", "sim",
+            "--out", str(tmp_path / "runs")]  # fmt: skip
+    assert rollway(*args, cwd=tmp_path).returncode == 0
+    trajectories = tmp_path / "runs" / "calculator-tasks" / "trajectories"
+    cut, newer, link, _ = sorted(trajectories.glob("*.json"))
+    good = orjson.loads(newer.read_bytes())
+    cut.write_bytes(cut.read_bytes()[:100])
+    newer.write_bytes(orjson.dumps(good | {"trajectory": good["trajectory"] | {
+        "format_version": 99}}))  # fmt: skip
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$secret-hash")
+    link.unlink()
+    link.symlink_to(secret)
+    exported = rollway("export", str(trajectories.parent), "--format", "jsonl", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    assert "wrote 1 rows" in exported.stdout and "3 bad records skipped" in exported.stdout
+    for path, reason in ((cut, "Invalid JSON"), (newer, "trajectory format 99 is newer"),
+                         (link, "a symbolic link, which rollway does not follow")):  # fmt: skip
+        assert f"warning: skipped {path}: " in exported.stderr and reason in exported.stderr
+    assert "secret" not in exported.stderr + exported.stdout
+    rerun = rollway(*args, cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    for path in (cut, newer, link):
+        assert f"running rollout {path.stem} again: {path}: " in rerun.stderr
+    summary = orjson.loads((trajectories.parent / "summary.json").read_bytes())
+    assert (summary["total"], summary["resumed"], summary["bad_records"]) == (4, 1, 3)
+    assert "rerun: bad record" in rerun.stderr
+    assert not link.is_symlink() and secret.read_text() == "root:$6$secret-hash"
+    again = rollway("export", str(trajectories.parent), "--format", "jsonl", cwd=tmp_path)
+    assert "wrote 4 rows" in again.stdout and "skipped" not in again.stdout + again.stderr
+
+
 def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:
     ok = rollway("validate", AGENT, cwd=tmp_path)
     assert ok.returncode == 0 and "add, subtract, multiply, divide" in ok.stdout

@@ -33,3 +33,17 @@ def test_a_second_run_on_the_same_out_folder_is_refused_naming_the_first(tmp_pat
     )  # fmt: skip
     assert "--exp-id" in hint
     assert not list((workdir / "runs" / "calc" / "trajectories").iterdir())
+
+
+def test_a_run_on_a_broken_lease_file_names_it_and_says_to_remove_it(tmp_path: Path) -> None:
+    (tmp_path / "echo.py").write_text(AGENT_SOURCE)
+    (tmp_path / "tasks.jsonl").write_text('{"task_id": "t0", "question": "q0"}\n')
+    lease = tmp_path / "runs" / "calc" / "lease.json"
+    lease.parent.mkdir(parents=True)
+    lease.write_text("")  # an empty lease: a hand edit, a tool that truncated it
+    ran = rollway(
+        "run", "echo.py:Echo", "--tasks", "tasks.jsonl", "--engine", "sim",
+        "--out", "runs", "--exp-id", "calc", cwd=tmp_path,
+    )  # fmt: skip
+    hint = assert_one_error(ran, f"lease {lease} cannot be read", f"remove {lease} if no run")
+    assert "bug" not in ran.stderr and "names the file" in hint

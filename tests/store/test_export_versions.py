@@ -13,11 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from rollway.cli.main import app
+from rollway.errors import BadRecordError
 from rollway.generation import LogprobKind
 from rollway.results import RolloutRecord
 from rollway.store import FileStore, export_records
 from rollway.store.export import sample_rows
-from rollway.trajectory import Trajectory, build_samples
+from rollway.trajectory import StepDistribution, Trajectory, build_samples
 from tests.trajectories import chain
 
 
@@ -228,3 +229,65 @@ def test_rows_carry_top_logprobs_and_entropy_aligned_with_the_response(tmp_path:
     assert row["entropy"] == [0.4, 0.7, 0.0, 0.0]
     (plain,) = sample_rows([record("plain.0", [turn(0, [1], [2], None)])])
     assert plain["top_ids"] is None and plain["entropy"] is None
+
+
+def misaligned(key: str, changes: dict[str, Any], at: int = 0) -> RolloutRecord:
+    """A two-turn record whose turn ``at`` has ``changes``: the record as edited by hand."""
+    good = record(key, [turn(0, [1, 2], list(range(10, 58)), [0] * 48),
+                        turn(1, [1, 2, *range(10, 58), 9], [5], [0])])  # fmt: skip
+    assert good.trajectory is not None
+    turns = list(good.trajectory.turns)
+    turns[at] = turns[at].model_copy(update=changes)
+    trajectory = good.trajectory.model_copy(update={"turns": turns})
+    return good.model_copy(update={"trajectory": trajectory})
+
+
+MISALIGNED = {
+    "turn 0: 40 logprobs for 48 completion ids": misaligned("short", {"logprobs": [-0.5] * 40}),
+    "turn 0: 47 policy_versions for 48 completion ids": misaligned(
+        "versions", {"policy_versions": [0] * 47}),
+    "turn 0: 3 entropy for 48 completion ids": misaligned(
+        "entropy", {"distribution": StepDistribution(entropy=[0.1] * 3)}),
+    "turn 0: its top_logprobs are not one per top id": misaligned(
+        "top", {"distribution": StepDistribution(top_ids=[[1, 2]] * 48,
+                                                 top_logprobs=[[-0.1]] * 48)}),
+    "turn 1: prompt does not match its prompt_hash": misaligned(
+        "chain", {"new_prompt_ids": [8]}, at=1),
+    "turn 0: a completion id outside 0 to 2**31 - 1": misaligned(
+        "huge", {"completion_ids": [2**40] * 48}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("problem", MISALIGNED)
+def test_samples_refuse_a_misaligned_record_naming_the_rollout_and_the_turn(problem: str) -> None:
+    bad = MISALIGNED[problem]
+    assert bad.trajectory is not None
+    with pytest.raises(BadRecordError) as refused:
+        bad.trajectory.samples  # noqa: B018
+    assert str(refused.value) == f"rollout {bad.rollout_id}: {problem}"
+
+
+def test_export_skips_and_names_misaligned_records(tmp_path: Path) -> None:
+    good = record("good.0", [turn(0, [1, 2], [3, 4], [0, 0])])
+    bad: list[BadRecordError] = []
+    path = tmp_path / "rows.parquet"
+    assert export_records([good, *MISALIGNED.values()], path, "parquet", on_bad=bad.append) == 1
+    assert [row["rollout_key"] for row in pq.read_table(path).to_pylist()] == ["good.0"]
+    assert [(error.key, error.reason) for error in bad] == [
+        (record.rollout_key, problem) for problem, record in MISALIGNED.items()
+    ]
+    with pytest.raises(BadRecordError, match=r"record short \(rollout e\.short\.1\): turn 0: 40"):
+        export_records([good, MISALIGNED["turn 0: 40 logprobs for 48 completion ids"]], path,
+                       "parquet")  # fmt: skip
+    store = FileStore(tmp_path / "runs", "e")
+    for item in [good, *MISALIGNED.values()]:
+        store.write(item)
+    out = tmp_path / "cli.jsonl"
+    result = CliRunner().invoke(
+        app, ["export", str(store.path), "--format", "jsonl", "--output", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "wrote 1 rows" in result.stdout and "6 bad records skipped" in result.stdout
+    assert "warning: skipped record chain (rollout e.chain.1): turn 1: prompt does not match" in (
+        result.stderr
+    )

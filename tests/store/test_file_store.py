@@ -9,7 +9,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from rollway.errors import ConfigError
+from rollway.errors import BadRecordError, ConfigError
 from rollway.results import RolloutRecord
 from rollway.store import FileStore, export_records, store_from_uri
 from rollway.trajectory import Sample, Trajectory
@@ -120,3 +120,73 @@ def test_parquet_and_jsonl_exports_round_trip(tmp_path: Path) -> None:
         assert row["loss_mask"] == sample.loss_mask
         assert row["logprobs"] == sample.logprobs
         assert (row["reward"], row["status"], row["group_id"]) == (rec.reward, rec.status, "exp:t")
+
+
+def bad_bodies(good: bytes) -> dict[str, tuple[bytes, str]]:
+    """Records edited by hand, cut short or written by a newer rollway: each body and what its
+    reason must say."""
+    data = orjson.loads(good)
+
+    def trajectory(**changes: Any) -> bytes:
+        return orjson.dumps(data | {"trajectory": data["trajectory"] | changes})
+
+    return {
+        "cut.0": (good[: len(good) // 2], "Invalid JSON"),
+        "newer.0": (trajectory(format_version=99), "trajectory format 99 is newer"),
+        "text.0": (trajectory(format_version="2"), "format_version must be an integer"),
+        "missing.0": (
+            orjson.dumps({k: v for k, v in data.items() if k != "status"}),
+            "status: Field required",
+        ),
+        "list.0": (b"[1, 2]", "Input should be an object"),
+    }
+
+
+@pytest.fixture(params=["file", "s3"])
+def uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    return str(tmp_path / "runs") if request.param == "file" else request.getfixturevalue("s3_env")
+
+
+def test_a_bad_record_is_named_with_its_reason_and_the_others_are_read(uri: str) -> None:
+    store = store_from_uri(uri, "exp")
+    store.write(record("good.0"))
+    bodies = bad_bodies(record("x.0").stored())
+    for key, (body, _) in bodies.items():
+        if isinstance(store, FileStore):
+            (store.path / "trajectories" / f"{key}.json").write_bytes(body)
+        else:
+            store._put(f"trajectories/{key}.json", body)
+    bad: list[BadRecordError] = []
+    assert [r.rollout_key for r in store.records(on_bad=bad.append)] == ["good.0"]
+    assert sorted(error.key or "" for error in bad) == sorted(bodies)
+    where = str(store.path / "trajectories") if isinstance(store, FileStore) else uri
+    for error in bad:
+        assert error.where.startswith(where) and error.where.endswith(f"/{error.key}.json")
+        assert bodies[error.key or ""][1] in error.reason, error
+    with pytest.raises(BadRecordError, match=r"cut\.0\.json: Invalid JSON"):
+        store.get("cut.0")
+    with pytest.raises(BadRecordError):  # no on_bad: the first bad record is raised, named
+        list(store.records())
+
+
+def test_a_record_that_is_a_link_or_a_folder_is_never_followed(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "runs", "exp")
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(record("link.0").stored())  # a good record: following it would read it
+    secret = tmp_path / "shadow"
+    secret.write_text('{"root": "$6$secret-hash"}')
+    trajectories = store.path / "trajectories"
+    (trajectories / "link.0.json").symlink_to(outside)
+    (trajectories / "leak.0.json").symlink_to(secret)
+    (trajectories / "folder.0.json").mkdir()
+    bad: list[BadRecordError] = []
+    assert list(store.records(on_bad=bad.append)) == []
+    reasons = {error.key: error.reason for error in bad}
+    assert reasons == {
+        "link.0": "a symbolic link, which rollway does not follow",
+        "leak.0": "a symbolic link, which rollway does not follow",
+        "folder.0": "a folder",
+    }
+    assert all("secret" not in str(error) for error in bad)
+    with pytest.raises(BadRecordError, match=r"link\.0\.json: a symbolic link"):
+        store.get("link.0")

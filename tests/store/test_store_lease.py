@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rollway.errors import ExperimentInUseError
+from rollway.errors import ExperimentInUseError, StoredDataError
 from rollway.leases import Lease, LeaseHolder
-from rollway.store import store_from_uri
+from rollway.store import FileStore, store_from_uri
 from rollway.store.base import Store
+from rollway.store.object_store import ObjectStore
 
 TAKE_AND_WAIT = """
 import sys, time
@@ -76,3 +77,63 @@ def test_the_lease_of_a_killed_process_is_taken_over_at_once(store: Store, uri: 
         finally:
             process.kill()  # closing the block reaps it
     store.take_lease(lease(mine))  # its heartbeat is fresh, but its process is gone
+
+
+def put_lease(store: Store, body: bytes) -> str:
+    """Write ``body`` where the store keeps the lease; where that is, as errors name it."""
+    if isinstance(store, FileStore):
+        (store.path / "lease.json").write_bytes(body)
+        return str(store.path / "lease.json")
+    assert isinstance(store, ObjectStore)
+    store._put("lease.json", body)
+    return f"{store.uri}/lease.json"
+
+
+def lease_body(**changes: object) -> bytes:
+    elsewhere = LeaseHolder.this_process().model_copy(update={"machine": "other:1", "pid": 1})
+    return lease(elsewhere).model_copy(update=changes).model_dump_json().encode()
+
+
+BROKEN = {
+    "empty": (b"", "Invalid JSON"),
+    "garbage": (b"\x00lease?", "Invalid JSON"),
+    "endless ttl": (lease_body(ttl_s=1e300), "ttl_s: Input should be less than or equal to 3600"),
+    "a list": (b"[]", "Input should be an object"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_broken_lease_is_an_error_naming_the_file_and_the_fix(store: Store, case: str) -> None:
+    body, reason = BROKEN[case]
+    where = put_lease(store, body)
+    with pytest.raises(StoredDataError) as refused:
+        store.take_lease(lease(LeaseHolder.this_process()))
+    message = str(refused.value)
+    assert message.startswith(f"the experiment's lease {where} cannot be read ({reason}")
+    assert message.endswith(f"): remove {where} if no run holds the experiment (a running "
+                            "client writes it anew at its next heartbeat)")  # fmt: skip
+    put_lease(store, lease_body(renewed_at=time.time() - 31.0))  # the fix: a readable lease
+    store.take_lease(lease(LeaseHolder.this_process()))
+
+
+def test_a_lease_renewed_in_the_future_lapses_past_its_ttl_ahead(store: Store) -> None:
+    put_lease(store, lease_body(renewed_at=time.time() + 3600 * 24 * 365))  # a hand edit
+    store.take_lease(lease(LeaseHolder.this_process()))
+    put_lease(store, lease_body(renewed_at=time.time() + 20.0))  # a clock 20 s ahead: live
+    with pytest.raises(ExperimentInUseError):
+        store.take_lease(lease(LeaseHolder.this_process()))
+
+
+def test_a_lease_that_is_a_folder_or_a_link_is_named_and_never_followed(tmp_path: Path) -> None:
+    store = FileStore(tmp_path / "runs", "exp")
+    path = store.path / "lease.json"
+    path.mkdir()
+    with pytest.raises(StoredDataError, match=rf"lease {path} cannot be read \(a folder\): remove"):
+        store.take_lease(lease(LeaseHolder.this_process()))
+    path.rmdir()
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes(lease_body())  # a live lease: following the link would obey it
+    path.symlink_to(outside)
+    with pytest.raises(StoredDataError, match="a symbolic link, which rollway does not follow"):
+        store.take_lease(lease(LeaseHolder.this_process()))
+    assert path.is_symlink()  # left for the user to look at, as the error says

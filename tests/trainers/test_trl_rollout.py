@@ -13,13 +13,14 @@ import torch
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
-from rollway.errors import ConfigError
+from rollway.errors import BadRecordError, ConfigError
 from rollway.results import AgentResult
 from rollway.trainers.trl import (
     PromptAgent,
     rollway_reward,
     rollway_rollout_func,
     trainer_sampling,
+    trl_columns,
 )
 
 
@@ -108,6 +109,24 @@ def test_a_failed_rollout_is_one_masked_token_without_reward(client: RolloutClie
 def test_a_rewritten_conversation_is_refused(client: RolloutClient) -> None:
     with pytest.raises(ConfigError, match="2 segments"):
         rollway_rollout_func(client, sync_weights=False)(["fold"], fake_trainer(1))
+
+
+def test_a_record_whose_logprobs_do_not_line_up_is_refused_naming_it(
+    client: RolloutClient,
+) -> None:
+    rollway_rollout_func(client, sync_weights=False)(["ok"], fake_trainer(1))
+    (record,) = client.store.records()
+    assert record.trajectory is not None
+    (first,) = record.trajectory.turns
+    short = first.model_copy(update={"logprobs": first.logprobs[:-1]})
+    trajectory = record.trajectory.model_copy(update={"turns": [short]})
+    bad = record.model_copy(update={"trajectory": trajectory})
+    tokens = len(first.completion_ids)
+    with pytest.raises(BadRecordError) as refused:
+        trl_columns([bad], eos_id=2)
+    assert str(refused.value) == (
+        f"rollout {record.rollout_id}: turn 0: {tokens - 1} logprobs for {tokens} completion ids"
+    )
 
 
 def test_weights_are_pushed_before_the_first_round_and_each_new_step(tmp_path: Path) -> None:

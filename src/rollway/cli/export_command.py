@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from rollway.errors import ConfigError
+from rollway.errors import BadRecordError, ConfigError
 from rollway.store.export import ExportFormat, export_records, flat_groups
 from rollway.store.factory import store_from_uri
 
@@ -41,7 +42,8 @@ def export(
         raise ConfigError(f"{run} is not an experiment folder (no trajectories/)")
     store = store_from_uri(root or ".", exp_id)
     target = output or Path(f"{exp_id}.{format}")
-    records = list(store.records())
+    bad: list[BadRecordError] = []
+    records = list(store.records(on_bad=_report(bad)))
     rows = export_records(
         records,
         target,
@@ -49,6 +51,19 @@ def export(
         latest_version=latest_version,
         max_staleness=max_staleness,
         drop_flat_groups=drop_flat_groups,
+        on_bad=_report(bad),
     )
-    dropped = f" ({len(flat_groups(records))} flat groups dropped)" if drop_flat_groups else ""
-    typer.echo(f"wrote {rows} rows to {target}{dropped}")
+    notes = [f"{len(flat_groups(records))} flat groups dropped"] if drop_flat_groups else []
+    if bad:
+        notes.append(f"{len(bad)} bad records skipped, named above")
+    typer.echo(f"wrote {rows} rows to {target}" + (f" ({'; '.join(notes)})" if notes else ""))
+
+
+def _report(bad: list[BadRecordError]) -> Callable[[BadRecordError], None]:
+    """Name each record that cannot be used, on stderr, as it is skipped."""
+
+    def report(error: BadRecordError) -> None:
+        bad.append(error)
+        typer.secho(f"warning: skipped {error}", err=True, fg="yellow")
+
+    return report

@@ -27,6 +27,7 @@ from rollway.errors import (
     RewardError,
     RolloutClosedError,
     RollwayError,
+    StoredDataError,
     UnknownRolloutError,
 )
 
@@ -47,6 +48,7 @@ HINTS: dict[type[RollwayError], str] = {
     EngineError: "is the engine up and reachable? check --engine (or --gateway)",
     AgentError: "`rollway validate AGENT` lists what is wrong with the agent",
     RewardError: "fix the reward function (--reward)",
+    StoredDataError: "the message names the file and what to do with it",
     InfrastructureError: f"a service did not answer; try again ({_DEBUG})",
 }
 

@@ -109,6 +109,8 @@ class RunSummary:
     wall_s: float
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     resumed: int = 0
+    #: Records found in the store that could not be read (each named in a warning): rerun.
+    bad_records: int = 0
     sampled_tokens: int = 0
     #: Stopped by Ctrl-C: the rollouts cut short are counted as ``cancelled``.
     interrupted: bool = False
@@ -127,6 +129,7 @@ def summarize(
     resumed: Sequence[RolloutRecord] = (),
     *,
     interrupted: bool = False,
+    bad_records: int = 0,
 ) -> RunSummary:
     """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store."""
     records = [*resumed, *ran]
@@ -148,6 +151,7 @@ def summarize(
         wall_s=wall_s,
         errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
         resumed=len(resumed),
+        bad_records=bad_records,
         sampled_tokens=tokens,
         interrupted=interrupted,
     )

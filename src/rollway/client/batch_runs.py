@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
@@ -20,11 +21,14 @@ from rollway.client.future import RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.progress import BatchProgress, summary_table
 from rollway.client.watchdog import Watchdog
+from rollway.errors import BadRecordError
 from rollway.executors import Executor, LocalExecutor
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
+
+log = logging.getLogger(__name__)
 
 #: Starts one rollout: the client's own ``_submit``.
 Submit = Callable[[RolloutSpec, RolloutConfig], RolloutFuture]
@@ -85,7 +89,7 @@ class BatchRuns:
 
     def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
-        done, todo = self._prepare(request)
+        done, todo, bad = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         resumed = [item.result for item in done]
         ran: list[RolloutRecord] = []
@@ -114,13 +118,14 @@ class BatchRuns:
         except KeyboardInterrupt:
             # Every rollout has its record now: what finished, and the cancelled rest.
             ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
-            self._finish(request, resumed, ended, time.monotonic() - started, interrupted=True)
+            wall_s = time.monotonic() - started
+            self._finish(request, resumed, ended, wall_s, bad, interrupted=True)
             raise
-        self._finish(request, resumed, ran, time.monotonic() - started)
+        self._finish(request, resumed, ran, time.monotonic() - started, bad)
 
     async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
         started = time.monotonic()
-        done, todo = self._prepare(request)
+        done, todo, bad = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         ran: list[RolloutRecord] = []
         try:
@@ -144,7 +149,8 @@ class BatchRuns:
                         yield BatchItem.of(record, futures[future], future.elapsed())
         finally:
             await asyncio.to_thread(cancel_and_wait, futures)
-        self._finish(request, [item.result for item in done], ran, time.monotonic() - started)
+        wall_s = time.monotonic() - started
+        self._finish(request, [item.result for item in done], ran, wall_s, bad)
 
     def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
         return BatchProgress(
@@ -163,14 +169,23 @@ class BatchRuns:
 
     def _prepare(
         self, request: BatchRequest
-    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
+    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]], int]:
+        """What resume found done, what is left to run, and how many stored records could not
+        be read (each named in a warning and run again)."""
         specs = plan(request.tasks, request.group_size, self.exp_id, run_id=uuid.uuid4().hex)
         self.store.write_config(self._config(request))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
+        bad = 0
         stored_keys = self.store.keys() if request.resume else set()  # one listing, not a read each
         for index, spec in enumerate(specs):
-            stored = self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
+            try:
+                stored = (
+                    self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
+                )
+            except BadRecordError as exc:
+                log.warning("running rollout %s again: %s", spec.rollout_key, exc)
+                stored, bad = None, bad + 1
             if should_rerun(stored):
                 todo.append((index, spec))
             else:
@@ -178,7 +193,7 @@ class BatchRuns:
                 if self.executor.light_records:
                     stored = stored.light()
                 done.append(BatchItem.of(stored, index, 0.0, from_store=True))
-        return done, todo
+        return done, todo, bad
 
     def _finish(
         self,
@@ -186,12 +201,13 @@ class BatchRuns:
         resumed: list[RolloutRecord],
         ran: list[RolloutRecord],
         wall_s: float,
+        bad_records: int,
         *,
         interrupted: bool = False,
     ) -> None:
         groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
         self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(ran, wall_s, resumed, interrupted=interrupted)
+        summary = summarize(ran, wall_s, resumed, interrupted=interrupted, bad_records=bad_records)
         self.last_summary = summary.to_dict()
         self.store.write_summary("summary", self.last_summary)
         if request.show_progress:

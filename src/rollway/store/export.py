@@ -23,6 +23,9 @@ first turn) have no rows. ``max_staleness`` drops samples more than that many ve
 the latest (the newest version in the records unless ``latest_version`` is given).
 ``drop_flat_groups`` drops every row of a group whose rewards hold fewer than two different
 values among its scored rollouts (zero variance: no GRPO signal); ``flat_groups`` names them.
+A record whose token data do not line up (per-token lists not one per completion id, a chain
+of prompts that does not match its hashes: ``Trajectory.check``) is reported and skipped, as
+the store reports and skips one it cannot read.
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from typing import Any, Literal
 import orjson
 
 from rollway import json_text
-from rollway.errors import ConfigError
+from rollway.errors import BadRecordError, ConfigError
 from rollway.results import RolloutRecord
+from rollway.store.base import OnBadRecord
 from rollway.trajectory import Sample, Turn
 
 ExportFormat = Literal["jsonl", "parquet"]
@@ -58,14 +62,34 @@ def sample_rows(
     latest_version: int | None = None,
     max_staleness: int | None = None,
     drop_flat_groups: bool = False,
+    on_bad: OnBadRecord | None = None,
 ) -> Iterator[dict[str, Any]]:
-    records = [r for r in records if r.trajectory is not None]
+    """The rows of ``records``. A record whose turns do not line up (``Trajectory.check``) is
+    passed to ``on_bad`` and skipped, or raised where no ``on_bad`` is given."""
+    records = [r for r in records if r.trajectory is not None and _aligned(r, on_bad)]
     if drop_flat_groups:
         flat = flat_groups(records)
         records = [r for r in records if r.group_id not in flat]
     latest_version = _latest_version(records, latest_version)
     for record in records:
         yield from _record_rows(record, latest_version, max_staleness)
+
+
+def _aligned(record: RolloutRecord, on_bad: OnBadRecord | None) -> bool:
+    assert record.trajectory is not None
+    try:
+        record.trajectory.check()
+    except BadRecordError as exc:
+        bad = BadRecordError.of(
+            f"record {record.rollout_key} (rollout {record.rollout_id})",
+            exc.reason,
+            record.rollout_key,
+        )
+        if on_bad is None:
+            raise bad from None
+        on_bad(bad)
+        return False
+    return True
 
 
 def _latest_version(records: list[RolloutRecord], given: int | None) -> int | None:
@@ -194,14 +218,17 @@ def export_records(
     latest_version: int | None = None,
     max_staleness: int | None = None,
     drop_flat_groups: bool = False,
+    on_bad: OnBadRecord | None = None,
 ) -> int:
-    """Write the sample rows of ``records`` to ``path``; return how many rows."""
+    """Write the sample rows of ``records`` to ``path``; return how many rows. A record that
+    cannot be used goes to ``on_bad`` and is skipped (``sample_rows``)."""
     rows = list(
         sample_rows(
             records,
             latest_version=latest_version,
             max_staleness=max_staleness,
             drop_flat_groups=drop_flat_groups,
+            on_bad=on_bad,
         )
     )
     if fmt == "jsonl":

@@ -40,6 +40,8 @@ import orjson
 from rollway.errors import ConfigError
 from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.results import AgentReport, RolloutRecord, Status
+from rollway.store.base import OnBadRecord, each_record
+from rollway.store.reading import bad_lease, parse_lease, read_file, read_record
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"
@@ -78,10 +80,7 @@ class FileStore:
         return self._record_path(rollout_key).is_file()
 
     def get(self, rollout_key: str) -> RolloutRecord | None:
-        path = self._record_path(rollout_key)
-        if not path.is_file():
-            return None
-        return RolloutRecord.model_validate_json(path.read_bytes())
+        return read_record(self._record_path(rollout_key), rollout_key)
 
     def keys(self) -> set[str]:
         # scandir, not glob: no Path per entry (10,000 records list in milliseconds).
@@ -92,9 +91,8 @@ class FileStore:
                 if entry.name.endswith(".json") and not entry.name.startswith(".")
             }
 
-    def records(self) -> Iterator[RolloutRecord]:
-        for path in sorted(self._trajectories.glob("*.json")):
-            yield RolloutRecord.model_validate_json(path.read_bytes())
+    def records(self, on_bad: OnBadRecord | None = None) -> Iterator[RolloutRecord]:
+        return each_record(self, on_bad)
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2)
@@ -131,17 +129,19 @@ class FileStore:
 
     def _current_lease(self) -> Lease | None:
         try:
-            return Lease.model_validate_json(self._lease.read_bytes())
-        except FileNotFoundError:
-            return None
+            data = read_file(self._lease)
+        except ValueError as exc:
+            raise bad_lease(str(self._lease), str(exc)) from None
+        return None if data is None else parse_lease(data, str(self._lease))
 
     @contextmanager
     def _lease_lock(self) -> Iterator[None]:
         """Read, decide and write the lease as one step among clients (held for milliseconds;
         the flock goes with the process, so a killed client leaves nothing locked)."""
         path = self.path / ".lease.lock"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         with _named_in_errors(path):
-            lock = path.open("ab")
+            lock = os.fdopen(os.open(path, flags, 0o666), "ab")
         with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             yield

@@ -24,7 +24,9 @@ import orjson
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.results import AgentReport, RolloutRecord
+from rollway.store.base import OnBadRecord, each_record
 from rollway.store.file import check_name
+from rollway.store.reading import parse_lease, parse_record
 
 #: Environment variables that configure object stores (endpoint, region, credentials).
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
@@ -69,8 +71,9 @@ class ObjectStore:
         self._put(self._record_path(record.rollout_key), record.stored())
 
     def get(self, rollout_key: str) -> RolloutRecord | None:
-        data = self._get(self._record_path(rollout_key))
-        return None if data is None else RolloutRecord.model_validate_json(data)
+        path = self._record_path(rollout_key)
+        data = self._get(path)
+        return None if data is None else parse_record(data, f"{self.uri}/{path}", rollout_key)
 
     def exists(self, rollout_key: str) -> bool:
         """A HEAD request: whether the rollout's record is there, without reading it."""
@@ -94,10 +97,8 @@ class ObjectStore:
             if item["path"].endswith(".json")
         }
 
-    def records(self) -> Iterator[RolloutRecord]:
-        for key in sorted(self.keys()):
-            data = self._obstore.get(self._store, self._record_path(key)).bytes()
-            yield RolloutRecord.model_validate_json(bytes(data))
+    def records(self, on_bad: OnBadRecord | None = None) -> Iterator[RolloutRecord]:
+        return each_record(self, on_bad)
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         self._put(f"{name}.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
@@ -129,7 +130,7 @@ class ObjectStore:
             return None, "create"
         e_tag = found.meta.get("e_tag")
         mode = {"e_tag": e_tag} if e_tag else "overwrite"  # a store without ETags: last wins
-        return Lease.model_validate_json(bytes(found.bytes())), mode
+        return parse_lease(bytes(found.bytes()), f"{self.uri}/{_LEASE}"), mode
 
     def _put(self, path: str, data: bytes) -> None:
         self._obstore.put(self._store, path, data)
