@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -268,3 +270,89 @@ def test_a_word_too_long_to_name_a_file_stays_an_argument() -> None:
     # An inline program whose words pass NAME_MAX: is_file() raised and aborted the run.
     code = "print(1)#" + "x" * 300
     assert ProgramAgent(f"python3 -c '{code}'").command == ["python3", "-c", code]
+
+
+# Leaves its result file as the task says: a FIFO, a link, more than the limit, or a reward.
+# Inline: a namespace sandbox does not see the host's /tmp, where tmp_path is.
+LEAVES = [
+    sys.executable,
+    "-c",
+    """
+import json, os, sys
+task, path = json.load(sys.stdin), os.environ["ROLLWAY_RESULT_FILE"]
+if task["leave"] == "fifo":
+    os.mkfifo(path)
+elif task["leave"] == "link":
+    os.symlink(task["target"], path)
+elif task["leave"] == "big":
+    json.dump({"reward": 1.0, "pad": "x" * 4 * 1024 * 1024}, open(path, "w"))
+else:
+    json.dump({"reward": 0.5}, open(path, "w"))
+""",
+]
+
+
+def run_tasks(agent: ProgramAgent, renderer: ChatRenderer, tmp_path: Path, tasks: list[dict]):
+    with RolloutClient(agent, sim_gateway(renderer), store=str(tmp_path), timeout=60) as client:
+        return {tasks[item.index]["task_id"]: item.result for item in client.run_batch(tasks)}
+
+
+# Before, the client's event loop blocked for good opening the FIFO: bounded by killing the run.
+@pytest.mark.timeout(120, method="thread")
+@pytest.mark.parametrize("sandbox", [LocalSandbox, NamespaceSandbox])
+def test_a_result_file_that_is_a_fifo_is_an_agent_error_and_the_batch_goes_on(
+    renderer: ChatRenderer, tmp_path: Path, sandbox: type[LocalSandbox]
+) -> None:
+    agent = ProgramAgent(LEAVES, sandbox=sandbox)
+    tasks = [{"task_id": "fifo", "leave": "fifo"}]
+    tasks += [{"task_id": f"good{i}", "leave": "reward"} for i in range(3)]
+    results = run_tasks(agent, renderer, tmp_path, tasks)
+    fifo = results.pop("fifo")
+    assert (fifo.status, fifo.error_kind) == ("error", "agent")
+    assert "result file" in fifo.reason and "is a FIFO, not a regular file" in fifo.reason
+    assert [(r.status, r.reward) for r in results.values()] == [("completed", 0.5)] * 3
+
+
+@pytest.mark.parametrize("sandbox", [LocalSandbox, NamespaceSandbox])
+def test_a_result_file_that_is_a_link_is_not_followed(
+    renderer: ChatRenderer, tmp_path: Path, sandbox: type[LocalSandbox]
+) -> None:
+    """A link to /dev/zero had the client read until it was killed; this one leads to a file
+    that the client would read (and reward) if it followed it."""
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text('{"reward": 1.0}')
+    agent = ProgramAgent(LEAVES, sandbox=sandbox)
+    task = {"task_id": "link", "leave": "link", "target": str(elsewhere)}
+    (record,) = run_tasks(agent, renderer, tmp_path, [task]).values()
+    assert (record.status, record.error_kind) == ("error", "agent")
+    assert "result file" in record.reason and "is a symbolic link" in record.reason
+
+
+def test_a_result_file_over_its_limit_is_an_agent_error_naming_the_limit(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    agent = ProgramAgent(LEAVES)  # the default limits: 4 MiB
+    (record,) = run_tasks(agent, renderer, tmp_path, [{"task_id": "b", "leave": "big"}]).values()
+    assert (record.status, record.error_kind) == ("error", "agent")
+    assert "over its limit of 4194304 bytes (SandboxLimits.result_bytes)" in record.reason
+
+
+def test_the_rollout_timeout_holds_while_the_result_file_is_read(
+    renderer: ChatRenderer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that stalls (a file system that hangs) still ends at the rollout's timeout."""
+    release = threading.Event()
+
+    def stalls(*args: object) -> dict[str, object]:
+        release.wait(60)
+        return {}
+
+    monkeypatch.setattr("rollway.agents.program._read_result", stalls)
+    agent = ProgramAgent(LEAVES)
+    started = time.monotonic()
+    try:
+        record = run_one(sim_gateway(renderer), agent, tmp_path, timeout=2.0)
+    finally:
+        release.set()
+    # On the event loop, the read held everything up for its whole 60 s.
+    assert record.status == "timeout" and time.monotonic() - started < 30

@@ -12,11 +12,14 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from rollway.errors import ConfigError
 from rollway.sandbox import LocalSandbox, NamespaceSandbox, SandboxLimits
 from rollway.sandbox.base import Sandbox
+from rollway.sandbox.namespace import HIDDEN_PLACES
 
 from .test_local import ENV, PY
 
@@ -150,3 +153,61 @@ async def test_each_fresh_tmpfs_is_held_to_the_memory_limit() -> None:
         await box.start([PY, "-c", script], ENV)
         result = await box.wait()
     assert result.stdout.split() == [str(limit)] * 2, result.stderr
+
+
+# Writes where it is told; says which writes the file system refused.
+WRITE = """
+import sys
+for path in sys.argv[1:]:
+    try:
+        with open(path, "w") as f:
+            f.write("written")
+        print("wrote", path)
+    except OSError as error:
+        print("refused", path, error.strerror)
+"""
+
+
+@pytest.fixture
+def host_folder() -> Iterator[str]:
+    """A folder of the host the caller may write, outside every hidden place."""
+    folder = tempfile.mkdtemp(dir=os.path.expanduser("~"), prefix="rollway-host-")
+    assert not folder.startswith(HIDDEN_PLACES) and os.access(folder, os.W_OK)
+    yield folder
+    shutil.rmtree(folder)
+
+
+async def test_the_host_file_system_is_read_only_in_a_namespace_sandbox_by_default(
+    host_folder: str,
+) -> None:
+    """Root in its user namespace is the caller to the host: it could write all the caller
+    may write (as root, anywhere). Now only its own folder and its fresh mounts."""
+    host_file = os.path.join(host_folder, "escaped")
+    places = [host_file, "in-workdir", "/tmp/t", "/dev/shm/t", "/dev/null"]
+    lines = (await run(NamespaceSandbox, [PY, "-c", WRITE, *places])).splitlines()
+    assert lines == [f"refused {host_file} Read-only file system"] + [
+        f"wrote {place}" for place in places[1:]
+    ]
+    assert os.listdir(host_folder) == []
+    # The same program in a local sandbox writes it: the folder is there to be written.
+    assert (await run(LocalSandbox, [PY, "-c", WRITE, host_file])).split() == ["wrote", host_file]
+
+
+async def test_a_namespace_sandbox_writes_the_host_paths_its_limits_name(host_folder: str) -> None:
+    shared = os.path.join(host_folder, "shared")
+    os.mkdir(shared)
+    written, refused = os.path.join(shared, "out"), os.path.join(host_folder, "out")
+    async with NamespaceSandbox(SandboxLimits(wall_timeout_s=20, writable_paths=(shared,))) as box:
+        await box.start([PY, "-c", WRITE, written, refused], ENV)
+        result = await box.wait()
+    assert result.stdout.splitlines() == [
+        f"wrote {written}",
+        f"refused {refused} Read-only file system",
+    ], result.stderr
+    assert await asyncio.to_thread(Path(written).read_text) == "written"
+
+
+@pytest.mark.parametrize("path", ["relative/folder", "/no/such/folder"])
+def test_a_writable_path_must_be_an_existing_folders_absolute_path(path: str) -> None:
+    with pytest.raises(ConfigError, match=r"SandboxLimits.writable_paths: .*folder"):
+        NamespaceSandbox(SandboxLimits(writable_paths=(path,)))

@@ -74,9 +74,39 @@ async def test_exit_codes_and_stderr_are_recorded(make: type[Sandbox]) -> None:
 
 async def test_output_is_bounded_and_the_child_never_blocks(make: type[Sandbox]) -> None:
     async with make(SandboxLimits(output_bytes=1000)) as box:
-        await box.start([PY, "-c", "print('x' * 5_000_000)"], ENV)
+        await box.start([PY, "-c", "print('x' * 5_000_000 + 'the end')"], ENV)
         result = await box.wait()
     assert result.exit_code == 0 and len(result.stdout) == 1000 and result.stdout_truncated
+    assert result.stdout.endswith("xthe end\n")  # the tail, where an error's cause is
+
+
+async def test_each_capture_keeps_a_bounded_tail_by_default(make: type[Sandbox]) -> None:
+    script = "import sys; sys.stderr.write('x' * 3_000_000 + 'Traceback: the cause')"
+    async with make() as box:
+        await box.start([PY, "-c", script], ENV)
+        result = await box.wait()
+    assert len(result.stderr) == SandboxLimits().output_bytes == 1024**2
+    assert result.stderr_truncated and result.stderr.endswith("xTraceback: the cause")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+async def test_a_program_that_replaces_its_exit_status_file_cannot_block_or_fool_the_sandbox(
+    make: type[Sandbox], kind: str, tmp_path: Path
+) -> None:
+    """The supervisor leaves the exit code in the working directory, where the program may
+    leave anything: a FIFO blocked both ends for good, a link was followed."""
+    target = tmp_path / "elsewhere"
+    target.write_text("0")
+    make_it = (
+        "os.mkfifo('.rollway-exit-code')"
+        if kind == "fifo"
+        else f"os.symlink({str(target)!r}, '.rollway-exit-code')"
+    )
+    async with make() as box:
+        await box.start([PY, "-c", f"import os, sys; {make_it}; sys.exit(5)"], ENV)
+        result = await asyncio.wait_for(box.wait(), 30)
+    assert (result.exit_code, result.timed_out) == (5, False), result.stderr
+    assert target.read_text() == "0"  # not written through the link
 
 
 async def test_wall_timeout_kills_forked_children_and_sigterm_ignorers(tmp_path: Path) -> None:

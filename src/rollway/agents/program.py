@@ -3,7 +3,9 @@
 The program gets ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` (and the Anthropic
 equivalents) for its rollout, the task as JSON on stdin and in the file named by
 ``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "finish_reason": ...}``)
-to ``ROLLWAY_RESULT_FILE``; otherwise the reward function scores the recorded conversation. The
+to ``ROLLWAY_RESULT_FILE`` (a regular file of at most ``SandboxLimits.result_bytes``: a link, a
+FIFO or a bigger file is an agent error naming it, ``rollway.sandbox.readback``); otherwise the
+reward function scores the recorded conversation. The
 record's final messages are the gateway's recorded conversation, and its metrics count the
 turns the gateway recorded. A non-zero exit is an agent error carrying the tail of stderr. The
 sandbox is torn down on every path (success, failure, timeout, cancellation); a teardown that
@@ -13,6 +15,7 @@ With tracing on (``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTE
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
@@ -27,6 +30,7 @@ from rollway.errors import AgentError
 from rollway.results import AgentResult
 from rollway.sandbox.base import Sandbox, SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
+from rollway.sandbox.readback import read_back
 
 _STDERR_TAIL = 2000
 
@@ -70,7 +74,8 @@ class ProgramAgent(AgentLoop):
             ctx.log_event("start_agent", command=self.command)
             outcome = await box.wait()
             ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
-            written = _read_result(result_file)
+            # In a thread, so that the rollout's timeout holds whatever the file turns out to be.
+            written = await asyncio.to_thread(_read_result, result_file, self.limits.result_bytes)
         finally:
             await _tear_down(box, ctx)
         if outcome.timed_out:
@@ -78,6 +83,8 @@ class ProgramAgent(AgentLoop):
         if outcome.exit_code != 0:
             tail = outcome.stderr[-_STDERR_TAIL:].strip()
             return ctx.error(f"program exited with {outcome.exit_code}: {tail}")
+        if isinstance(written, AgentError):
+            return ctx.error(str(written))
         reward = written.get("reward")
         finish_reason = written.get("finish_reason")
         # No messages: the program's conversation is the gateway's, which the record takes.
@@ -131,9 +138,15 @@ def _absolute_if_file(word: str) -> str:
     return os.path.abspath(word) if is_file else word
 
 
-def _read_result(path: Any) -> dict[str, Any]:
+def _read_result(path: Path, limit: int) -> dict[str, Any] | AgentError:
+    """The result JSON the program wrote, {} if none (or not an object); the error if the
+    file is not one to read (``rollway.sandbox.readback``)."""
     try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
+        text = read_back(path, limit, "result file", "SandboxLimits.result_bytes")
+    except AgentError as error:
+        return error
+    try:
+        data = json.loads(text) if text is not None else {}
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}

@@ -26,7 +26,15 @@ class SandboxLimits:
     #: RLIMIT_NPROC, which counts all of the user's tasks and does not bind root.
     processes: int | None = 256
     file_size_bytes: int | None = 1024**3
+    #: Of each of stdout and stderr, the last this many bytes are kept (``*_truncated`` says
+    #: whether there was more).
     output_bytes: int = 1024 * 1024
+    #: The most bytes read back of a file the program leaves (the program agent's result
+    #: file); a bigger one is the program's error. ``rollway.sandbox.readback``.
+    result_bytes: int = 4 * 1024 * 1024
+    #: Namespace sandbox: host paths (absolute, existing) the program may write besides its
+    #: working directory; the rest of the host's file system is read-only there.
+    writable_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,8 +39,10 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from rollway.errors import AgentError
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from rollway.sandbox.cgroup import PidsCgroup
+from rollway.sandbox.readback import read_back
 from rollway.tempdirs import make_owned_tempdir
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,7 @@ _TERM_GRACE_S = 2.0
 _TERM_REPEAT_S = 0.25
 _KILL_POLL_S = 0.02
 _STATUS_FILE = ".rollway-exit-code"
+_STATUS_BYTES = 32  # an exit code; the program may have put anything there
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 _PR_SET_PDEATHSIG = 1
 
@@ -197,8 +200,9 @@ class LocalSandbox(Sandbox):
         assert self._process is not None and self._process.returncode is not None
         (out, out_cut), (err, err_cut) = (r.result() for r in self._readers)
         try:  # the command's own code, as its supervisor saw it
-            exit_code = int((self.workdir / _STATUS_FILE).read_text())
-        except (FileNotFoundError, ValueError):  # the supervisor itself was killed
+            status = read_back(self.workdir / _STATUS_FILE, _STATUS_BYTES, "exit status file")
+            exit_code = int(status if status is not None else "")
+        except (AgentError, ValueError):  # the supervisor was killed, or the program meddled
             exit_code = self._process.returncode
         return SandboxResult(
             exit_code=exit_code,
@@ -266,14 +270,15 @@ async def _open_pipe(fd: int) -> tuple[asyncio.StreamReader, asyncio.ReadTranspo
 
 
 async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[bytes, bool]:
-    """Keep the first ``limit`` bytes; read and drop the rest so the child never blocks."""
+    """Keep the last ``limit`` bytes (an error's cause comes last); read and drop the rest so
+    the child never blocks."""
     kept = bytearray()
     truncated = False
     while chunk := await stream.read(65536):
-        room = limit - len(kept)
-        if room > 0:
-            kept += chunk[:room]
-        truncated = truncated or len(chunk) > room
+        kept += chunk
+        if len(kept) > limit:
+            del kept[: len(kept) - limit]
+            truncated = True
     return bytes(kept), truncated
 
 

@@ -8,11 +8,13 @@ namespace (it cannot see or signal other processes, and when its first process d
 process in it dies); its own IPC and hostname; its own view of the places where Unix sockets
 and shared memory live (a fresh tmpfs over ``/tmp``, ``/run``, ``/dev/shm``, ``/var/tmp``, with
 its working directory and the gateway's socket folder bound back: ``filesystem.py``), and its
-abstract Unix sockets are its network namespace's. What it does not: the rest of the file system
-(shared with the caller; use a container runtime for that), CPU and memory beyond the rlimits,
-kernel attack surface. A program (or interpreter) under those places is not visible inside.
-The process limit is the local sandbox's: to the kernel the program is still the caller (root
-stays root), so as root only a pids cgroup binds it.
+abstract Unix sockets are its network namespace's; the rest of the host's file system read-only
+(every mount; Linux 5.12 or later), but for its working directory, the folders named in
+``SandboxLimits.writable_paths``, and those fresh mounts. What it does not: hide the rest of the
+file system (the program reads what the caller may read; use a container runtime for that), CPU
+and memory beyond the rlimits, kernel attack surface. A program (or interpreter) under those
+places is not visible inside. The process limit is the local sandbox's: to the kernel the
+program is still the caller (root stays root), so as root only a pids cgroup binds it.
 
 Inside: unshare, then the supervisor as the namespaces' first process, running the relay.
 When the client dies, unshare gets SIGKILL (its parent-death signal) and takes the supervisor,
@@ -68,6 +70,12 @@ class NamespaceSandbox(LocalSandbox):
             raise ConfigError(
                 "namespace sandboxes need util-linux `unshare` and unprivileged user namespaces"
             )
+        for path in (limits or SandboxLimits()).writable_paths:
+            if not os.path.isabs(path) or not os.path.isdir(path):
+                raise ConfigError(
+                    f"SandboxLimits.writable_paths: {path!r} is not an existing folder's"
+                    " absolute path: name folders that exist"
+                )
         super().__init__(limits)
 
     def _wrap(self, command: Sequence[str], env: Mapping[str, str], lifeline: int) -> list[str]:
@@ -83,10 +91,12 @@ class NamespaceSandbox(LocalSandbox):
             if socket_path and port
             else ["--relay"]
         )
-        keep = [str(self.workdir), *([os.path.dirname(socket_path)] if socket_path else [])]
+        writable = [str(self.workdir), *self.limits.writable_paths]
+        keep = [*writable, *([os.path.dirname(socket_path)] if socket_path else [])]
         # Sorted, so a folder is bound back before any folder inside it.
         keep = sorted({*keep, *_runtime_dirs()})
         hide = [f"--hide={place}" for place in HIDDEN_PLACES]
+        hide += [f"--writable={path}" for path in writable]
         # A tmpfs is memory: each one is held to the memory limit (files there are not counted
         # in RLIMIT_AS), so /tmp cannot fill the machine's memory.
         size = self.limits.memory_bytes

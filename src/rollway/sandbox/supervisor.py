@@ -2,7 +2,8 @@
 when it ends (or on SIGTERM/SIGINT), ends every process below it before it exits itself.
 
     python -I -S supervisor.py --status FILE --grace SECONDS [--lifeline FD]
-        [--relay [--port P --unix S]] [--hide DIR ... --keep DIR ... [--tmpfs-size B]]
+        [--relay [--port P --unix S]]
+        [--hide DIR ... --keep DIR ... [--tmpfs-size B] --writable PATH ...]
         -- COMMAND ...
 
 As a subreaper it inherits every orphan below it (a double-forked daemon, a ``setsid`` child)
@@ -13,7 +14,8 @@ command runs in a process group of its own, so each descendant gets one SIGTERM 
 however the sandbox was signalled. The command's exit code (negative: the signal that killed it)
 is left in FILE. In a namespace sandbox it is the namespaces' first process and, with
 ``--relay``, also runs ``relay.py`` (loopback up, ``127.0.0.1:P`` relayed to the socket S),
-and with ``--hide``, ``filesystem.py`` (a fresh tmpfs over each DIR, each kept DIR bound back).
+and with ``--hide``, ``filesystem.py`` (a fresh tmpfs over each DIR, each kept DIR bound back,
+all read-only but those fresh mounts and each PATH).
 
 Its life is tied to the client's: FD is the read end of a pipe whose write end only the client
 holds, so its end of file means the client is gone (killed, however): that is a SIGTERM, and the
@@ -189,11 +191,27 @@ def supervise(command: Sequence[str], grace: float) -> int:
     return code
 
 
+def write_status(path: str, code: int) -> None:
+    """``code`` in a new regular file at ``path``: whatever the command left there (a FIFO
+    would block the open for good, a link would be followed) is removed first. Nothing of the
+    command runs any more to put it back. Unwritable, the client takes this process's own."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        os.unlink(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except OSError as error:
+        print(f"rollway sandbox: cannot write {path}: {error.strerror}", file=sys.stderr)
+        return
+    with os.fdopen(fd, "w") as out:
+        out.write(str(code))
+
+
 def prepare_namespaces(args: argparse.Namespace) -> None:
     """In a namespace sandbox, before the command: its file-system view, then the relay."""
     if args.hide:
         filesystem = load_sibling("filesystem")
         filesystem.hide(args.hide, args.keep, args.tmpfs_size)
+        filesystem.read_only([*args.hide, "/proc"], args.writable)
         filesystem.drop_capability_bounding_set()
     if args.relay:
         load_sibling("relay").start(args.port, args.unix)
@@ -210,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--hide", action="append", default=[], help="a fresh tmpfs over it")
     parser.add_argument("--keep", action="append", default=[], help="bound back if hidden")
     parser.add_argument("--tmpfs-size", type=int, help="bytes, for each tmpfs over a --hide")
+    parser.add_argument(
+        "--writable", action="append", default=[], help="with --hide: writable, the rest not"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -225,8 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"rollway sandbox: cannot isolate: {error}", file=sys.stderr)
         os._exit(125)
     code = supervise(command, args.grace)
-    with open(args.status, "w") as out:
-        out.write(str(code))
+    write_status(args.status, code)
     sys.stderr.flush()
     os._exit(code if code >= 0 else 128 - code)  # not waiting for the relay's thread
 
