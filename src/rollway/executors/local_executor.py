@@ -177,13 +177,14 @@ class LocalExecutor:
 
 
 def components(gateway: GatewayHandle, agent: AgentLoop) -> list[Component]:
-    """What this executor's rollouts need up, each with its health probe: a shared gateway,
-    else the in-process gateway's engine when it can say whether it serves; an agent server."""
+    """What this executor's rollouts need up, each with its health probe: a shared gateway and
+    the engine behind it (as its health says), else the in-process gateway's engine when it can
+    say whether it serves; an agent server."""
     found = []
     if isinstance(gateway, RemoteGateway):
-        found.append(
-            Component(f"the shared gateway at {gateway.url}", "infrastructure", gateway.health)
-        )
+        name = f"the shared gateway at {gateway.url}"
+        found.append(Component(name, "infrastructure", gateway.health))
+        found.append(Component(f"the engine behind {name}", "engine", gateway.engine_health))
     elif isinstance(gateway, LocalGateway) and isinstance(gateway.gateway.engine, HealthChecked):
         engine = gateway.gateway.engine
         where = getattr(engine, "base_url", None)
