@@ -19,6 +19,7 @@ import pytest
 
 from rollway.agents.server import AgentServerConfig
 from rollway.agents.server import create_app as create_agent_app
+from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import RolloutClient
 from rollway.engines.remote.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig, SimEngine
@@ -227,3 +228,45 @@ def test_an_agent_server_down_for_seconds_costs_no_rollout(
     assert record.trajectory is not None and len(record.trajectory.turns) == 1
     assert record.attempts == 2  # the one the outage ended, uncounted, and the one that ran
 
+
+def test_an_agent_server_down_mid_rollout_is_one_status_line_not_a_warning_each(
+    renderer: ChatRenderer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rollouts running on the agent server when it goes down: the first status call that
+    finds it gone marks it down (one warning), every rollout waits for it under one status
+    line, and each goes again, uncounted, once it is back."""
+    caplog.set_level(logging.INFO)
+    server = ShakyAgentServer(tmp_path / "reports")
+    name = f"the agent server at {server.url}"
+    gateway = Gateway(SimEngine(SimConfig()), renderer, model_name="sim")
+    TaskDrivenAgent.started = []
+    client = RolloutClient(
+        server.url, gateway, agent_key=KEY, store=str(tmp_path / "reports"), timeout=60,
+        poll=PollPolicy(initial_s=0.05, status_every_s=0.2), status_interval=0.2,
+    )  # fmt: skip
+
+    def outage() -> None:
+        wait_until(lambda: len(TaskDrivenAgent.started) == ROLLOUTS)  # all running there
+        server.stop()
+        wait_until(lambda: waiting(client, name, ROLLOUTS))
+        server.start()
+
+    restarter = threading.Thread(target=outage)
+    tasks = [{"task_id": f"t{i}", "chats": 1, "sleep": 2.0} for i in range(ROLLOUTS)]
+    try:
+        with client:
+            restarter.start()
+            records = [item.result for item in client.run_batch(tasks)]
+            restarter.join()
+    finally:
+        server.stop()
+    for record in records:
+        assert record.status == "completed", record.reason
+        assert record.attempts == 2  # the one the outage ended, uncounted, and the one that ran
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"waiting for {name} (down" in m for m in messages), messages
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    about_it = [w for w in warnings if "agent server" in w]  # none per rollout
+    assert len(about_it) == 2, about_it
+    assert about_it[0] == f"{name} is down: rollouts wait for it"
+    assert about_it[1].startswith(f"{name} is back after")
