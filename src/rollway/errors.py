@@ -14,7 +14,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
     ├── ExperimentInUseError        another live client holds the experiment (409)
     ├── EngineError                 the engine failed to generate            (502)
-    │   └── EngineConnectError      no connection could be made (twice)      (502)
+    │   └── EngineConnectError      the engine cannot be reached (an outage) (503)
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
     ├── StoredDataError             a stored file or object is unusable      (500)
@@ -161,7 +161,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     RolloutClosedError: 409,
     ExperimentInUseError: 409,
     EngineError: 502,
-    EngineConnectError: 502,
+    EngineConnectError: 503,
     AgentError: 500,
     RewardError: 500,
     StoredDataError: 500,

@@ -1,23 +1,25 @@
 """A component that goes down for a few seconds mid-batch (a shared gateway, the engine behind
-the client's gateway, an agent server) and comes back on the same port costs no rollout: the
-rollouts it interrupted wait for it without spending their tries, no attempt starts while it is
-known to be down, the status lines say what they wait for, and an outage longer than a
-rollout's timeout ends that rollout as an error naming what was down."""
+the client's gateway or behind a shared one, an agent server) and comes back on the same port
+costs no rollout: the rollouts it interrupted wait for it without spending their tries, no
+attempt starts while it is known to be down, the status lines say what they wait for, and an
+outage longer than a rollout's timeout ends that rollout as an error naming what was down."""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from rollway.agents.server import AgentServerConfig
 from rollway.agents.server import create_app as create_agent_app
+from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import RolloutClient
 from rollway.engines.remote.sglang import SGLangEngine
 from rollway.engines.sim import SimConfig, SimEngine
@@ -30,7 +32,7 @@ from rollway.simulators import create_sim_server_app
 from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, wait_until
 from tests.client.test_gateway_faults import ROLLOUTS, FaultAgent, ShakyGateway
-from tests.restartable import RestartableServer
+from tests.restartable import RestartableProcess, RestartableServer
 
 #: As long as the outage the issue reports: longer than a rollout's three tries take (0.5 s,
 #: then 1 s of back-off), shorter than its timeout.
@@ -44,12 +46,17 @@ class ShakyEngineServer(RestartableServer):
         return create_sim_server_app(SimConfig())
 
 
+class Restartable(Protocol):
+    def start(self) -> str: ...
+    def stop(self) -> None: ...
+
+
 @dataclass
 class Setup:
     """What goes down (``server``), its name in reasons and status lines, what the client
     is given as its engine."""
 
-    server: RestartableServer
+    server: Restartable
     name: str
     engine: Gateway | RemoteGateway
     kind: str
@@ -60,9 +67,11 @@ class Setup:
             client._loop.call(self.engine.engine.close())
 
 
-@pytest.fixture(params=["shared gateway", "engine"])
+@pytest.fixture(params=["shared gateway", "engine", "engine behind a shared gateway"])
 def setup(request: pytest.FixtureRequest, renderer: ChatRenderer) -> Iterator[Setup]:
-    if request.param == "shared gateway":
+    if request.param == "engine behind a shared gateway":
+        yield from behind_a_shared_gateway()
+    elif request.param == "shared gateway":
         gateway = ShakyGateway(renderer)
         remote = RemoteGateway(gateway.url, admin_key=gateway.admin_key)
         yield Setup(gateway, f"the shared gateway at {gateway.url}", remote, "infrastructure")
@@ -72,6 +81,25 @@ def setup(request: pytest.FixtureRequest, renderer: ChatRenderer) -> Iterator[Se
         local = Gateway(SGLangEngine(server.url), renderer, model_name="sim")
         yield Setup(server, f"the engine at {server.url}", local, "engine")
         server.stop()
+
+
+def behind_a_shared_gateway() -> Iterator[Setup]:
+    """A real ``rollway gateway`` process in front of a simulated vLLM server process; the
+    server is what goes down (SIGKILL), and comes back on the same port."""
+    engine = RestartableProcess(["sim-server", "--protocol", "vllm", "--port", "{port}"])
+    try:
+        key = f"ak-{secrets.token_hex(8)}"
+        gateway = RestartableProcess(
+            ["gateway", "--engine", f"vllm://127.0.0.1:{engine.port}", "--port", "{port}"],
+            env={"ROLLWAY_ADMIN_KEY": key},
+        )
+        try:
+            name = f"the engine behind the shared gateway at {gateway.url}"
+            yield Setup(engine, name, RemoteGateway(gateway.url, admin_key=key), "engine")
+        finally:
+            gateway.stop()
+    finally:
+        engine.stop()
 
 
 @dataclass
@@ -199,3 +227,46 @@ def test_an_agent_server_down_for_seconds_costs_no_rollout(
     assert record.status == "completed", record.reason
     assert record.trajectory is not None and len(record.trajectory.turns) == 1
     assert record.attempts == 2  # the one the outage ended, uncounted, and the one that ran
+
+
+def test_an_agent_server_down_mid_rollout_is_one_status_line_not_a_warning_each(
+    renderer: ChatRenderer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rollouts running on the agent server when it goes down: the first status call that
+    finds it gone marks it down (one warning), every rollout waits for it under one status
+    line, and each goes again, uncounted, once it is back."""
+    caplog.set_level(logging.INFO)
+    server = ShakyAgentServer(tmp_path / "reports")
+    name = f"the agent server at {server.url}"
+    gateway = Gateway(SimEngine(SimConfig()), renderer, model_name="sim")
+    TaskDrivenAgent.started = []
+    client = RolloutClient(
+        server.url, gateway, agent_key=KEY, store=str(tmp_path / "reports"), timeout=60,
+        poll=PollPolicy(initial_s=0.05, status_every_s=0.2), status_interval=0.2,
+    )  # fmt: skip
+
+    def outage() -> None:
+        wait_until(lambda: len(TaskDrivenAgent.started) == ROLLOUTS)  # all running there
+        server.stop()
+        wait_until(lambda: waiting(client, name, ROLLOUTS))
+        server.start()
+
+    restarter = threading.Thread(target=outage)
+    tasks = [{"task_id": f"t{i}", "chats": 1, "sleep": 2.0} for i in range(ROLLOUTS)]
+    try:
+        with client:
+            restarter.start()
+            records = [item.result for item in client.run_batch(tasks)]
+            restarter.join()
+    finally:
+        server.stop()
+    for record in records:
+        assert record.status == "completed", record.reason
+        assert record.attempts == 2  # the one the outage ended, uncounted, and the one that ran
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"waiting for {name} (down" in m for m in messages), messages
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    about_it = [w for w in warnings if "agent server" in w]  # none per rollout
+    assert len(about_it) == 2, about_it
+    assert about_it[0] == f"{name} is down: rollouts wait for it"
+    assert about_it[1].startswith(f"{name} is back after")

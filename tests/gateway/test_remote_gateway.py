@@ -1,19 +1,29 @@
 """A client on a shared ``rollway gateway`` (``RemoteGateway``): same records as in-process,
-clear errors for a wrong address or key, and re-registration rules for restarted clients."""
+clear errors for a wrong address or key, re-registration rules for restarted clients, and an
+engine outage behind it told apart from the gateway's own."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
+import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
 from rollway.client import RolloutClient
-from rollway.errors import ConfigError, RolloutClosedError
-from rollway.gateway import Gateway
+from rollway.engines.remote.vllm import VLLMEngine
+from rollway.engines.sim import SimConfig
+from rollway.errors import ConfigError, EngineConnectError, RolloutClosedError
+from rollway.gateway import Gateway, create_app
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.request_schema import RegisterRequest
+from rollway.simulators import create_sim_server_app
+from rollway.web.background_server import BackgroundServer
 from tests.client.conftest import ScriptedAgent
-from tests.conftest import Served
+from tests.conftest import Served, sim_gateway
 
 
 def test_in_process_agents_record_through_a_remote_gateway(served: Served, tmp_path: Path) -> None:
@@ -74,3 +84,71 @@ def test_a_stale_registration_is_replaced_for_in_process_agents(
     assert item.result.status == "completed" and item.result.rollout_id == "stale.s.0.1"
     assert item.result.trajectory is not None and len(item.result.trajectory.turns) == 1
     assert "stale.s.0.1" not in served.gateway._rollouts and stale.api_key
+
+
+def test_an_engine_that_cannot_be_reached_is_an_outage_the_gateway_names(
+    renderer: ChatRenderer,
+) -> None:
+    """Its health says the gateway serves and the engine is down; a chat answers 503 with the
+    error's class, which the client rebuilds; both come back once the engine serves there."""
+    with socket.socket() as probe:  # a port nothing listens on, until the engine starts there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = VLLMEngine(f"http://127.0.0.1:{port}")
+    gateway = Gateway(engine, renderer, model_name="sim")
+    key = f"ak-{secrets.token_hex(8)}"
+    with BackgroundServer(create_app(gateway, admin_key=key, close_engine=False)) as url:
+        remote = RemoteGateway(url, admin_key=key)  # the engine's outage is no reason to refuse
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 200
+        assert health.json() == {"status": "ok", "model": "sim", "engine": "down"}
+        rollout = httpx.post(
+            f"{url}/v1/rollouts/r1/register", json={}, headers={"Authorization": f"Bearer {key}"}
+        ).json()
+        chat = httpx.post(
+            f"{rollout['base_url']}/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}]},
+            headers={"Authorization": f"Bearer {rollout['api_key']}"},
+            timeout=30,
+        )
+        assert chat.status_code == 503
+        assert chat.json()["error"]["code"] == "EngineConnectError"
+
+        async def probes() -> tuple[bool, bool, BaseException | None]:
+            try:
+                await remote.register("r2", RegisterRequest())
+                chatted = await asyncio.gather(
+                    remote.chat("r2", {"messages": [{"role": "user", "content": "hi"}]}),
+                    return_exceptions=True,
+                )
+                return await remote.health(), await remote.engine_health(), chatted[0]
+            finally:
+                await remote.close()
+
+        gateway_up, engine_up, error = asyncio.run(probes())
+        assert (gateway_up, engine_up) == (True, False)
+        assert isinstance(error, EngineConnectError)
+        sim = create_sim_server_app(SimConfig(), protocol="vllm")
+        with BackgroundServer(sim, port=port):
+            assert httpx.get(f"{url}/health").json()["engine"] == "up"
+            assert asyncio.run(_engine_health(remote))
+    asyncio.run(engine.close())
+
+
+async def _engine_health(remote: RemoteGateway) -> bool:
+    try:
+        return await remote.engine_health()
+    finally:
+        await remote.close()
+
+
+def test_the_engine_probe_leaves_a_gateway_that_does_not_answer_to_its_own_probe(
+    renderer: ChatRenderer,
+) -> None:
+    """A gateway that is down is one outage (the gateway's), not two."""
+    key = f"ak-{secrets.token_hex(8)}"
+    app = create_app(sim_gateway(renderer), admin_key=key)
+    with BackgroundServer(app) as url:
+        remote = RemoteGateway(url, admin_key=key)
+        assert asyncio.run(_engine_health(remote)) is True
+    assert asyncio.run(_engine_health(remote)) is True  # gone: not the engine's outage

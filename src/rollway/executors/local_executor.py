@@ -4,6 +4,7 @@ Ray worker runs inside."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from typing import Any
 
@@ -68,10 +69,11 @@ class LocalExecutor:
         if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
             self._gateway.gateway.events.subscribe(setup.events)
         agent = setup.agent
+        self.availability = Availability(components(self._gateway, agent))
         if isinstance(agent, RemoteAgent):
             self._inbox = CallbackInbox() if setup.serving.callback else None
-            agent.bind(setup.store, self._inbox, setup.settings)
-        self.availability = Availability(components(self._gateway, agent))
+            is_down = functools.partial(self.availability.is_down, agent_server(agent))
+            agent.bind(setup.store, self._inbox, setup.settings, is_down)
         self._runner = RolloutRunner(
             agent,
             self._gateway,
@@ -177,18 +179,23 @@ class LocalExecutor:
 
 
 def components(gateway: GatewayHandle, agent: AgentLoop) -> list[Component]:
-    """What this executor's rollouts need up, each with its health probe: a shared gateway,
-    else the in-process gateway's engine when it can say whether it serves; an agent server."""
+    """What this executor's rollouts need up, each with its health probe: a shared gateway and
+    the engine behind it (as its health says), else the in-process gateway's engine when it can
+    say whether it serves; an agent server."""
     found = []
     if isinstance(gateway, RemoteGateway):
-        found.append(
-            Component(f"the shared gateway at {gateway.url}", "infrastructure", gateway.health)
-        )
+        name = f"the shared gateway at {gateway.url}"
+        found.append(Component(name, "infrastructure", gateway.health))
+        found.append(Component(f"the engine behind {name}", "engine", gateway.engine_health))
     elif isinstance(gateway, LocalGateway) and isinstance(gateway.gateway.engine, HealthChecked):
         engine = gateway.gateway.engine
         where = getattr(engine, "base_url", None)
         name = f"the engine at {where}" if where else "the engine"
         found.append(Component(name, "engine", engine.health))
     if isinstance(agent, RemoteAgent):
-        found.append(Component(f"the agent server at {agent.url}", "infrastructure", agent.health))
+        found.append(agent_server(agent))
     return found
+
+
+def agent_server(agent: RemoteAgent) -> Component:
+    return Component(f"the agent server at {agent.url}", "infrastructure", agent.health)

@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 import httpx
+import orjson
 
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
@@ -151,9 +152,31 @@ class RemoteGateway:
 
     async def health(self) -> bool:
         """Whether the gateway answers its liveness route (rollouts wait while it does not)."""
+        return await self._health_answer() is not None
+
+    async def engine_health(self) -> bool:
+        """Whether the engine behind the gateway serves, as the gateway's health says
+        (rollouts wait while it does not). True while the gateway itself does not answer:
+        that outage is the gateway's (``health``), and the engine's is known once it does."""
+        try:
+            answer = await self._health_answer()
+        except (aiohttp.ClientError, TimeoutError):
+            return True
+        return answer is None or answer.get("engine") != "down"
+
+    async def _health_answer(self) -> dict[str, Any] | None:
+        """The body of a 200 from ``/health`` ({} when it is not a JSON object); None for
+        another status."""
         timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
         async with self.session().get(f"{self.url}/health", timeout=timeout) as response:
-            return response.status == 200
+            if response.status != 200:
+                return None
+            raw = await response.read()
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return {}
+        return answer if isinstance(answer, dict) else {}
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -100,6 +100,15 @@ class Availability:
         await asyncio.gather(*(self._probe_once(s) for s in up))
         return any(s.down_since is not None for s in self._states)
 
+    async def is_down(self, component: Component) -> bool:
+        """Whether ``component`` is down, probing it unless it is known to be (one probe at a
+        time, shared): a rollout that lost touch with it mid-attempt asks, and the outage is
+        marked once, for every rollout, with its status line."""
+        state = next(s for s in self._states if s.component == component)
+        if state.down_since is None:
+            await self._probe_once(state)
+        return state.down_since is not None
+
     async def wait_up(self, within_s: float | None, cancel: asyncio.Event) -> Outage | None:
         """Wait until no component is down, ``cancel`` is set, or ``within_s`` seconds have
         passed (None: no bound); the outage still on in the last case."""

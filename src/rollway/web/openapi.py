@@ -30,6 +30,7 @@ _REASONS = {
     422: "Invalid fields; the message names the field",
     429: "At capacity; see Retry-After",
     502: "The engine failed",
+    503: "The engine cannot be reached (an outage): nothing was sent",
 }
 
 

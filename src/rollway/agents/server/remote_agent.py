@@ -3,10 +3,12 @@
 ``RemoteAgent.run`` starts the rollout on the agent server (which talks to this client's
 gateway over HTTP) and waits for its report: by callback, or else by polling the store with
 exponential backoff (HEAD requests), with an occasional status call so that an agent server
-that lost the rollout (restarted) or is gone for good (``PollPolicy.max_status_failures`` calls
-in a row unanswered) ends the wait as an infrastructure error. The init carries an idempotency
-key derived from the rollout id and its gateway key, so a repeated init never starts a second
-run."""
+that lost the rollout (restarted) ends the wait as an infrastructure error. A status call that
+finds the server unreachable asks the client's outage tracking (``bind``'s ``is_down``) whether
+it is down: then the outage is marked once for every rollout and this attempt ends, to wait for
+it; else ``PollPolicy.max_status_failures`` such calls in a row end it. The init carries an
+idempotency key derived from the rollout id and its gateway key, so a repeated init never starts
+a second run."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,8 +63,9 @@ class PollPolicy:
     factor: float = 2.0
     #: How often to ask the agent server whether it still knows the rollout.
     status_every_s: float = 15.0
-    #: Status calls in a row that find the agent server unreachable before the rollout is an
-    #: infrastructure error (retried, rerun by resume): a server that died never reports.
+    #: Status calls in a row that find the agent server unreachable, while its health answers,
+    #: before the rollout is an infrastructure error (retried, rerun by resume). One whose
+    #: health does not answer is an outage at once (``RemoteAgent.bind``).
     max_status_failures: int = 4
 
 
@@ -88,15 +92,26 @@ class RemoteAgent(AgentLoop):
         self._inbox: CallbackInbox | None = None
         self._settings: InitFields | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._is_down: Callable[[], Awaitable[bool]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to Ray workers unbound: each binds its own store, callback route, session.
-        unbound = {"_store": None, "_inbox": None, "_settings": None, "_session": None}
+        unbound = {
+            "_store": None, "_inbox": None, "_settings": None, "_session": None, "_is_down": None
+        }  # fmt: skip
         return {**self.__dict__, **unbound}
 
-    def bind(self, store: Store, inbox: CallbackInbox | None, settings: InitFields) -> None:
-        """Called by the client: where reports land, the callback route, what inits carry."""
+    def bind(
+        self,
+        store: Store,
+        inbox: CallbackInbox | None,
+        settings: InitFields,
+        is_down: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        """Called by the client: where reports land, the callback route, what inits carry,
+        and ``is_down``, its outage tracking's probe of this agent server (``Availability``)."""
         self._store, self._inbox, self._settings = store, inbox, settings
+        self._is_down = is_down
 
     def get_tools(self, task: dict[str, Any]) -> list[dict[str, Any]]:
         return self.default_tools
@@ -203,6 +218,12 @@ class RemoteAgent(AgentLoop):
         except OverloadedError:  # busy, so alive
             return None, 0
         except InfrastructureError as exc:
+            if self._is_down is not None and await self._is_down():
+                # The outage is marked (one warning, one status line): this attempt ends and
+                # the rollout waits for the server with the others, this try uncounted.
+                raise InfrastructureError(
+                    f"agent server {self.url} went down while the rollout ran: {exc}"
+                ) from exc
             unreachable += 1
             log.warning(
                 "agent server unreachable (%d/%d): %r",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -18,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from rollway import tracing
+from rollway.engines.base import HealthChecked
 from rollway.gateway.core import Gateway
 from rollway.gateway.http import chat_routes, rollout_routes, weight_routes
 from rollway.gateway.http.app_state import gateway_of, require_admin
@@ -36,9 +38,34 @@ from rollway.trajectory import Trajectory
 from rollway.web.handlers import DEFAULT_MAX_BODY_BYTES, JSONResponse, route_error
 from rollway.web.openapi import Endpoint, Param, routes_and_document
 
+log = logging.getLogger(__name__)
+
+
+#: How long ``/health`` asks the engine: under its callers' own limit (``HEALTH_TIMEOUT_S``), so
+#: an engine that hangs reads as an engine that is down, not as a gateway that is.
+ENGINE_PROBE_S = 3.0
+
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok", "model": gateway_of(request).model_name})
+    """Liveness: 200 while the gateway serves, whatever its engine does. ``engine`` says
+    whether the engine serves (``up``, ``down``): a client waits out an engine outage behind a
+    shared gateway as one, and a supervisor does not restart a gateway for its engine."""
+    gateway = gateway_of(request)
+    engine = "up" if await _engine_serves(gateway.engine) else "down"
+    return JSONResponse({"status": "ok", "model": gateway.model_name, "engine": engine})
+
+
+async def _engine_serves(engine: object) -> bool:
+    """The engine's own health check, bounded; an engine without one runs in this process
+    (embedded, simulated) and serves while the gateway does."""
+    if not isinstance(engine, HealthChecked):
+        return True
+    try:
+        async with asyncio.timeout(ENGINE_PROBE_S):
+            return await engine.health()
+    except Exception as exc:  # a probe that failed says the engine is down, not the gateway
+        log.debug("engine health probe failed: %r", exc)
+        return False
 
 
 async def metrics(request: Request) -> Response:
@@ -51,7 +78,7 @@ async def metrics(request: Request) -> Response:
 _PREFIX = "/v1/rollouts/{rollout_id}"
 # Admin routes document the id rule; rollout routes answer 401 to any id without its key.
 _IDS = {"rollout_id": SafeId}
-_CHAT_ERRORS = (400, 404, 409, 413, 422, 502)
+_CHAT_ERRORS = (400, 404, 409, 413, 422, 502, 503)
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
@@ -149,7 +176,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Pause, load new weights (a folder the engine reads), resume",
         WeightUpdateRequest,
         auth="adminKey",
-        errors=(400, 422, 502),
+        errors=(400, 422, 502, 503),
     ),
     Endpoint(
         "POST",
@@ -158,7 +185,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "Pause generation (abort, drain or keep what runs)",
         PauseRequest,
         auth="adminKey",
-        errors=(400, 422, 502),
+        errors=(400, 422, 502, 503),
     ),
     Endpoint(
         "POST",
@@ -176,7 +203,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         auth="adminKey",
     ),
     *LEASE_ENDPOINTS,
-    Endpoint("GET", "/health", health, "Liveness"),
+    Endpoint("GET", "/health", health, "Liveness, and whether the engine serves"),
     Endpoint(
         "GET",
         "/metrics",
