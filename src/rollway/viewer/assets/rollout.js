@@ -95,6 +95,16 @@ async function main() {
     box.textContent = String(error.message || error);
     return;
   }
+  if (detail.unreadable) {
+    // A record that does not read: its key and why, nothing of its content.
+    document.getElementById("rollout-key").textContent = detail.unreadable.key;
+    const box = document.getElementById("problem");
+    box.hidden = false;
+    box.dataset.unreadable = "1";
+    box.textContent = `unreadable record: ${detail.unreadable.reason}`;
+    document.body.dataset.ready = "1";
+    return;
+  }
   renderFacts(detail);
   const t = detail.trajectory;
   renderGroup(detail.group, detail.record.rollout_key);
