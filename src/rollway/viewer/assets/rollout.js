@@ -20,7 +20,8 @@ function renderFacts(detail) {
     r.policy_version !== null ? fact("policy version", r.policy_version) : null,
     t ? fact("model", t.model) : null,
     t ? fact("segments", t.segment_count) : null,
-    t && t.is_truncated ? fact("truncated", t.truncation_reason || "yes") : null,
+    r.finish_reason ? fact("finish", r.finish_reason) : null,
+    t && t.is_truncated ? fact("truncated", t.truncation_reason) : null,
     t && t.is_cancelled ? fact("cancelled", "yes") : null,
   );
   const problems = [];
