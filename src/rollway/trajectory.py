@@ -183,6 +183,17 @@ class Drift(WireModel):
     )
 
 
+def truncation_reason(turns: list[Turn], gateway_limit: str | None) -> str | None:
+    """Why a rollout was truncated, decided once (the gateway's record carries it): the gateway
+    limit that ended it (``max_turns``, ``max_seq_len``), else ``max_tokens`` where its last turn
+    was cut at its token budget (finish ``length``: the request's ``max_tokens``, or the room
+    the model's context left). A turn cut before the last, after which the rollout went on,
+    shows on that turn only. None: it ended on its own."""
+    if gateway_limit is not None:
+        return gateway_limit
+    return "max_tokens" if turns and turns[-1].finish_reason == "length" else None
+
+
 class Trajectory(WireModel):
     """The full record of one rollout. Its turns keep what each added to its segment, so the
     record grows linearly with the conversation (``rollway.trajectory_format``: format 2;
@@ -201,12 +212,13 @@ class Trajectory(WireModel):
     tools: list[dict[str, Any]] | None
     turns: list[Turn]
     is_truncated: bool = Field(
-        description="A turn was cut (finish_reason 'length', its own max_tokens included) or "
-        "a gateway limit ended the rollout."
+        description="The rollout was cut short: a gateway limit ended it or its last turn "
+        "was cut (truncation_reason says which; the one truth its record and export carry)."
     )
     truncation_reason: str | None = Field(
-        description="The gateway limit that ended the rollout (max_turns, max_seq_len); None "
-        "when none did, even where a turn was cut."
+        description="Why it was truncated: max_turns or max_seq_len (a gateway limit ended "
+        "it), max_tokens (its last turn was cut at its token budget: finish_reason 'length'); "
+        "None exactly when it was not truncated."
     )
     is_cancelled: bool
     segment_count: int
@@ -221,6 +233,16 @@ class Trajectory(WireModel):
     @classmethod
     def _read_older_formats(cls, data: Any) -> Any:
         return trajectory_format.upgrade(data)
+
+    @model_validator(mode="after")
+    def _one_truncation_truth(self) -> Trajectory:
+        """Records written before the reason was always named (``is_truncated`` for a cut turn
+        anywhere, reason null) read with the truth as it is now decided."""
+        if self.truncation_reason is None:
+            cut = self.is_truncated
+            self.truncation_reason = truncation_reason(self.turns, None) if cut else None
+        self.is_truncated = self.truncation_reason is not None
+        return self
 
     @property
     def samples(self) -> list[Sample]:

@@ -126,7 +126,8 @@ def test_a_program_agents_record_takes_its_metrics_and_messages_from_the_recorde
         "json.dump({'finish_reason': 'max_steps'}, open(os.environ['ROLLWAY_RESULT_FILE'], 'w'))\n",
     )
     record = run_one(sim_gateway(renderer), ProgramAgent(three_calls), tmp_path)
-    assert record.status == "completed" and record.finish_reason == "max_steps"
+    # Its last answer was cut at 8 tokens: truncated, and the reason the program gave is kept.
+    assert record.status == "truncated" and record.finish_reason == "max_steps"
     trajectory = record.trajectory
     turns, metrics = trajectory.turns, record.metrics
     assert metrics.llm_calls == len(turns) == 3

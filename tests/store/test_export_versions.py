@@ -291,3 +291,60 @@ def test_export_skips_and_names_misaligned_records(tmp_path: Path) -> None:
     assert "warning: skipped record chain (rollout e.chain.1): turn 1: prompt does not match" in (
         result.stderr
     )
+
+
+def truncated(key: str, reason: str | None, finish: str = "stop") -> RolloutRecord:
+    """A record whose trajectory says it was truncated for ``reason`` (None: it was not)."""
+    cut = turn(0, [1], [2], None) | {
+        "finish_reason": "length" if reason == "max_tokens" else "stop"
+    }
+    plain = record(key, [cut])
+    assert plain.trajectory is not None
+    trajectory = plain.trajectory.model_copy(
+        update={"is_truncated": reason is not None, "truncation_reason": reason}
+    )
+    return plain.model_copy(update={"trajectory": trajectory, "finish_reason": finish})
+
+
+def test_rows_carry_the_rollouts_truncation_in_every_format(tmp_path: Path) -> None:
+    records = [
+        truncated("cut.0", "max_tokens", finish="length"),
+        truncated("turns.0", "max_turns"),
+        truncated("whole.0", None),
+    ]
+    parquet, jsonl = tmp_path / "rows.parquet", tmp_path / "rows.jsonl"
+    assert export_records(records, parquet, "parquet") == export_records(records, jsonl, "jsonl")
+    columns = ("is_truncated", "truncation_reason", "finish_reason")
+    from_parquet = {
+        r["rollout_key"]: tuple(r[c] for c in columns) for r in pq.read_table(parquet).to_pylist()
+    }
+    from_jsonl = {
+        row["rollout_key"]: tuple(row[c] for c in columns)
+        for row in map(orjson.loads, jsonl.read_bytes().splitlines())
+    }
+    assert (
+        from_parquet
+        == from_jsonl
+        == {
+            "cut.0": (True, "max_tokens", "length"),
+            "turns.0": (True, "max_turns", "stop"),
+            "whole.0": (False, None, "stop"),
+        }
+    )
+    assert pq.read_schema(parquet).field("is_truncated").type == "bool"
+
+
+def test_a_record_written_with_a_truncation_but_no_reason_reads_with_one() -> None:
+    """Before the reason was always named: a cut turn anywhere, reason null."""
+    last_cut = orjson.loads(truncated("a.0", "max_tokens").model_dump_json())
+    first_cut = orjson.loads(
+        record("b.0", [turn(0, [1], [2], None) | {"finish_reason": "length"},
+                       turn(1, [1, 2, 9], [3], None)]).model_dump_json()
+    )  # fmt: skip
+    for old in (last_cut, first_cut):
+        old["trajectory"] |= {"is_truncated": True, "truncation_reason": None}
+    read = [RolloutRecord.model_validate(old).trajectory for old in (last_cut, first_cut)]
+    assert [(t.is_truncated, t.truncation_reason) for t in read if t] == [
+        (True, "max_tokens"),
+        (False, None),
+    ]

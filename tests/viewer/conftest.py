@@ -96,7 +96,9 @@ def real_run(
     with RolloutClient(TwoTurnAgent, gateway, store=str(root), exp_id=EXP_ID, debug=True,
                        seed=3, max_retry_attempts=1) as client:  # fmt: skip
         items = list(client.run_batch(tasks, group_size=2))
-    assert sorted(i.result.status for i in items) == ["completed", "completed", "error", "error"]
+    # The 8-token answers may be cut: truncated then, a success all the same.
+    assert sorted(i.result.status for i in items if not i.success) == ["error", "error"]
+    assert len(items) == 4
     return RealRun(root / EXP_ID, renderer)
 
 

@@ -4,6 +4,10 @@ writes again."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import boto3
 import orjson
 import pytest
 from starlette.testclient import TestClient
@@ -11,7 +15,7 @@ from transformers import AutoTokenizer
 
 from rollway.errors import ConfigError
 from rollway.model_folders import resolve_model_path
-from rollway.store import FileStore, store_from_uri
+from rollway.store import FileStore, index_row, store_from_uri
 from rollway.viewer import Query, RunIndex, create_viewer_app, open_run
 from tests.viewer.test_listing_scale import small_record
 
@@ -116,3 +120,121 @@ def test_rollouts_filter_by_policy_version_and_show_it(tmp_path) -> None:
         bad = client.get("/api/rollouts?policy_version=x")
     assert [r["policy_version"] for r in one] == [1, 1] and len(zero) == 1
     assert len(every) == 4 and bad.status_code == 422
+
+
+SECRET = b"root:$6$not-for-your-eyes:19000:0:99999:7:::\n"
+
+
+def bad_records(secret_file: Path) -> dict[str, bytes | Path]:
+    """What a tester wrote by hand beside good records: each bad in its own way. A Path is a
+    symbolic link's target."""
+    good = orjson.loads(small_record(7).model_dump_json())
+    newer = {**good, "trajectory": {**good["trajectory"], "format_version": 99}}
+    text_version = {**good, "trajectory": {**good["trajectory"], "format_version": "2"}}
+    return {
+        "cut": small_record(6).model_dump_json().encode()[:150],
+        "newer": orjson.dumps(newer),
+        "text-version": orjson.dumps(text_version),
+        "no-group": orjson.dumps({k: v for k, v in good.items() if k != "group_id"}),
+        "a-list": orjson.dumps([good]),
+        "shadow": secret_file,
+    }
+
+
+REASONS = {
+    "cut": "Invalid JSON",
+    "newer": "trajectory format 99 is newer",
+    "text-version": "format_version must be an integer",
+    "no-group": "group_id: Field required",
+    "a-list": "the record: Input should be an object",
+}
+
+
+def test_bad_records_are_listed_unreadable_and_the_rest_is_served(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i in range(1, 4):
+        store.write(small_record(i))
+    secret = tmp_path / "shadow"
+    secret.write_bytes(SECRET)
+    for key, bad in bad_records(secret).items():  # none of them in index.jsonl
+        path = store.path / "trajectories" / f"{key}.json"
+        path.symlink_to(bad) if isinstance(bad, Path) else path.write_bytes(bad)
+    (store.path / "trajectories" / "a-folder.json").mkdir()
+    os.mkfifo(store.path / "trajectories" / "a-fifo.json")  # read, it would never answer
+    with TestClient(create_viewer_app(open_run(str(store.path)))) as client:
+        run = client.get("/api/run")
+        listing = client.get("/api/rollouts")
+        answers = [run, listing, client.get("/api/groups")]
+        good = listing.json()["rows"][0]["key"]
+        answers += [client.get(f"/api/rollouts/{good}"), client.get(f"/api/rollouts/{good}/tokens")]
+        assert [a.status_code for a in answers] == [200] * 5
+        assert listing.json()["total"] == 3 and run.json()["totals"]["unreadable"] == 8
+        reasons = {row["key"]: row["reason"] for row in run.json()["unreadable"]}
+        assert set(reasons) == {*REASONS, "shadow", "a-folder", "a-fifo"}
+        for key, fragment in REASONS.items():
+            assert fragment in reasons[key], reasons[key]
+        assert reasons["shadow"] == "a symbolic link (never followed)"
+        assert reasons["a-folder"] == reasons["a-fifo"] == "not a regular file"
+        for key in reasons:  # each one's own page says it does not read, and why
+            page = client.get(f"/api/rollouts/{key}")
+            assert page.status_code == 200
+            assert page.json() == {"unreadable": {"key": key, "reason": reasons[key]}}
+            tokens = client.get(f"/api/rollouts/{key}/tokens")
+            assert tokens.status_code == 404 and "does not read" in tokens.text
+            answers += [page, tokens]
+    seen = b"".join(a.content for a in answers) + caplog.text.encode()
+    assert b"not-for-your-eyes" not in seen and b"Traceback" not in seen
+
+
+def test_a_linked_index_config_or_debug_file_is_not_followed(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    store.write(small_record(1))
+    secret = tmp_path / "elsewhere.json"
+    secret.write_bytes(orjson.dumps({"model": "not-for-your-eyes"}))
+    (store.path / "config.json").symlink_to(secret)
+    index = store.path / "index.jsonl"
+    foreign = orjson.loads(index.read_bytes()) | {"key": "t00000.1", "reason": "not-for-your-eyes"}
+    secret_index = tmp_path / "elsewhere.jsonl"
+    secret_index.write_bytes(orjson.dumps(foreign) + b"\n")
+    index.unlink()
+    index.symlink_to(secret_index)
+    (store.path / "debug").mkdir()
+    (store.path / "debug" / "exp.t00000.1.1.jsonl").symlink_to(secret)
+    with TestClient(create_viewer_app(open_run(str(store.path)))) as client:
+        answers = [client.get("/api/run"), client.get("/api/rollouts")]
+        answers.append(client.get("/api/rollouts/t00000.1"))
+    assert [a.status_code for a in answers] == [200] * 3
+    assert answers[1].json()["rows"][0]["reason"] is None  # read from the record itself
+    assert answers[2].json()["debug"] == []
+    assert all(b"not-for-your-eyes" not in a.content for a in answers)
+
+
+def test_an_index_line_without_the_listing_fields_types_is_passed_over(tmp_path: Path) -> None:
+    store = FileStore(tmp_path, "exp")
+    store.write(small_record(1))
+    with (store.path / "index.jsonl").open("ab") as lines:  # a hand edit, the last line wins
+        lines.write(orjson.dumps({**index_row(small_record(1)), "task_index": "one"}) + b"\n")
+    index = RunIndex(open_run(str(store.path)), recheck_s=0.0)
+    assert index.rollouts(Query(sort="task_index"), 0, 10)["rows"][0]["task_index"] == 0
+    assert index.records_read == 1
+
+
+def test_a_bad_object_of_an_object_store_run_is_listed_unreadable(s3_env: str) -> None:
+    store = store_from_uri(s3_env, "exp")
+    store.write(small_record(1))
+    bucket, _, prefix = s3_env.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    bad = bad_records(Path("unused"))
+    for key in REASONS:
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/exp/trajectories/{key}.json", Body=bad[key])
+    with TestClient(create_viewer_app(open_run(f"{s3_env}/exp"))) as client:
+        run = client.get("/api/run").json()
+        rows = client.get("/api/rollouts").json()["rows"]
+        page = client.get("/api/rollouts/newer").json()
+    assert [r["key"] for r in rows] == [small_record(1).rollout_key]
+    reasons = {row["key"]: row["reason"] for row in run["unreadable"]}
+    assert set(reasons) == set(REASONS)
+    assert all(fragment in reasons[key] for key, fragment in REASONS.items()), reasons
+    assert page == {"unreadable": {"key": "newer", "reason": reasons["newer"]}}

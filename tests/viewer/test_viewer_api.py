@@ -4,6 +4,7 @@ conversation and token stream (decoded with the run's model's tokenizer) and deb
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 
 import httpx
 import pytest
@@ -56,7 +57,7 @@ def test_group_statistics_and_run_totals(client: TestClient, real_run: RealRun) 
     stored = records(real_run)
     groups = {g["group_id"]: g for g in client.get("/api/groups").json()["rows"]}
     assert len(groups) == 2
-    good = [r for r in stored if r.status == "completed"]
+    good = [r for r in stored if r.success]
     stats = groups[good[0].group_id]
     rewards = [r.reward for r in good]
     assert stats["n"] == stats["scored"] == 2 and stats["success_rate"] == 1.0
@@ -67,7 +68,8 @@ def test_group_statistics_and_run_totals(client: TestClient, real_run: RealRun) 
     run = client.get("/api/run").json()
     assert run["name"] == EXP_ID and run["config"]["agent_name"] == "two-turn"
     totals = run["totals"]
-    assert totals["rollouts"] == 4 and totals["by_status"] == {"completed": 2, "error": 2}
+    assert totals["rollouts"] == 4
+    assert totals["by_status"] == dict(Counter(r.status for r in stored))
     assert totals["success_rate"] == 0.5
     sampled = sum(len(t.completion_ids) for r in good for t in r.trajectory.turns)
     assert totals["sampled_tokens"] == sampled and totals["turns"] == 4

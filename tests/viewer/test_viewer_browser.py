@@ -9,6 +9,9 @@ from collections import Counter
 from html.parser import HTMLParser
 from pathlib import Path
 
+import orjson
+
+from rollway.results import RolloutRecord
 from rollway.store import FileStore
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
@@ -105,3 +108,40 @@ def test_the_listing_shows_policy_versions_and_filters_on_one(
     shown = sorted(a["data-version"] or "" for a in every.with_attr("data-version"))
     assert shown == ["", "0", "1", "1"]
     assert [a["data-version"] for a in ones.with_attr("data-version")] == ["1", "1"]
+
+
+def test_an_unreadable_record_is_listed_apart_and_its_page_says_why(
+    browser: Browser, tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    store.write(small_record(1))
+    (store.path / "trajectories" / "cut.json").write_bytes(b'{"exp_id": "exp", "rollout')
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        listing = Elements(browser.dom(f"{url}/"))
+        page = browser.dom(f"{url}/rollouts/cut")
+    assert [a["data-key"] for a in listing.with_attr("data-key")] == ["t00000.1"]
+    assert [a["data-unreadable"] for a in listing.with_attr("data-unreadable")] == ["cut"]
+    assert "unreadable record: the record: Invalid JSON" in page
+
+
+def test_a_truncated_rollouts_page_says_why_beside_its_status(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A record written before the reason was always named (truncated, reason null, status
+    completed) shows the reason the trajectory now reads with."""
+    store = FileStore(tmp_path, "exp")
+    old = orjson.loads(small_record(1).model_dump_json())
+    old["trajectory"] |= {"is_truncated": True, "truncation_reason": None}
+    old["trajectory"]["turns"][-1]["finish_reason"] = "length"
+    (store.path / "trajectories" / "old.json").write_bytes(orjson.dumps(old))
+    cut = orjson.loads(small_record(2).model_dump_json())
+    cut["trajectory"] |= {"is_truncated": True, "truncation_reason": "max_tokens"}
+    cut["trajectory"]["turns"][-1]["finish_reason"] = "length"
+    cut |= {"status": "truncated", "finish_reason": "length"}
+    store.write(RolloutRecord.model_validate(cut))
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        before = browser.dom(f"{url}/rollouts/old")
+        now = browser.dom(f"{url}/rollouts/t00000.2")
+    assert "<b>truncated</b> max_tokens" in before and "<b>truncated</b> yes" not in before
+    assert 'status-truncated">truncated' in now and "<b>finish</b> length" in now
+    assert "<b>truncated</b> max_tokens" in now

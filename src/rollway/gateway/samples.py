@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
-from rollway.trajectory import Drift, Sample, Trajectory, build_samples
+from rollway.trajectory import Drift, Sample, Trajectory, build_samples, truncation_reason
 
 
 def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRenderer) -> Drift:
@@ -34,14 +34,13 @@ def compare_ids(recorded: list[int], fresh: list[int]) -> Drift:
 
 
 def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
-    """The rollout's record. ``is_truncated``: a turn was cut (finish ``length``: the request's
-    own ``max_tokens`` counts) or a gateway limit ended the rollout; ``truncation_reason`` names
-    the gateway limit (``max_turns``, ``max_seq_len``), None where only a turn was cut."""
+    """The rollout's record, with its one truncation truth (``trajectory.truncation_reason``:
+    a gateway limit, or its last turn cut)."""
     # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
     last = max((turn.segment for turn in state.turns), default=None)
     tail = [turn for turn in state.turns if turn.segment == last]
     samples = build_samples(tail) if state.has_token_ids and tail else []
-    cut_turn = any(turn.finish_reason == "length" for turn in state.turns)
+    truncated = truncation_reason(state.turns, state.truncation_reason)
     return Trajectory(
         rollout_id=state.rollout_id,
         model=state.model,
@@ -51,8 +50,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         messages=state.messages,
         tools=state.tools,
         turns=state.turns,
-        is_truncated=cut_turn or state.truncation_reason is not None,
-        truncation_reason=state.truncation_reason,
+        is_truncated=truncated is not None,
+        truncation_reason=truncated,
         is_cancelled=state.cut_by_cancel,
         engine_errors=list(state.engine_errors),
         segment_count=state.segment_count,

@@ -25,9 +25,13 @@ def make_record(
 ) -> RolloutRecord:
     """A rollout's record; ``fields`` holds the rest (reward, trajectory, metrics, messages,
     ...). With a trajectory, what the agent left out is taken from it: the final messages,
-    the model-call metrics of calls that did not go through ``ctx.chat``, the policy version."""
+    the model-call metrics of calls that did not go through ``ctx.chat``, the policy version.
+    A ``stop`` finish (``ctx.complete``'s default) of a truncated rollout is recorded as
+    ``length``: the model did not stop; any other reason the agent gave is kept."""
     trajectory: Trajectory | None = fields.get("trajectory")
     if trajectory is not None:
+        if trajectory.is_truncated and fields.get("finish_reason") == "stop":
+            fields["finish_reason"] = "length"
         fields.setdefault("policy_version", trajectory.oldest_policy_version())
         if not fields.get("messages"):
             fields["messages"] = trajectory.messages

@@ -236,11 +236,12 @@ class RolloutRunner:
     async def _scored(
         self, spec: RolloutSpec, outcome: AgentOutcome, trajectory: Trajectory | None
     ) -> tuple[AgentOutcome, float | None, dict[str, Any]]:
-        """The outcome of a completed attempt with its reward (truncated when a gateway limit
-        ended it; an error when the reward failed); any other outcome unscored."""
+        """The outcome of a completed attempt with its reward (truncated when its trajectory
+        is: a gateway limit ended it or its last turn was cut; an error when the reward
+        failed); any other outcome unscored."""
         if outcome.status != "completed" or trajectory is None:
             return outcome, None, {}
-        if trajectory.truncation_reason is not None:  # a gateway limit ended it
+        if trajectory.is_truncated:
             outcome.status = "truncated"
         try:
             reward, reward_info = await self._reward(spec, outcome.result, trajectory)

@@ -1,8 +1,12 @@
 """Export an experiment in the shape trainers read: one row per sample (segment).
 
 Columns: rollout_id, rollout_key, group_id, group_index, sample_index, segment, status,
-finish_reason (the agent's, as on the record: ``max_steps`` tells a capped episode from a
-finished one), reward, prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned
+finish_reason (the record's: the agent's, ``max_steps`` telling a capped episode from a finished
+one, and ``length`` for its default ``stop`` where the rollout was truncated), is_truncated and
+truncation_reason (the rollout's one truncation truth, from its trajectory: ``max_turns``,
+``max_seq_len``, or ``max_tokens`` where its last turn was cut; null when not truncated: what
+overlong filtering such as TRL's ``mask_truncated_completions`` or DAPO's reads), reward,
+prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned
 with response_ids, -1 off the mask; null without versions), policy_version and
 policy_version_max (the oldest and the newest version that sampled a token of the sample;
 several across a ``keep`` update or in an async run), staleness (the latest version minus the
@@ -159,6 +163,7 @@ def _sample_columns(
         "segment": sample.segment,
         "status": record.status,
         "finish_reason": record.finish_reason,
+        **_truncation(record),
         "reward": record.reward,
         "prompt_ids": sample.prompt_ids,
         "response_ids": sample.response_ids,
@@ -178,6 +183,14 @@ def _sample_columns(
         "top_p": sampling.get("top_p"),
         "top_k": sampling.get("top_k"),
         "turns": len(turns),
+    }
+
+
+def _truncation(record: RolloutRecord) -> dict[str, Any]:
+    trajectory = record.trajectory
+    return {
+        "is_truncated": trajectory is not None and trajectory.is_truncated,
+        "truncation_reason": trajectory.truncation_reason if trajectory is not None else None,
     }
 
 
@@ -255,6 +268,8 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         ("segment", pa.int64()),
         ("status", pa.string()),
         ("finish_reason", pa.string()),
+        ("is_truncated", pa.bool_()),
+        ("truncation_reason", pa.string()),
         ("reward", pa.float64()),
         ("prompt_ids", pa.list_(pa.int32())),
         ("response_ids", pa.list_(pa.int32())),

@@ -11,6 +11,7 @@ import orjson
 
 from rollway.results import RolloutRecord
 from rollway.viewer.conversation import conversation
+from rollway.viewer.record_files import read_plain_file
 from rollway.viewer.run_index import RunLocation
 from rollway.viewer.token_view import (
     PAGE_TOKENS,
@@ -80,7 +81,8 @@ def rollout_detail(
 
 def debug_events(folder: Path | None, record: RolloutRecord) -> list[dict[str, Any]]:
     """The events ``debug=True`` wrote for each attempt (``debug/<exp>.<key>.<attempt>.jsonl``),
-    oldest first, each with its attempt; torn lines skipped."""
+    oldest first, each with its attempt; torn lines skipped, as are files that are not regular
+    (a symbolic link is not followed)."""
     debug = folder / "debug" if folder else None
     if debug is None or not debug.is_dir():
         return []
@@ -92,7 +94,11 @@ def debug_events(folder: Path | None, record: RolloutRecord) -> list[dict[str, A
             attempts.append((int(number), path))
     events: list[dict[str, Any]] = []
     for attempt, path in sorted(attempts):
-        for line in path.read_bytes().splitlines():
+        try:
+            data = read_plain_file(path)
+        except OSError:
+            continue
+        for line in data.splitlines():
             try:
                 event = orjson.loads(line)
             except orjson.JSONDecodeError:

@@ -5,13 +5,17 @@ Rows come from the run folder's ``index.jsonl`` (``rollway.store.index_row`` lin
 describe (an object store keeps no index; runs written before the index had these fields) are
 read once, in threads, and their rows kept. The index is read again when it changes; object
 storage is listed again every ``recheck_s``, which finds new records but not a record rewritten
-in place (a rerun): that one shows its first row until the viewer restarts.
+in place (a rerun): that one shows its first row until the viewer restarts. A record that does
+not read is listed apart, as unreadable with its reason (``record_files``), and read again with
+the next listing; an index line that lacks the listing's fields is passed over for its record.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import os
+import stat
 import threading
 import time
 from collections import Counter
@@ -24,7 +28,10 @@ from typing import Any
 import orjson
 
 from rollway.errors import TRANSIENT_KINDS, ConfigError
+from rollway.results import RolloutRecord
 from rollway.store import Store, index_row, read_index, store_from_uri
+from rollway.store.file import INDEX
+from rollway.viewer.record_files import Unreadable, load_record, read_plain_file
 from rollway.viewer.run_stats import (
     SUCCESS,
     advantages,
@@ -68,14 +75,18 @@ class RunLocation:
     name: str
 
     def read_config(self) -> dict[str, Any]:
-        path = self.folder / "config.json" if self.folder else None
-        if path is None or not path.is_file():
+        """The run's ``config.json``; {} where there is none or it does not read."""
+        if self.folder is None:
             return {}
         try:
-            config = orjson.loads(path.read_bytes())
-        except orjson.JSONDecodeError:
+            config = orjson.loads(read_plain_file(self.folder / "config.json"))
+        except (OSError, orjson.JSONDecodeError):
             return {}
         return config if isinstance(config, dict) else {}
+
+    def read_record(self, key: str) -> RolloutRecord | Unreadable | None:
+        """The record ``key``, or why it does not read; None where there is none."""
+        return load_record(self.store, self.folder, key)
 
 
 def open_run(run: str) -> RunLocation:
@@ -109,6 +120,8 @@ class _Snapshot:
     when first asked for: a page of rollouts needs none of the group statistics)."""
 
     rows: list[Row]  # in task order
+    #: Records that did not read, by key: listed apart, in no statistic.
+    unreadable: list[Unreadable] = field(default_factory=list)
     views: dict[Query, list[Row]] = field(default_factory=dict)
 
     @functools.cached_property
@@ -121,7 +134,7 @@ class _Snapshot:
 
     @functools.cached_property
     def totals(self) -> dict[str, Any]:
-        return _totals(self.rows, self.groups)
+        return {**_totals(self.rows, self.groups), "unreadable": len(self.unreadable)}
 
     @functools.cached_property
     def advantages(self) -> dict[str, float | None]:
@@ -192,6 +205,10 @@ class RunIndex:
     def totals(self) -> dict[str, Any]:
         return self._current().totals
 
+    def unreadable(self) -> list[Unreadable]:
+        """The run's records that did not read as of the last listing, by key."""
+        return self._current().unreadable
+
     def _current(self) -> _Snapshot:
         with self._lock:
             now = time.monotonic()
@@ -209,21 +226,21 @@ class RunIndex:
         if self.location.folder is None:
             return None
         try:
-            stat = (self.location.folder / "index.jsonl").stat()
+            found = (self.location.folder / INDEX).lstat()
         except FileNotFoundError:
             return None
-        return stat.st_size, stat.st_mtime_ns
+        return found.st_size, found.st_mtime_ns
 
     def _build(self) -> _Snapshot:
         folder = self.location.folder
-        entries = read_index(folder) if folder else {}
+        entries = read_index(folder) if folder and _plain_index(folder) else {}
         keys = self.location.store.keys()  # one listing: the records that are there
         rows: dict[str, Row] = {}
         unread: list[str] = []
         for key in [*(k for k in entries if k in keys), *sorted(keys - entries.keys())]:
             entry = entries.get(key)
             known = self._read_rows.get(key)
-            if entry is not None and "turns" in entry.row:
+            if entry is not None and _listable(entry.row):
                 rows[key] = entry.row
             elif known is not None and (
                 entry is None or (known["status"], known["reward"]) == (entry.status, entry.reward)
@@ -231,19 +248,22 @@ class RunIndex:
                 rows[key] = known
             else:
                 unread.append(key)
+        unreadable: list[Unreadable] = []
         for key, row in zip(unread, self._read(unread), strict=True):
-            if row is not None:
+            if isinstance(row, Unreadable):
+                unreadable.append(row)
+            elif row is not None:
                 self._read_rows[key] = rows[key] = row
-        return _Snapshot(sorted(rows.values(), key=_task_order))
+        return _Snapshot(sorted(rows.values(), key=_task_order), unreadable)
 
-    def _read(self, keys: list[str]) -> Iterable[Row | None]:
+    def _read(self, keys: list[str]) -> Iterable[Row | Unreadable | None]:
         if not keys:
             return []
         self.records_read += len(keys)
 
-        def one(key: str) -> Row | None:
-            record = self.location.store.get(key)
-            return None if record is None else index_row(record)
+        def one(key: str) -> Row | Unreadable | None:
+            record = self.location.read_record(key)
+            return index_row(record) if isinstance(record, RolloutRecord) else record
 
         with ThreadPoolExecutor(min(self.threads, len(keys))) as pool:
             return list(pool.map(one, keys))
@@ -270,6 +290,40 @@ class RunIndex:
                 snapshot.views.clear()
             snapshot.views[query] = matched
         return matched
+
+
+def _plain_index(folder: Path) -> bool:
+    """Whether the run's index is a regular file (a link to elsewhere is not read)."""
+    try:
+        return stat.S_ISREG(os.lstat(folder / INDEX).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+_NUMBER = (int, float, type(None))
+_TEXT = (str, type(None))
+#: The types a listing sorts and sums an index line's fields by. A line that lacks ``turns``
+#: (written before lines carried the listing's fields) or holds another type (a hand-edited or
+#: foreign line) is passed over: its record is read instead. Other fields may be missing.
+_LISTED: dict[str, tuple[type, ...]] = {
+    "key": (str,),
+    "status": (str,),
+    "group_id": (str,),
+    "task_index": (int,),
+    "sample_index": (int,),
+    "turns": (int, type(None)),
+    **dict.fromkeys(("reward", "elapsed_s", "started_at", "attempts"), _NUMBER),
+    **dict.fromkeys(("sampled_tokens", "policy_version"), _NUMBER),
+    **dict.fromkeys(("error_kind", "reason"), _TEXT),
+}
+_PRESENT = ("key", "status", "group_id", "task_index", "sample_index", "turns")
+
+
+def _listable(row: Row) -> bool:
+    return all(name in row for name in _PRESENT) and all(
+        isinstance(row.get(name), kinds) and not isinstance(row.get(name), bool)
+        for name, kinds in _LISTED.items()
+    )
 
 
 def _sorted(rows: list[Row], column: str, descending: bool) -> list[Row]:

@@ -1,6 +1,7 @@
 """``rollway view``'s HTTP app: two static pages (assets/, no build step, nothing from a CDN)
 over a JSON API. The listing pages over the run's index; a rollout's record is read only for
-its own page. Blocking reads run in worker threads."""
+its own page. Blocking reads run in worker threads. A record that does not read is no error of
+the app: the run lists it as unreadable with its reason, and its own page (200) says so."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from rollway.errors import InvalidFieldsError, UnknownRolloutError
 from rollway.ids import is_safe_id
 from rollway.results import RolloutRecord
+from rollway.viewer.record_files import Unreadable
 from rollway.viewer.rollout_page import rollout_detail
 from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
 from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, token_page, token_texts
@@ -27,6 +29,8 @@ from rollway.web.openapi import Endpoint, Param, routes_and_document
 
 ASSETS = Path(__file__).parent / "assets"
 MAX_PAGE = 500
+#: The most unreadable records ``/api/run`` names (the totals count them all).
+MAX_UNREADABLE = 200
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,10 @@ class Viewer:
     index: RunIndex
     texts: TokenTexts
 
-    def record(self, key: str) -> RolloutRecord:
-        """The run's record ``key`` (read in a worker thread); unknown keys are a 404."""
-        record = self.location.store.get(key) if is_safe_id(key) else None
+    def record(self, key: str) -> RolloutRecord | Unreadable:
+        """The run's record ``key`` (read in a worker thread), or why it does not read;
+        unknown keys are a 404."""
+        record = self.location.read_record(key) if is_safe_id(key) else None
         if record is None:
             raise UnknownRolloutError(f"no rollout {key!r} in this run")
         return record
@@ -50,16 +55,23 @@ class Viewer:
             "config": self.location.read_config(),
             "totals": self.index.totals(),
             "versions": self.index.versions(),
+            "unreadable": [u.as_row() for u in self.index.unreadable()[:MAX_UNREADABLE]],
         }
 
     def detail(self, key: str) -> dict[str, Any]:
+        """The rollout's page; ``{"unreadable": {"key", "reason"}}`` for a record that does
+        not read."""
         record = self.record(key)
+        if isinstance(record, Unreadable):
+            return {"unreadable": record.as_row()}
         group = self.index.group(record.group_id, MAX_PAGE)
         config = self.location.read_config()
         return rollout_detail(record, self.location, self.texts, config, group)
 
     def tokens(self, key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
         record = self.record(key)
+        if isinstance(record, Unreadable):
+            raise UnknownRolloutError(f"rollout {key!r} does not read ({record.reason}): no tokens")
         trajectory = record.trajectory
         page = token_page(trajectory, segment, offset, limit) if trajectory else None
         if trajectory is None or page is None:
@@ -146,7 +158,8 @@ ENDPOINTS = [
         "GET",
         "/api/run",
         run_info,
-        "The run's name, config, totals, and reward and completion per policy version",
+        "The run's name, config, totals, reward and completion per policy version, and the "
+        f"records that do not read (key and reason, the first {MAX_UNREADABLE})",
     ),
     Endpoint(
         "GET",
@@ -169,7 +182,8 @@ ENDPOINTS = [
         "/api/rollouts/{key}",
         rollout,
         "One rollout's record, its conversation by segment, its group's rollouts with their "
-        "advantages, and the first page of each sample's token stream",
+        "advantages, and the first page of each sample's token stream; for a record that does "
+        "not read, only unreadable: its key and the reason",
         errors=(404,),
     ),
     Endpoint(

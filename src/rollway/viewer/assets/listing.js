@@ -38,11 +38,22 @@ async function loadRun() {
     fact("mean duration", seconds(t.mean_elapsed_s)),
     run.config.agent_name ? fact("agent", run.config.agent_name) : null,
     run.config.model ? fact("model", run.config.model) : null,
+    t.unreadable ? fact("unreadable records", num(t.unreadable)) : null,
   );
+  renderUnreadable(run.unreadable, t.unreadable);
   const select = document.getElementById("status");
   for (const status of Object.keys(t.by_status)) select.append(el("option", { value: status, text: status }));
   select.value = state.status;
   renderVersions(run.versions);
+}
+
+function renderUnreadable(rows, total) {
+  // Records that did not read: listed apart with the reason, never in a statistic.
+  document.getElementById("unreadable-section").hidden = rows.length === 0;
+  document.getElementById("unreadable-count").textContent = rows.length < total ? `(the first ${num(rows.length)} of ${num(total)})` : "";
+  document.querySelector("#unreadable tbody").replaceChildren(...rows.map((row) => el("tr", { "data-unreadable": row.key },
+    el("td", {}, el("a", { href: `/rollouts/${encodeURIComponent(row.key)}`, text: row.key })),
+    el("td", { class: "reason", text: row.reason }))));
 }
 
 async function loadRollouts() {

@@ -20,7 +20,8 @@ function renderFacts(detail) {
     r.policy_version !== null ? fact("policy version", r.policy_version) : null,
     t ? fact("model", t.model) : null,
     t ? fact("segments", t.segment_count) : null,
-    t && t.is_truncated ? fact("truncated", t.truncation_reason || "yes") : null,
+    r.finish_reason ? fact("finish", r.finish_reason) : null,
+    t && t.is_truncated ? fact("truncated", t.truncation_reason) : null,
     t && t.is_cancelled ? fact("cancelled", "yes") : null,
   );
   const problems = [];
@@ -93,6 +94,16 @@ async function main() {
     const box = document.getElementById("problem");
     box.hidden = false;
     box.textContent = String(error.message || error);
+    return;
+  }
+  if (detail.unreadable) {
+    // A record that does not read: its key and why, nothing of its content.
+    document.getElementById("rollout-key").textContent = detail.unreadable.key;
+    const box = document.getElementById("problem");
+    box.hidden = false;
+    box.dataset.unreadable = "1";
+    box.textContent = `unreadable record: ${detail.unreadable.reason}`;
+    document.body.dataset.ready = "1";
     return;
   }
   renderFacts(detail);
