@@ -146,7 +146,7 @@ REASONS = {
     "newer": "trajectory format 99 is newer",
     "text-version": "format_version must be an integer",
     "no-group": "group_id: Field required",
-    "a-list": "the record: Input should be an object",
+    "a-list": "Input should be an object",
 }
 
 
@@ -175,8 +175,8 @@ def test_bad_records_are_listed_unreadable_and_the_rest_is_served(
         assert set(reasons) == {*REASONS, "shadow", "a-folder", "a-fifo"}
         for key, fragment in REASONS.items():
             assert fragment in reasons[key], reasons[key]
-        assert reasons["shadow"] == "a symbolic link (never followed)"
-        assert reasons["a-folder"] == reasons["a-fifo"] == "not a regular file"
+        assert reasons["shadow"] == "a symbolic link, which rollway does not follow"
+        assert (reasons["a-folder"], reasons["a-fifo"]) == ("a folder", "not a regular file")
         for key in reasons:  # each one's own page says it does not read, and why
             page = client.get(f"/api/rollouts/{key}")
             assert page.status_code == 200
@@ -238,3 +238,21 @@ def test_a_bad_object_of_an_object_store_run_is_listed_unreadable(s3_env: str) -
     assert set(reasons) == set(REASONS)
     assert all(fragment in reasons[key] for key, fragment in REASONS.items()), reasons
     assert page == {"unreadable": {"key": "newer", "reason": reasons["newer"]}}
+
+
+def test_a_record_whose_token_lists_do_not_line_up_shows_as_unreadable(tmp_path: Path) -> None:
+    """It reads as a record, but its samples cannot be built: its page says why, never 500."""
+    store = FileStore(tmp_path, "exp")
+    good = small_record(1)
+    assert good.trajectory is not None
+    turns = list(good.trajectory.turns)
+    turns[0] = turns[0].model_copy(update={"logprobs": turns[0].logprobs[:-1]})
+    trajectory = good.trajectory.model_copy(update={"turns": turns})
+    store.write(good.model_copy(update={"trajectory": trajectory}))
+    with TestClient(create_viewer_app(open_run(str(store.path)))) as client:
+        page = client.get(f"/api/rollouts/{good.rollout_key}")
+        assert page.status_code == 200
+        reason = page.json()["unreadable"]["reason"]
+        assert "logprobs for" in reason and "completion ids" in reason
+        tokens = client.get(f"/api/rollouts/{good.rollout_key}/tokens")
+        assert tokens.status_code == 404 and "does not read" in tokens.text

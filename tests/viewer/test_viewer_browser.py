@@ -121,7 +121,7 @@ def test_an_unreadable_record_is_listed_apart_and_its_page_says_why(
         page = browser.dom(f"{url}/rollouts/cut")
     assert [a["data-key"] for a in listing.with_attr("data-key")] == ["t00000.1"]
     assert [a["data-unreadable"] for a in listing.with_attr("data-unreadable")] == ["cut"]
-    assert "unreadable record: the record: Invalid JSON" in page
+    assert "unreadable record: Invalid JSON" in page
 
 
 def test_a_truncated_rollouts_page_says_why_beside_its_status(

@@ -86,7 +86,7 @@ class RunLocation:
 
     def read_record(self, key: str) -> RolloutRecord | Unreadable | None:
         """The record ``key``, or why it does not read; None where there is none."""
-        return load_record(self.store, self.folder, key)
+        return load_record(self.store, key)
 
 
 def open_run(run: str) -> RunLocation:

@@ -17,7 +17,7 @@ from starlette.responses import FileResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from rollway.errors import InvalidFieldsError, UnknownRolloutError
+from rollway.errors import BadRecordError, InvalidFieldsError, UnknownRolloutError
 from rollway.ids import is_safe_id
 from rollway.results import RolloutRecord
 from rollway.viewer.record_files import Unreadable
@@ -66,14 +66,23 @@ class Viewer:
             return {"unreadable": record.as_row()}
         group = self.index.group(record.group_id, MAX_PAGE)
         config = self.location.read_config()
-        return rollout_detail(record, self.location, self.texts, config, group)
+        try:
+            return rollout_detail(record, self.location, self.texts, config, group)
+        except BadRecordError as error:  # read, but its token lists do not line up
+            return {"unreadable": Unreadable(key, error.reason).as_row()}
 
     def tokens(self, key: str, segment: int, offset: int, limit: int) -> dict[str, Any]:
         record = self.record(key)
         if isinstance(record, Unreadable):
             raise UnknownRolloutError(f"rollout {key!r} does not read ({record.reason}): no tokens")
         trajectory = record.trajectory
-        page = token_page(trajectory, segment, offset, limit) if trajectory else None
+        try:
+            page = token_page(trajectory, segment, offset, limit) if trajectory else None
+        except BadRecordError as error:
+            reason = error.reason
+            raise UnknownRolloutError(
+                f"rollout {key!r} does not read ({reason}): no tokens"
+            ) from None
         if trajectory is None or page is None:
             raise UnknownRolloutError(f"rollout {key!r} has no segment {segment}")
         model = self.location.read_config().get("model")
