@@ -34,6 +34,7 @@ from rollway.errors import (
     RolloutClosedError,
     RollwayError,
     UnknownRolloutError,
+    UnsupportedMediaTypeError,
 )
 from rollway.executors import LocalExecutor, RayExecutor
 from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, create_app
@@ -104,6 +105,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "UnknownRolloutError",
+    "UnsupportedMediaTypeError",
     "build_gateway",
     "create_app",
     "engine_from_spec",

@@ -47,7 +47,9 @@ def test_urls_and_sampling_are_checked_at_init(
     server = agent_server()
     answer = server.init("r1", **{field: value})
     assert answer.status_code == 422, answer.text
-    assert answer.json()["error"]["param"] == field
+    # The full path of the field: a sampling error names the sampling field.
+    (inner,) = value if isinstance(value, dict) else [None]
+    assert answer.json()["error"]["param"] == (f"{field}.{inner}" if inner else field)
     assert server.service.runs_started == 0
 
 
