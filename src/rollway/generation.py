@@ -25,6 +25,8 @@ FinishReason = Literal["stop", "length", "abort"]
 LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
 #: The most top logprobs a turn records per token (OpenAI's and vLLM's chat cap).
 MAX_TOP_LOGPROBS = 20
+#: The largest token id anything accepts: engines keep ids as int32.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,10 +121,6 @@ def stop_token_ids(value: Any) -> tuple[int, ...]:
             param="stop_token_ids",
         )
     return items
-
-
-#: The largest token id anything accepts: engines keep ids as int32.
-MAX_TOKEN_ID = 2**31 - 1
 
 
 def _items(name: str, value: Any, kind: type) -> tuple[Any, ...]:

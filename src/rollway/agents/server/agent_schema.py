@@ -9,7 +9,7 @@ import yarl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollway.checks import MAX_SEQ_LEN
-from rollway.gateway.request_schema import SamplingFields
+from rollway.gateway.request_schema import RegisterRequest
 from rollway.ids import IdempotencyKey, SafeId
 
 
@@ -36,9 +36,7 @@ class InitRequest(_Strict):
     task: dict[str, Any]
     #: Names of the agent's tools to offer; None offers them all.
     tools: list[str] | None = None
-    #: The gateway's own sampling rules, so that a bad value fails the init, not every turn
-    #: (and an error names the field: ``sampling.temperature``).
-    sampling: SamplingFields = Field(default_factory=SamplingFields)
+    sampling: dict[str, Any] = Field(default_factory=dict)
     limits: InitLimits = Field(default_factory=InitLimits)
     metadata: dict[str, Any] = Field(default_factory=dict)
     #: Where to ``POST {callback_url}/v1/rollout/completed`` the report, with ``callback_key``.
@@ -60,6 +58,15 @@ class InitRequest(_Strict):
             raise ValueError(f"not a URL: {exc}") from None
         if not host:
             raise ValueError("the URL names no host")
+        return value
+
+    @field_validator("sampling")
+    @classmethod
+    def _known_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """The gateway's own sampling rules, so a bad value fails the init, not every turn.
+        Its ``ValidationError`` goes up as it is: pydantic places its errors under this field
+        (``sampling.temperature``), naming the field to fix."""
+        RegisterRequest.model_validate(value, strict=True)  # as read off the wire
         return value
 
 
