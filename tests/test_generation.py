@@ -42,6 +42,11 @@ def test_record_entropy_bools_are_taken_as_given(value: bool) -> None:
         ("max_tokens", "16"),
         ("seed", 1.5),
         ("seed", 2**63),
+        ("stop", [""]),
+        ("stop", ("</a>", "")),
+        ("stop_token_ids", [-1]),
+        ("stop_token_ids", [2**40]),
+        ("stop_token_ids", [2**31]),
     ],
 )
 def test_sampling_fields_of_the_wrong_type_or_range_are_refused_naming_them(
@@ -57,3 +62,8 @@ def test_the_edges_of_each_range_are_taken() -> None:
     assert edges.to_dict()["temperature"] == 0 and edges.seed == -(2**63)
     assert SamplingParams(temperature=3.0, top_p=1e-9, seed=2**63 - 1).top_p == 1e-9
     assert SamplingParams(top_k=-1).top_k == 0  # vLLM's "off", as the HTTP schema takes it
+
+
+def test_the_edges_of_stop_ids_and_strings_are_taken() -> None:
+    edges = SamplingParams(stop=" ", stop_token_ids=[0, 2**31 - 1])
+    assert edges.stop == (" ",) and edges.stop_token_ids == (0, 2**31 - 1)

@@ -36,6 +36,7 @@ from rollway.errors import (
     RollwayError,
     StoredDataError,
     UnknownRolloutError,
+    UnsupportedMediaTypeError,
 )
 from rollway.executors import LocalExecutor, RayExecutor
 from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, create_app
@@ -108,6 +109,7 @@ __all__ = [
     "Trajectory",
     "Turn",
     "UnknownRolloutError",
+    "UnsupportedMediaTypeError",
     "build_gateway",
     "create_app",
     "engine_from_spec",

@@ -13,11 +13,19 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def check_count(name: str, value: Any, *, least: int, optional: bool = False) -> None:
+#: The longest rollout in tokens anyone may ask: an int32, what engines and trainers count in.
+MAX_SEQ_LEN = 2**31 - 1
+
+
+def check_count(
+    name: str, value: Any, *, least: int, most: int | None = None, optional: bool = False
+) -> None:
     if value is None and optional:
         return
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ConfigError(f"{name} must be a whole number of at least {least}", name)
+    whole = isinstance(value, int) and not isinstance(value, bool)
+    if not whole or value < least or (most is not None and value > most):
+        within = f"from {least} to {most}" if most is not None else f"of at least {least}"
+        raise ConfigError(f"{name} must be a whole number {within}", name)
 
 
 def check_seconds(name: str, seconds: Any, *, zero: bool = False, finite: bool = False) -> None:

@@ -8,7 +8,8 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     ├── RequestError                a caller sent something wrong            (400)
     │   ├── MalformedBodyError      body is not valid JSON                   (400)
     │   ├── InvalidFieldsError      JSON is fine, fields are not             (422)
-    │   └── PayloadTooLargeError    body exceeds the size limit              (413)
+    │   ├── PayloadTooLargeError    body exceeds the size limit              (413)
+    │   └── UnsupportedMediaTypeError  body is not declared application/json (415)
     ├── AuthError                   missing or wrong key                     (401)
     ├── UnknownRolloutError         no such rollout registered               (404)
     ├── RolloutClosedError          rollout cancelled or already registered  (409)
@@ -67,6 +68,10 @@ class InvalidFieldsError(RequestError):
 
 
 class PayloadTooLargeError(RequestError):
+    pass
+
+
+class UnsupportedMediaTypeError(RequestError):
     pass
 
 
@@ -156,6 +161,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     MalformedBodyError: 400,
     InvalidFieldsError: 422,
     PayloadTooLargeError: 413,
+    UnsupportedMediaTypeError: 415,
     AuthError: 401,
     UnknownRolloutError: 404,
     RolloutClosedError: 409,

@@ -25,6 +25,8 @@ FinishReason = Literal["stop", "length", "abort"]
 LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
 #: The most top logprobs a turn records per token (OpenAI's and vLLM's chat cap).
 MAX_TOP_LOGPROBS = 20
+#: The largest token id anything accepts: engines keep ids as int32.
+MAX_TOKEN_ID = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,20 +58,8 @@ class SamplingParams:
             _check_whole("max_tokens", self.max_tokens, low=0)
         if self.seed is not None:
             _check_whole("seed", self.seed, low=-(2**63), high=2**63 - 1)
-        # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one
-        # stop string per character.
-        for name, kind in (("stop", str), ("stop_token_ids", int)):
-            value = getattr(self, name)
-            items = (value,) if isinstance(value, kind) else value
-            try:
-                items = tuple(items)
-            except TypeError:
-                raise InvalidFieldsError(
-                    f"{name} must be a {kind.__name__} or a list of them", param=name
-                ) from None
-            if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
-                raise InvalidFieldsError(f"{name} must hold only {kind.__name__}s", param=name)
-            object.__setattr__(self, name, items)
+        object.__setattr__(self, "stop", stop_strings(self.stop))
+        object.__setattr__(self, "stop_token_ids", stop_token_ids(self.stop_token_ids))
         top = self.top_logprobs
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidFieldsError(
@@ -104,6 +94,48 @@ class SamplingParams:
         if self.record_entropy:
             fields["record_entropy"] = True
         return fields
+
+
+def stop_strings(value: Any) -> tuple[str, ...]:
+    """``stop`` as a tuple, checked: the one rule of every surface (the CLI, the config file,
+    in-process, HTTP). An empty stop string would end every answer before it began."""
+    items = _items("stop", value, str)
+    if "" in items:
+        raise InvalidFieldsError(
+            "stop strings must not be empty (an empty one ends every answer at once): "
+            "drop it, or give the text that ends an answer",
+            param="stop",
+        )
+    return items
+
+
+def stop_token_ids(value: Any) -> tuple[int, ...]:
+    """``stop_token_ids`` as a tuple, checked as ``stop_strings`` is: token ids are 0 to
+    ``MAX_TOKEN_ID`` (an int32, what engines take); the gateway also checks them against its
+    model's vocabulary."""
+    items = _items("stop_token_ids", value, int)
+    bad = next((i for i in items if not 0 <= i <= MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise InvalidFieldsError(
+            f"stop_token_ids must hold token ids from 0 to {MAX_TOKEN_ID}, not {bad}",
+            param="stop_token_ids",
+        )
+    return items
+
+
+def _items(name: str, value: Any, kind: type) -> tuple[Any, ...]:
+    # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one stop
+    # string per character.
+    items = (value,) if isinstance(value, kind) else value
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise InvalidFieldsError(
+            f"{name} must be a {kind.__name__} or a list of them", param=name
+        ) from None
+    if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
+        raise InvalidFieldsError(f"{name} must hold only {kind.__name__}s", param=name)
+    return items
 
 
 def _check_number(

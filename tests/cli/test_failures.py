@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import errno
 
+import pytest
+
 from rollway import errors
 from rollway.cli.failures import HINTS, explain
+from rollway.executors.ray_executor import ray_start_error
 
 
 def test_every_category_of_the_error_tree_has_its_own_hint() -> None:
@@ -32,3 +35,23 @@ def test_os_errors_name_the_path_and_say_what_to_do() -> None:
 def test_anything_else_is_called_a_possible_bug() -> None:
     failure = explain(ValueError("nope"))
     assert failure.message == "unexpected ValueError: nope" and "ROLLWAY_DEBUG=1" in failure.hint
+
+
+@pytest.mark.parametrize(
+    "said",
+    [  # Ray 2.60's own words, from its GCS and from its driver-side check
+        "InvalidAuthToken: Authentication token is missing or incorrect",
+        "AuthenticationError: Token authentication is enabled but no authentication token was "
+        "found",
+    ],
+)
+def test_a_ray_cluster_that_wants_a_token_gets_a_hint_naming_rays_token_auth(said: str) -> None:
+    failure = explain(ray_start_error(ConnectionError(said), "ray://head:10001"))
+    assert "Authentication token" in failure.message or "authentication token" in failure.message
+    assert "RAY_AUTH_MODE=token" in failure.hint and "RAY_AUTH_TOKEN" in failure.hint
+    assert "docs/ray.md" in failure.hint and "--help" not in failure.hint
+
+
+def test_any_other_failure_to_reach_ray_points_at_the_address() -> None:
+    failure = explain(ray_start_error(ConnectionError("Could not connect to 1.2.3.4:6379"), None))
+    assert "RAY_ADDRESS" in failure.message and "--ray-address" in failure.hint

@@ -42,6 +42,8 @@ NAN, INF = float("nan"), float("inf")
         ({"limits": 5}, "limits"),
         ({"limits": {"timout": 5}}, "timout"),
         ({"limits": {"timeout": -1}}, "timeout"),
+        ({"limits": {"max_seq_len": 2**63}}, "max_seq_len"),
+        ({"limits": {"max_seq_len": 2**31}}, "max_seq_len"),
         ({"retry": {"attempts": 0}}, "attempts"),
         ({"retry": {"backoff": {"first_s": -5}}}, "first_s"),
         ({"serving": {"port": "80"}}, "port"),

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rollway.errors import RolloutClosedError
+from rollway.errors import InvalidFieldsError, RolloutClosedError
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from tests.conftest import Served, sim_gateway
@@ -42,7 +42,8 @@ def assert_error(response: httpx.Response, status: int, words: str) -> None:
 
 def test_malformed_json_is_400(admin: httpx.Client) -> None:
     rid, key = new_rollout(admin)
-    assert_error(post_chat(admin, rid, key, content=b"{not json"), 400, "not valid JSON")
+    json_type = {**key, "Content-Type": "application/json"}
+    assert_error(post_chat(admin, rid, json_type, content=b"{not json"), 400, "not valid JSON")
 
 
 @pytest.mark.parametrize(
@@ -206,3 +207,94 @@ async def test_cancel_aborts_the_in_flight_generation(renderer: ChatRenderer) ->
         await chat
     trajectory = await gateway.trajectory("slow")
     assert trajectory.is_cancelled and trajectory.turns[0].finish_reason == "abort"
+
+
+#: One rule each for the sampling and limit fields, over HTTP and in process (the register body,
+#: the chat body): (field, value, where). SmolLM2's vocabulary holds ids 0 to 49151.
+REFUSED_EVERYWHERE = [
+    ("stop", [""], "empty"),
+    ("stop", "", "empty"),
+    ("stop_token_ids", [-1], "0 to 2147483647"),
+    ("stop_token_ids", [2**40], "0 to 2147483647"),
+    ("stop_token_ids", [49152], "vocabulary"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "words"), REFUSED_EVERYWHERE)
+def test_register_and_chat_refuse_each_bad_sampling_value_naming_the_field(
+    admin: httpx.Client, renderer: ChatRenderer, field: str, value: Any, words: str
+) -> None:
+    registered = admin.post(f"/v1/rollouts/bad-{uuid.uuid4().hex}/register", json={field: value})
+    assert_error(registered, 422, words)
+    assert registered.json()["error"]["param"] == field
+    rid, key = new_rollout(admin)
+    body = {"messages": [{"role": "user", "content": "x"}], field: value}
+    chat = post_chat(admin, rid, key, json=body)
+    assert_error(chat, 422, words)
+    assert chat.json()["error"]["param"] == field
+    gateway = sim_gateway(renderer)  # in process: the same refusals
+    with pytest.raises(InvalidFieldsError, match=words) as raised:
+        gateway.register("in-process", {field: value})
+    assert raised.value.param == field
+    gateway.register("in-process-chat", {})
+    with pytest.raises(InvalidFieldsError, match=words) as raised:
+        asyncio.run(gateway.chat("in-process-chat", body))
+    assert raised.value.param == field
+
+
+def test_the_last_id_of_the_vocabulary_is_a_stop_id(admin: httpx.Client) -> None:
+    rid, key = new_rollout(admin, stop_token_ids=[0, 49151], max_tokens=2)
+    body = {"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [49151]}
+    assert post_chat(admin, rid, key, json=body).status_code == 200
+
+
+@pytest.mark.parametrize("max_seq_len", [2**63, 2**31])
+def test_a_max_seq_len_past_int32_is_refused_over_http_and_in_process(
+    admin: httpx.Client, renderer: ChatRenderer, max_seq_len: int
+) -> None:
+    response = admin.post("/v1/rollouts/long/register", json={"max_seq_len": max_seq_len})
+    assert_error(response, 422, "max_seq_len")
+    with pytest.raises(InvalidFieldsError, match="max_seq_len"):
+        sim_gateway(renderer).register("long", {"max_seq_len": max_seq_len})
+    edge = admin.post(f"/v1/rollouts/long-{max_seq_len}/register", json={"max_seq_len": 2**31 - 1})
+    assert edge.is_success, edge.text
+
+
+def test_chat_refuses_top_logprobs_without_logprobs_naming_it(
+    admin: httpx.Client, renderer: ChatRenderer
+) -> None:
+    rid, key = new_rollout(admin, max_tokens=2)
+    body = {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}
+    response = post_chat(admin, rid, key, json=body)
+    assert_error(response, 422, "logprobs: true")
+    assert response.json()["error"]["param"] == "top_logprobs"
+    gateway = sim_gateway(renderer)
+    gateway.register("in-process", {})
+    with pytest.raises(InvalidFieldsError, match="logprobs: true"):
+        asyncio.run(gateway.chat("in-process", body))
+    assert post_chat(admin, rid, key, json={**body, "logprobs": True}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("send", "status", "words"),
+    [({}, 422, "empty"), ({"content": b"  "}, 422, "empty"),
+     ({"json": []}, 422, "JSON object"), ({"json": "x"}, 422, "JSON object"),
+     ({"content": b"{}", "headers": {"Content-Type": "text/plain"}}, 415, "text/plain"),
+     ({"data": {"temperature": "0.5"}}, 415, "x-www-form-urlencoded"),
+     ({"files": {"f": b"{}"}}, 415, "multipart/form-data")],
+)  # fmt: skip
+def test_register_takes_only_a_json_object_sent_as_application_json(
+    admin: httpx.Client, send: dict[str, Any], status: int, words: str
+) -> None:
+    if "content" in send and "headers" not in send:
+        send = {**send, "headers": {"Content-Type": "application/json"}}
+    response = admin.post(f"/v1/rollouts/body-{uuid.uuid4().hex}/register", **send)
+    assert_error(response, status, words)
+    assert response.json()["error"]["param"] == ("content-type" if status == 415 else "body")
+    # A JSON type with parameters, or a +json type, is JSON.
+    for kind in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        rid = f"body-{uuid.uuid4().hex}"
+        ok = admin.post(
+            f"/v1/rollouts/{rid}/register", content=b"{}", headers={"Content-Type": kind}
+        )
+        assert ok.status_code == 200, ok.text

@@ -113,3 +113,40 @@ def test_a_call_item_after_the_history_leaves_the_recorded_answer_as_it_was() ->
     chat = ResponsesRequest.model_validate({"input": [item]}).to_chat(history)
     assert json.dumps(history) == before
     assert [c["id"] for c in chat["messages"][-1]["tool_calls"]] == ["c1", "c2"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_top_logprobs_come_back_in_the_output_text_as_openai_sends_them(
+    served: Served, closing: Closing, stream: bool
+) -> None:
+    client, rollout_id = client_for(served, closing, temperature=0.7, seed=2)
+    ask: dict[str, Any] = {
+        "model": "m", "input": "Say hi.", "max_output_tokens": 6, "top_logprobs": 3,
+        "include": ["message.output_text.logprobs"],
+    }  # fmt: skip
+    if stream:
+        with client.responses.stream(**ask) as events:
+            done = [e for e in events if e.type == "response.output_text.done"]
+            final = events.get_final_response()
+        assert [entry.logprob for entry in done[0].logprobs] == [
+            entry.logprob for entry in final.output[0].content[0].logprobs
+        ]
+    else:
+        final = client.responses.create(**ask)
+    (text,) = final.output[0].content
+    turn = trajectory(served, rollout_id)["turns"][0]
+    assert turn["sampling"]["top_logprobs"] == 3  # recorded, as chat's top_logprobs
+    assert [entry.logprob for entry in text.logprobs] == turn["logprobs"]
+    assert len(text.logprobs) == len(turn["completion_ids"]) == final.usage.output_tokens
+    for entry, values in zip(text.logprobs, turn["distribution"]["top_logprobs"], strict=True):
+        assert [top.logprob for top in entry.top_logprobs] == values
+    assert b"".join(bytes(entry.bytes) for entry in text.logprobs).decode() == text.text
+
+
+def test_logprobs_are_answered_only_where_include_asks(served: Served, closing: Closing) -> None:
+    client, _ = client_for(served, closing, seed=2)
+    plain = client.responses.create(model="m", input="Say hi.", max_output_tokens=4, top_logprobs=2)
+    assert plain.output[0].content[0].logprobs == []
+    for bad in (21, -1):
+        with pytest.raises(openai.UnprocessableEntityError, match="top_logprobs"):
+            client.responses.create(model="m", input="hi", top_logprobs=bad)

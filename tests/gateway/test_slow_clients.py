@@ -75,7 +75,8 @@ def test_answers_slower_than_the_deadline_are_not_cut(sim_served: Served) -> Non
     app = create_app(slow, admin_key="ak", close_engine=False)
     limits = ServerLimits(request_timeout_s=TIMEOUT_S, keep_alive_s=10)
     with BackgroundServer(app, limits=limits) as url, httpx.Client(timeout=30) as http:
-        reg = http.post(f"{url}/v1/rollouts/slow/register", headers={"x-api-key": "ak"}).json()
+        admin = {"x-api-key": "ak"}
+        reg = http.post(f"{url}/v1/rollouts/slow/register", headers=admin, json={}).json()
         body = {"messages": [{"role": "user", "content": "take your time"}]}
         key = {"Authorization": f"Bearer {reg['api_key']}"}
         for _ in range(2):  # the second on the same kept-alive connection

@@ -64,6 +64,7 @@ _TOML_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
 
 def _check_kind(param: Any, value: Any, where: str) -> None:
     """Refuse a TOML ``value`` whose type is not the option's (``ConfigError`` naming it)."""
+    _check_shape(param, value, where)
     descriptor = getattr(param, "type_descriptor", None)
     kinds, wanted = _TOML_KINDS.get(getattr(descriptor, "annotation", None), ((), ""))
     if not kinds or (isinstance(value, kinds) and isinstance(value, bool) == (bool in kinds)):
@@ -71,6 +72,21 @@ def _check_kind(param: Any, value: Any, where: str) -> None:
     raise ConfigError(
         f"{where}: must be {wanted}, not {type(value).__name__} {value!r}", param=param.name
     )
+
+
+def _check_shape(param: Any, value: Any, where: str) -> None:
+    """No option takes a table, and only a repeatable one (``stop``) takes a list, of plain
+    values: the option's conversion would make ``{'x': 1}`` of a table, or of a list."""
+    items = value if isinstance(value, list) and param.multiple else [value]
+    for item in items:
+        if isinstance(item, dict | list):
+            kind = "a table" if isinstance(item, dict) else "a list"
+            wanted = "a list of plain values" if param.multiple else "one plain value"
+            raise ConfigError(
+                f"{where}: must be {wanted} (a string, number or boolean), not {kind}; "
+                "settings are plain keys before any [section]",
+                param=param.name,
+            )
 
 
 def _read(path: Path) -> dict[str, Any]:

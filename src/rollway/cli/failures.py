@@ -57,6 +57,11 @@ _INPUT_HINTS = {
     "agent": "fix the agent; `rollway validate AGENT` checks one without running it",
     "reward": "--reward takes path/to/file.py:function or module:function",
     "tasks": 'a task file holds one JSON object per line, such as {"prompt": "What is 2+2?"}',
+    "ray_auth": "the cluster uses Ray's token authentication: set RAY_AUTH_MODE=token and its "
+    "token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) where rollway runs; "
+    "docs/ray.md#token-authentication",
+    "ray_address": "check --ray-address (or RAY_ADDRESS) and that the cluster is up "
+    "(`ray status`); docs/ray.md",
 }
 
 _OS_HINTS = {

@@ -8,6 +8,21 @@ from typing import Annotated
 
 import typer
 
+from rollway.checks import MAX_SEQ_LEN
+from rollway.errors import InvalidFieldsError
+from rollway.generation import stop_strings
+
+
+def checked_stop(value: list[str] | None) -> list[str] | None:
+    """``--stop`` (and a config file's ``stop``) by the rule every surface applies."""
+    if value:
+        try:
+            stop_strings(value)
+        except InvalidFieldsError as exc:
+            raise typer.BadParameter(exc.message) from None
+    return value
+
+
 # What to run, on what.
 TasksOption = Annotated[
     Path | None, typer.Option(help="JSONL file, one task object per line (required).")
@@ -48,7 +63,8 @@ TemperatureOption = Annotated[float, typer.Option(min=0, help="Sampling temperat
 TopPOption = Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling (1: off).")]
 TopKOption = Annotated[int, typer.Option(min=0, help="Top-k sampling (0: off).")]
 StopOption = Annotated[
-    list[str] | None, typer.Option(help="A stop string (repeat the option for more).")
+    list[str] | None,
+    typer.Option(help="A stop string (repeat the option for more).", callback=checked_stop),
 ]
 TopLogprobsOption = Annotated[
     int, typer.Option(min=0, max=20, help="Record each sampled token's N most likely tokens.")
@@ -62,7 +78,8 @@ MaxTurnsOption = Annotated[
     int | None, typer.Option(min=1, help="Model calls per rollout; past them: truncated.")
 ]
 MaxSeqLenOption = Annotated[
-    int | None, typer.Option(min=2, help="Tokens per rollout; past them: truncated.")
+    int | None,
+    typer.Option(min=2, max=MAX_SEQ_LEN, help="Tokens per rollout; past them: truncated."),
 ]
 MaxAttemptsOption = Annotated[
     int | None, typer.Option(min=1, help="Attempts at a rollout failed by infrastructure.")

@@ -121,8 +121,7 @@ class RayExecutor:
             try:
                 ray.init(address=self.address, **self.init_options)
             except Exception as exc:
-                where = self.address or "RAY_ADDRESS, or a new local instance"
-                raise ConfigError(f"cannot start Ray ({where}): {ray_cause(exc)}") from exc
+                raise ray_start_error(exc, self.address) from exc
             self._owns_ray = True
         self._store = setup.store
         self._engine = setup.engine
@@ -433,6 +432,17 @@ def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
                 f"executor='ray' sends the {name} to every worker, but it does not pickle: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+def ray_start_error(exc: BaseException, address: str | None) -> ConfigError:
+    """Why ``ray.init`` failed, its ``param`` saying what about, for the hint
+    (``cli.failures``): a cluster with token authentication (Ray >= 2.52) refuses a driver
+    without its token ("Authentication token is missing or incorrect")."""
+    where = address or "RAY_ADDRESS, or a new local instance"
+    cause = ray_cause(exc)
+    said = f"{type(exc).__name__} {cause}".lower()
+    param = "ray_auth" if "auth" in said and "token" in said else "ray_address"
+    return ConfigError(f"cannot start Ray ({where}): {cause}", param)
 
 
 def _task_error(exc: BaseException) -> Exception:

@@ -107,6 +107,7 @@ class Gateway:
         if isinstance(request, dict):
             request = parse_model(RegisterRequest, request, strict=False)
         check_id(rollout_id, "rollout_id")
+        self._check_stop_ids(request.stop_token_ids)
         self.leases.check_register(rollout_id, client)
         if rollout_id in self._rollouts:
             if reuse:
@@ -185,10 +186,16 @@ class Gateway:
         state = self._get(rollout_id)
         if isinstance(request, dict):
             request = ChatCompletionAsSent.from_caller(request)
+        self._check_stop_ids(request.stop_token_ids)
         if state.cancelled:
             state.cut_by_cancel = True
             raise RolloutClosedError(f"rollout {rollout_id!r} was cancelled")
         return state, request
+
+    def _check_stop_ids(self, ids: list[int] | None) -> None:
+        """Within the model's vocabulary, where the gateway knows it (a token engine's)."""
+        if isinstance(self._turns, TokenTurns):
+            self._turns.check_stop_ids(ids)
 
     @contextlib.contextmanager
     def _busy(self, state: RolloutState) -> Iterator[list[ChatResult]]:

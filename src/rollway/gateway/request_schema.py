@@ -7,12 +7,14 @@ objects ignore extra keys: agents echo back whole SDK message objects (``refusal
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from rollway.generation import MAX_TOP_LOGPROBS, SamplingParams
+from rollway.checks import MAX_SEQ_LEN
+from rollway.errors import InvalidFieldsError
+from rollway.generation import MAX_TOP_LOGPROBS, SamplingParams, stop_strings, stop_token_ids
 
 
 class _Strict(BaseModel):
@@ -61,10 +63,6 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
-#: An empty stop string would end every answer before it began.
-StopString = Annotated[str, Field(min_length=1)]
-
-
 class SamplingFields(_Strict):
     """Sampling fields shared by the register body and chat requests."""
 
@@ -72,7 +70,8 @@ class SamplingFields(_Strict):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int | None = Field(default=None, ge=-1)
     max_tokens: int | None = Field(default=None, ge=1)
-    stop: StopString | list[StopString] | None = None
+    #: Checked by ``SamplingParams``' own rules (``stop_strings``, ``stop_token_ids``).
+    stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     #: A 64-bit seed: what engines (torch, SGLang, vLLM) accept.
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
@@ -91,6 +90,20 @@ class SamplingFields(_Strict):
         raise PydanticCustomError(
             "int_type", "must be a whole number, not {given}", {"given": repr(value)}
         )
+
+    @field_validator("stop", "stop_token_ids")
+    @classmethod
+    def _sampling_rule(cls, value: Any, info: ValidationInfo) -> Any:
+        """The rule ``SamplingParams`` applies, so that every surface refuses the same."""
+        if value is None:
+            return value
+        check = stop_strings if info.field_name == "stop" else stop_token_ids
+        try:
+            check(value)
+        except InvalidFieldsError as exc:
+            reason = exc.message.removeprefix(f"{info.field_name} ")
+            raise PydanticCustomError("sampling_rule", "{reason}", {"reason": reason}) from None
+        return value
 
     @field_validator("record_entropy", mode="before")
     @classmethod
@@ -127,7 +140,7 @@ class SamplingFields(_Strict):
 class RegisterRequest(SamplingFields):
     model: str | None = None
     max_turns: int | None = Field(default=None, ge=1)
-    max_seq_len: int | None = Field(default=None, ge=2)
+    max_seq_len: int | None = Field(default=None, ge=2, le=MAX_SEQ_LEN)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def sampling(self) -> SamplingParams:
@@ -159,6 +172,18 @@ class ChatCompletionRequest(SamplingFields):
     user: str | None = None
     metadata: dict[str, Any] | None = None
     store: bool | None = None
+
+    @model_validator(mode="after")
+    def _top_logprobs_with_logprobs(self) -> ChatCompletionRequest:
+        # OpenAI's rule. An InvalidFieldsError, not a pydantic error: one raised here would be
+        # placed at the body, and the caller must read which field to fix.
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidFieldsError(
+                "top_logprobs needs logprobs: true (the answer's logprobs carry them): set "
+                "logprobs, or leave top_logprobs out",
+                param="top_logprobs",
+            )
+        return self
 
     def sampling_overrides(self) -> dict[str, Any]:
         data = super().sampling_overrides()

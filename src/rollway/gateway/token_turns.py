@@ -5,13 +5,13 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from rollway.engines.base import Engine
 from rollway.engines.whole_text import first_stop
-from rollway.errors import RequestError, RolloutClosedError
+from rollway.errors import InvalidFieldsError, RequestError, RolloutClosedError
 from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
@@ -56,6 +56,18 @@ class TokenTurns:
         self.metrics = metrics
         self.context_length = context_length
         self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
+        #: Ids past it name no token of this model (added tokens included).
+        self.vocab_size = len(renderer.tokenizer)
+
+    def check_stop_ids(self, ids: Sequence[int] | None) -> None:
+        """Stop ids must name tokens of this model: another would never stop anything."""
+        bad = next((i for i in ids or () if i >= self.vocab_size), None)
+        if bad is not None:
+            raise InvalidFieldsError(
+                f"stop_token_ids: {bad} is past the model's vocabulary (ids 0 to "
+                f"{self.vocab_size - 1})",
+                param="stop_token_ids",
+            )
 
     async def answer(
         self,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
-from rollway.checks import check_count, check_seconds
+from rollway.checks import MAX_SEQ_LEN, check_count, check_seconds
 from rollway.deprecated import deprecated_alias
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
@@ -45,7 +45,7 @@ class RolloutLimits:
 
     def __post_init__(self) -> None:
         check_count("max_turns", self.max_turns, least=1, optional=True)
-        check_count("max_seq_len", self.max_seq_len, least=2, optional=True)
+        check_count("max_seq_len", self.max_seq_len, least=2, most=MAX_SEQ_LEN, optional=True)
         if self.timeout is not None:
             check_seconds("timeout", self.timeout)
         check_seconds("reward_timeout", self.reward_timeout)

@@ -22,6 +22,7 @@ from rollway.errors import (
     MalformedBodyError,
     PayloadTooLargeError,
     RollwayError,
+    UnsupportedMediaTypeError,
     http_status_for,
 )
 from rollway.ids import keys_match
@@ -72,8 +73,10 @@ def guarded(handler: Handler) -> Handler:
 async def read_json(
     request: Request, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 ) -> dict[str, Any]:
-    """The body as a JSON object ({} when empty), refusing bodies over ``max_body_bytes``
-    before reading them all."""
+    """The body as a JSON object, refusing bodies over ``max_body_bytes`` before reading them
+    all. The body must be declared ``application/json`` (415 otherwise): a form or a
+    ``text/plain`` body is what a browser sends cross-site without asking first, and never
+    what a client of these routes means. An empty body is a 422 naming it."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_body_bytes:
         raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
@@ -82,8 +85,9 @@ async def read_json(
         body += piece
         if len(body) > max_body_bytes:
             raise PayloadTooLargeError(f"body exceeds {max_body_bytes} bytes")
-    if not body:
-        return {}
+    if not body.strip():
+        raise InvalidFieldsError("the body is empty: send a JSON object ({} for none)", "body")
+    _require_json_type(request)
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -91,6 +95,19 @@ async def read_json(
     if not isinstance(data, dict):
         raise InvalidFieldsError("body must be a JSON object", param="body")
     return data
+
+
+def _require_json_type(request: Request) -> None:
+    declared = request.headers.get("content-type", "")
+    media = declared.partition(";")[0].strip().lower()
+    if media != "application/json" and not (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        shown = repr(declared[:80]) if declared else "none"
+        raise UnsupportedMediaTypeError(
+            f"the body must be JSON sent as Content-Type: application/json, not {shown}",
+            "content-type",
+        )
 
 
 def bearer(request: Request) -> str | None:

@@ -39,7 +39,9 @@ def test_unsafe_ids_are_422_naming_the_field_and_nothing_is_written(
      ("callback_url", "http://a..b"), ("base_url", f"http://{'a' * 64}.com/v1/rollouts/r1"),
      ("sampling", {"temperature": "hot"}), ("sampling", {"temperature": 99}),
      # JSON of the wrong type is refused, not coerced (true is not 1, "0.5" not 0.5).
-     ("sampling", {"seed": True}), ("sampling", {"temperature": "0.5"}), ("debug", 1)],
+     ("sampling", {"seed": True}), ("sampling", {"temperature": "0.5"}), ("debug", 1),
+     # The gateway's rules, the same on every surface.
+     ("sampling", {"stop": [""]}), ("sampling", {"stop_token_ids": [-1]})],
 )  # fmt: skip
 def test_urls_and_sampling_are_checked_at_init(
     agent_server: Start, field: str, value: object
@@ -47,11 +49,15 @@ def test_urls_and_sampling_are_checked_at_init(
     server = agent_server()
     answer = server.init("r1", **{field: value})
     assert answer.status_code == 422, answer.text
-    assert answer.json()["error"]["param"] == field
+    # The full path of the field: a sampling error names the sampling field.
+    (inner,) = value if isinstance(value, dict) else [None]
+    assert answer.json()["error"]["param"] == (f"{field}.{inner}" if inner else field)
     assert server.service.runs_started == 0
 
 
-@pytest.mark.parametrize(("field", "value"), [("max_turns", True), ("timeout_s", "5")])
+@pytest.mark.parametrize(
+    ("field", "value"), [("max_turns", True), ("timeout_s", "5"), ("max_seq_len", 2**63)]
+)
 def test_limits_of_the_wrong_json_type_are_422(
     agent_server: Start, field: str, value: object
 ) -> None:

@@ -6,8 +6,9 @@ import ipaddress
 from typing import Any
 
 import yarl
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollway.checks import MAX_SEQ_LEN
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.ids import IdempotencyKey, SafeId
 
@@ -19,7 +20,7 @@ class _Strict(BaseModel):
 class InitLimits(_Strict):
     timeout_s: float | None = Field(default=None, gt=0)
     max_turns: int | None = Field(default=None, ge=1)
-    max_seq_len: int | None = Field(default=None, ge=2)
+    max_seq_len: int | None = Field(default=None, ge=2, le=MAX_SEQ_LEN)
 
 
 class InitRequest(_Strict):
@@ -62,13 +63,10 @@ class InitRequest(_Strict):
     @field_validator("sampling")
     @classmethod
     def _known_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """The gateway's own sampling rules, so a bad value fails the init, not every turn."""
-        try:
-            RegisterRequest.model_validate(value, strict=True)  # as read off the wire
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(part) for part in first["loc"])
-            raise ValueError(f"{where}: {first['msg']}") from None
+        """The gateway's own sampling rules, so a bad value fails the init, not every turn.
+        Its ``ValidationError`` goes up as it is: pydantic places its errors under this field
+        (``sampling.temperature``), naming the field to fix."""
+        RegisterRequest.model_validate(value, strict=True)  # as read off the wire
         return value
 
 

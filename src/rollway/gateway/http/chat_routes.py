@@ -70,14 +70,20 @@ async def responses(request: Request) -> Response:
     body = parse_model(ResponsesRequest, await read_body(request))
     history = gateway.response_history(rollout_id, body.previous_response_id)
     response_id, model = f"resp_{uuid.uuid4().hex}", body.model or gateway.model_name
+
+    def logprobs(result: ChatResult) -> list[dict[str, Any]]:
+        answered = logprobs_body(result, gateway.renderer.token_piece, body.top_logprobs or 0)
+        content: list[dict[str, Any]] = answered["content"]
+        return content
+
     if body.stream:
         pieces = gateway.chat_stream(rollout_id, as_chat(body.to_chat(history)))
         remembered = await first_awaited(_remembering(gateway, pieces, rollout_id, response_id))
-        events = responses_sse(remembered, model, response_id, body)
+        events = responses_sse(remembered, model, response_id, body, logprobs)
         return EventStream(events, responses_error_event)
     result = await gateway.chat(rollout_id, as_chat(body.to_chat(history)))
     gateway.remember_response(rollout_id, response_id)
-    return JSONResponse(response_body(result, model, response_id, body))
+    return JSONResponse(response_body(result, model, response_id, body, logprobs))
 
 
 async def _remembering(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 import orjson
@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from rollway.errors import RollwayError
 from rollway.gateway.render.turn_stream import ContentDelta, TurnPiece
-from rollway.generation import ChatResult, Message
+from rollway.generation import MAX_TOP_LOGPROBS, ChatResult, Message
 from rollway.web.handlers import error_body
 
 
@@ -88,6 +88,12 @@ class TextOptions(_Lenient):
     verbosity: str | None = None
 
 
+#: What ``include`` names to get logprobs back (OpenAI's name).
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+#: The logprobs of a turn's output text, in OpenAI's shape (``TextLogprobs`` makes them).
+TextLogprobs = Callable[[ChatResult], list[dict[str, Any]]]
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
@@ -105,15 +111,19 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     user: str | None = None
     truncation: str | None = None
+    #: ``message.output_text.logprobs`` answers each output text's ``logprobs``; the others
+    #: are accepted and ignored, as the fields below.
+    include: list[str] | None = None
+    #: The most likely tokens each answered logprob carries (OpenAI's 0 to 20); recorded on the
+    #: turn too, as chat's ``top_logprobs`` is.
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # Accepted and ignored: they change nothing for a self-hosted policy without hidden
     # reasoning or server-side caches (agent frameworks send them by default).
-    include: list[str] | None = None
     reasoning: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     service_tier: str | None = None
     safety_identifier: str | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)
     background: bool = Field(default=False, le=False)
     text: TextOptions | None = None
 
@@ -138,7 +148,15 @@ class ResponsesRequest(BaseModel):
         for name in ("temperature", "top_p"):
             if getattr(self, name) is not None:
                 chat[name] = getattr(self, name)
+        if self.top_logprobs is not None:
+            chat |= {"logprobs": True, "top_logprobs": self.top_logprobs}
         return chat
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether each output text answers its ``logprobs`` (OpenAI answers an empty list
+        unless ``include`` asks)."""
+        return LOGPROBS_INCLUDE in (self.include or ())
 
     def tool_dicts(self) -> list[dict[str, Any]]:
         """The tools as the caller sent them, for the response body."""
@@ -180,11 +198,17 @@ def response_body(
     model: str,
     response_id: str,
     request: ResponsesRequest,
+    logprobs: TextLogprobs,
     message_id: str | None = None,
 ) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if result.message.get("content"):
-        text = {"type": "output_text", "text": result.message["content"], "annotations": []}
+        text = {
+            "type": "output_text",
+            "text": result.message["content"],
+            "annotations": [],
+            "logprobs": logprobs(result) if request.wants_logprobs else [],
+        }
         output.append(
             {
                 "type": "message",
@@ -238,16 +262,23 @@ def _pending(model: str, response_id: str, request: ResponsesRequest) -> dict[st
         "parallel_tool_calls": True,
         "temperature": request.temperature,
         "top_p": request.top_p,
+        "top_logprobs": request.top_logprobs or 0,
         "metadata": request.metadata or {},
         "usage": None,
     }
 
 
 async def sse_events(
-    pieces: AsyncIterator[TurnPiece], model: str, response_id: str, request: ResponsesRequest
+    pieces: AsyncIterator[TurnPiece],
+    model: str,
+    response_id: str,
+    request: ResponsesRequest,
+    logprobs: TextLogprobs,
 ) -> AsyncGenerator[bytes, None]:
     """A streamed turn as Responses API events, in the order the openai SDK expects: the
-    message item's text deltas as the tokens come, then each function call item."""
+    message item's text deltas as the tokens come, then each function call item. Asked
+    logprobs come whole with the text's ``done`` event (a delta's text is not cut at token
+    boundaries)."""
     sequence = iter(range(1 << 30))
 
     def event(kind: str, **data: Any) -> bytes:
@@ -277,11 +308,12 @@ async def sse_events(
                 yield event("response.content_part.added", **where, part=part)
                 opened = True
             yield event("response.output_text.delta", **where, delta=piece.text, logprobs=[])
-    body = response_body(result, model, response_id, request, message_id)
+    body = response_body(result, model, response_id, request, logprobs, message_id)
     for index, item in enumerate(body["output"]):
         if item["type"] == "message":
             part = item["content"][0]
-            yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
+            text, answered = part["text"], part["logprobs"]
+            yield event("response.output_text.done", **where, text=text, logprobs=answered)
             yield event("response.content_part.done", **where, part=part)
         else:
             yield event(
