@@ -236,10 +236,13 @@ def test_a_cancelled_error_raised_by_user_code_is_that_rollouts_error(
 
 @pytest.mark.timeout(60)
 async def test_cancelling_the_batch_itself_still_cancels_it(make_client: MakeClient) -> None:
-    client = make_client(agent=CancelRaising, timeout=30.0)
     running = asyncio.Event()
     loop = asyncio.get_running_loop()
-    client._events.bus.subscribe(lambda _: loop.call_soon_threadsafe(running.set))  # noqa: SLF001
+    client = make_client(
+        agent=CancelRaising,
+        timeout=30.0,
+        on_event=lambda _: loop.call_soon_threadsafe(running.set),
+    )
 
     async def consume() -> None:
         async for _ in client.run_batch_async([{"task_id": "a", "raise": "stop"}]):
