@@ -53,6 +53,25 @@ def test_run_then_rerun_then_export(tmp_path: Path) -> None:
     assert all(len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) for r in rows)
 
 
+def test_the_command_line_reward_wins_over_the_agents_own(tmp_path: Path) -> None:
+    """The calculator agent sets its own reward; ``--reward`` asks for the function's."""
+    result = rollway(
+        "run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--engine", "sim",
+        "--reward", f"{ROOT}/examples/calculator/agent.py:reward",
+        "--out", str(tmp_path / "runs"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [
+        orjson.loads(path.read_bytes())
+        for path in (tmp_path / "runs" / "calculator-tasks" / "trajectories").glob("*.json")
+    ]
+    assert len(records) == 2
+    for record in records:
+        info = record["reward_info"]
+        assert info["source"] == "reward_fn" and "final" in info, info
+        assert info["agent_reward"] in (0.0, 1.0), info  # kept beside it, for comparison
+
+
 def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:
     ok = rollway("validate", AGENT, cwd=tmp_path)
     assert ok.returncode == 0 and "add, subtract, multiply, divide" in ok.stdout

@@ -156,10 +156,15 @@ def test_rewards_from_agent_or_function_sync_async_and_dict(make_client: MakeCli
         return {"reward": 0.25, "why": "async"}
 
     tasks = [{"task_id": "fn", "chats": 2}, {"task_id": "agent", "reward": 0.75}]
+    (item,) = make_client(exp_id="agent-only").run_batch(tasks[1:])
+    assert item.result.reward == 0.75 and item.result.reward_info == {"source": "agent"}
     by_id = {
         i.result.task["task_id"]: i.result for i in make_client(reward=sync_reward).run_batch(tasks)
     }
-    assert by_id["fn"].reward == 2.0 and by_id["agent"].reward == 0.75
+    assert by_id["fn"].reward == 2.0 and by_id["fn"].reward_info == {"source": "reward_fn"}
+    # The function given explicitly wins; the agent's own reward is kept beside it.
+    assert by_id["agent"].reward == 1.0
+    assert by_id["agent"].reward_info == {"source": "reward_fn", "agent_reward": 0.75}
     (item,) = make_client(reward=dict_reward, exp_id="dict").run_batch([{"task_id": "d"}])
     assert item.result.reward == 0.25 and item.result.reward_info["why"] == "async"
 

@@ -316,14 +316,19 @@ class RolloutRunner:
     async def _reward(
         self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
     ) -> tuple[float | None, dict[str, Any]]:
-        if result is not None and result.reward is not None:
-            return float(result.reward), {"source": "agent"}
+        """The reward function's score when the client was given one (it was asked for
+        explicitly: ``--reward``, ``reward=``), with the agent's own reward, if it set one, kept
+        beside it as ``agent_reward``; else the agent's own."""
+        agent_reward = None if result is None or result.reward is None else float(result.reward)
         if self.reward_fn is None:
-            return None, {}
+            return agent_reward, {} if agent_reward is None else {"source": "agent"}
         reward, extras = await score(
             self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
         )
-        return reward, {"source": "reward_fn", **extras}
+        info: dict[str, Any] = {**extras, "source": "reward_fn"}
+        if agent_reward is not None:
+            info["agent_reward"] = agent_reward
+        return reward, info
 
 
 def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[str, Any]:
