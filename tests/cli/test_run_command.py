@@ -53,6 +53,22 @@ def test_run_then_rerun_then_export(tmp_path: Path) -> None:
     assert all(len(r["response_ids"]) == len(r["loss_mask"]) == len(r["logprobs"]) for r in rows)
 
 
+def test_a_rerun_with_another_timeout_runs_again_and_says_why(tmp_path: Path) -> None:
+    args = ["run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--engine", "sim",
+            "--out", str(tmp_path / "runs")]  # fmt: skip
+    assert rollway(*args, cwd=tmp_path).returncode == 0
+    longer = rollway(*args, "--timeout", "60", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    why = "settings changed: limits.timeout 900.0 (now 60.0)"
+    assert f"resume: 0 of 2 rollouts from the store; 2 stored run again: 2 {why}" in longer.stderr
+    exp = tmp_path / "runs" / "calculator-tasks"
+    assert orjson.loads((exp / "summary.json").read_bytes())["rerun"] == {why: 2}
+    assert len((exp / "index.jsonl").read_text().splitlines()) == 4
+    same = rollway(*args, "--timeout", "60", cwd=tmp_path)
+    assert "resume: 2 of 2 rollouts from the store" in same.stderr
+    assert len((exp / "index.jsonl").read_text().splitlines()) == 4
+
+
 def test_the_command_line_reward_wins_over_the_agents_own(tmp_path: Path) -> None:
     """The calculator agent sets its own reward; ``--reward`` asks for the function's."""
     result = rollway(

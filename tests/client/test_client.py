@@ -212,6 +212,32 @@ def test_resume_skips_finished_rollouts_and_reruns_the_rest(make_client: MakeCli
     assert rerun == ["s0.1", "s2.0"]
 
 
+def test_resume_reruns_what_other_settings_made_and_says_why(make_client: MakeClient) -> None:
+    tasks = [{"task_id": f"s{i}"} for i in range(2)]
+    first = list(make_client(exp_id="settings", timeout=5.0).run_batch(tasks))
+    assert all(i.result.fingerprint is not None for i in first)
+    client = make_client(exp_id="settings", timeout=10.0)  # a longer timeout: other outcomes
+    second = list(client.run_batch(tasks))
+    assert not any(i.from_store for i in second)
+    assert client.last_summary is not None
+    assert client.last_summary["rerun"] == {"settings changed: limits.timeout 5.0 (now 10.0)": 2}
+    assert all(i.result.fingerprint["limits"]["timeout"] == 10.0 for i in second)  # type: ignore[index]
+    assert all(i.from_store for i in client.run_batch(tasks))  # the same settings: resumed
+
+
+def test_resume_reruns_a_record_without_a_fingerprint(make_client: MakeClient) -> None:
+    tasks = [{"task_id": "old"}, {"task_id": "new"}]
+    client = make_client(exp_id="old")
+    list(client.run_batch(tasks))
+    old = client.store.get("old.0")
+    assert old is not None
+    client.store.write(old.model_copy(update={"fingerprint": None}))  # made by an older rollway
+    again = {i.result.rollout_key: i for i in client.run_batch(tasks)}
+    assert not again["old.0"].from_store and again["new.0"].from_store
+    assert client.last_summary is not None
+    assert client.last_summary["rerun"] == {"no fingerprint (recorded by an older rollway)": 1}
+
+
 def test_futures_can_be_awaited_polled_and_waited_on(make_client: MakeClient) -> None:
     client = make_client()
     future = client.invoke({"task_id": "f", "reward": 1.0}, temperature=0.5)

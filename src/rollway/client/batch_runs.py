@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.remote_agent import RemoteAgent
-from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.batch import BatchItem, group_stats, plan, rerun_reason, summarize
+from rollway.client.fingerprint import agent_identity
 from rollway.client.future import RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.progress import BatchProgress, summary_table
@@ -25,6 +27,8 @@ from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
+
+log = logging.getLogger(__name__)
 
 #: Starts one rollout: the client's own ``_submit``.
 Submit = Callable[[RolloutSpec, RolloutConfig], RolloutFuture]
@@ -38,6 +42,8 @@ class BatchRequest:
     group_size: int
     resume: bool
     settings: RolloutConfig
+    #: What its records will say made them; resume returns only records that say the same.
+    fingerprint: dict[str, Any]
     show_progress: bool
     status_interval: float
 
@@ -85,7 +91,7 @@ class BatchRuns:
 
     def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
-        done, todo = self._prepare(request)
+        done, todo, reruns = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         resumed = [item.result for item in done]
         ran: list[RolloutRecord] = []
@@ -114,13 +120,14 @@ class BatchRuns:
         except KeyboardInterrupt:
             # Every rollout has its record now: what finished, and the cancelled rest.
             ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
-            self._finish(request, resumed, ended, time.monotonic() - started, interrupted=True)
+            wall_s = time.monotonic() - started
+            self._finish(request, resumed, ended, wall_s, reruns, interrupted=True)
             raise
-        self._finish(request, resumed, ran, time.monotonic() - started)
+        self._finish(request, resumed, ran, time.monotonic() - started, reruns)
 
     async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
         started = time.monotonic()
-        done, todo = self._prepare(request)
+        done, todo, reruns = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         ran: list[RolloutRecord] = []
         try:
@@ -144,7 +151,8 @@ class BatchRuns:
                         yield BatchItem.of(record, futures[future], future.elapsed())
         finally:
             await asyncio.to_thread(cancel_and_wait, futures)
-        self._finish(request, [item.result for item in done], ran, time.monotonic() - started)
+        wall_s = time.monotonic() - started
+        self._finish(request, [item.result for item in done], ran, wall_s, reruns)
 
     def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
         return BatchProgress(
@@ -163,22 +171,29 @@ class BatchRuns:
 
     def _prepare(
         self, request: BatchRequest
-    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]]]:
-        specs = plan(request.tasks, request.group_size, self.exp_id, run_id=uuid.uuid4().hex)
+    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]], Counter[str]]:
+        """What resume found done, what is left to run, and why stored records are run again
+        (counted by reason)."""
+        run_id = uuid.uuid4().hex
+        specs = plan(request.tasks, request.group_size, self.exp_id, run_id, request.fingerprint)
         self.store.write_config(self._config(request))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
+        reruns: Counter[str] = Counter()
         stored_keys = self.store.keys() if request.resume else set()  # one listing, not a read each
         for index, spec in enumerate(specs):
             stored = self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
-            if should_rerun(stored):
+            why = None if stored is None else rerun_reason(stored, request.fingerprint)
+            if stored is None or why is not None:
                 todo.append((index, spec))
+                reruns.update([why] if why is not None else [])
             else:
-                assert stored is not None
                 if self.executor.light_records:
                     stored = stored.light()
                 done.append(BatchItem.of(stored, index, 0.0, from_store=True))
-        return done, todo
+        if request.resume:
+            _say_resumed(len(done), len(specs), reruns, show=request.show_progress)
+        return done, todo, reruns
 
     def _finish(
         self,
@@ -186,12 +201,13 @@ class BatchRuns:
         resumed: list[RolloutRecord],
         ran: list[RolloutRecord],
         wall_s: float,
+        reruns: Counter[str],
         *,
         interrupted: bool = False,
     ) -> None:
         groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
         self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(ran, wall_s, resumed, interrupted=interrupted)
+        summary = summarize(ran, wall_s, resumed, interrupted=interrupted, rerun=reruns)
         self.last_summary = summary.to_dict()
         self.store.write_summary("summary", self.last_summary)
         if request.show_progress:
@@ -200,7 +216,7 @@ class BatchRuns:
     def _config(self, request: BatchRequest) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
-            "agent": _agent_spec(self.agent),
+            "agent": agent_identity(self.agent),
             "agent_name": self.agent.name,
             "model": self.executor.model_name,
             **self.executor.describe(),
@@ -219,7 +235,14 @@ def cancel_and_wait(futures: Iterable[RolloutFuture]) -> None:
     concurrent.futures.wait([f._future for f in pending])
 
 
-def _agent_spec(agent: AgentLoop) -> str:
-    if isinstance(agent, RemoteAgent):
-        return agent.url
-    return f"{type(agent).__module__}:{type(agent).__qualname__}"
+def _say_resumed(reused: int, total: int, reruns: Counter[str], *, show: bool) -> None:
+    """One line before a resuming batch starts: how many records it returns from the store,
+    and why it runs stored ones again (another policy version, other settings, ...)."""
+    line = f"resume: {reused} of {total} rollouts from the store"
+    if reruns:
+        whys = "; ".join(f"{n} {why}" for why, n in reruns.most_common())
+        line += f"; {reruns.total()} stored run again: {whys}"
+    log.info(line)
+    if show:
+        console = BatchProgress(0, show=False).console
+        console.print(line, highlight=False, markup=False, soft_wrap=True)

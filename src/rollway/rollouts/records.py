@@ -49,6 +49,7 @@ def make_record(
         elapsed_s=elapsed_s,
         task=spec.task,
         run_id=spec.run_id,
+        fingerprint=spec.fingerprint,
         **fields,
     )
 
