@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,23 @@ def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> N
     assert record.trajectory.turns[0].finish_reason == "abort"
     assert record.trajectory.is_cancelled  # the timeout's abort cut a generation short
     assert client.gateway.gateway.engine._running == {}
+
+
+def test_a_timeout_says_where_the_time_went(make_client: MakeClient) -> None:
+    """On a busy engine, in the agent: the record's reason (what the Python API shows) says
+    which, never a bare timeout."""
+    client = make_client(sim=SimConfig(latency_s=60.0), timeout=0.5, max_concurrent=3)
+    tasks = [{"task_id": f"e{i}"} for i in range(3)] + [{"task_id": "a", "wait": 60}]
+    records = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
+    assert {r.status for r in records.values()} == {"timeout"}
+    engine = records["e0.0"].reason or ""
+    assert engine.startswith("timed out after 0.5 s (no turn finished); its model call waited")
+    # Each snapshot is taken as its own time runs out: the others' calls may be aborted by then.
+    assert re.search(r"waited 0\.\d s for the engine, with [123] model calls in flight", engine)
+    assert "lower max_concurrent or raise timeout" in engine
+    agent = records["a.0"].reason or ""
+    assert agent.startswith("timed out after 0.5 s (no turn finished); no model call was pending")
+    assert "the agent itself took the time" in agent
 
 
 def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) -> None:

@@ -242,7 +242,7 @@ def _say_resumed(reused: int, total: int, reruns: Counter[str], *, show: bool) -
     if reruns:
         whys = "; ".join(f"{n} {why}" for why, n in reruns.most_common())
         line += f"; {reruns.total()} stored run again: {whys}"
-    log.info(line)
+    log.info(line, extra={"stage": "resume"})
     if show:
         console = BatchProgress(0, show=False).console
         console.print(line, highlight=False, markup=False, soft_wrap=True)
