@@ -84,3 +84,25 @@ def test_the_index_links_every_page_and_the_readme_links_the_index() -> None:
     pages = {page.resolve() for page in DOCS.glob("*.md")} - {(DOCS / "index.md").resolve()}
     assert sorted(p.name for p in pages - linked) == []
     assert "docs/index.md" in links((ROOT / "README.md").read_text())
+
+
+def python_block(markdown: str, heading: str) -> str:
+    """The first Python code block after ``heading``."""
+    section = markdown.split(f"\n{heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+@pytest.mark.timeout(600)
+def test_the_readmes_first_agent_runs_as_pasted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the embedded model, with the snippet's own tasks and settings: every rollout ends
+    within its timeout and prints its outcome."""
+    code = python_block((ROOT / "README.md").read_text(), "## A first agent")
+    monkeypatch.chdir(tmp_path)  # its results go to ./rollway-runs
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme_first_agent"})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4, lines  # 2 tasks x group_size 2
+    statuses = [line.split()[1] for line in lines]
+    assert set(statuses) <= {"completed", "truncated", "error"}, lines
+    assert (tmp_path / "rollway-runs" / "my-agent" / "summary.json").exists()

@@ -214,12 +214,23 @@ def is_failure(error: BaseException) -> bool:
     to record like any other. ``sys.exit()`` is one: let through, asyncio re-raises it out of
     the event loop that runs every rollout. A cancellation is not, nor is Ctrl-C: that belongs
     to whoever pressed it. Ctrl-C lands only on the main thread, so a ``KeyboardInterrupt``
-    raised on another (the client's loop thread, a worker) is user code's own: a failure."""
+    raised on another (the client's loop thread, a worker) is user code's own: a failure.
+    Likewise a ``CancelledError`` while nothing cancels the running task (``cancelling()`` is
+    0), or on a thread without an event loop, is user code's own: let through, it would end
+    the rollout's task and raise out of the whole batch."""
     if isinstance(error, asyncio.CancelledError):
-        return False
+        return not _being_cancelled()
     if isinstance(error, KeyboardInterrupt):
         return threading.current_thread() is not threading.main_thread()
     return True
+
+
+def _being_cancelled() -> bool:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no event loop on this thread: nothing can cancel it
+        return False
+    return task is not None and task.cancelling() > 0
 
 
 def error_from_body(status: int, body: object) -> RollwayError:

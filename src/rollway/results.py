@@ -99,6 +99,12 @@ class RolloutRecord(WireModel):
         description="The oldest weights version that sampled any of its tokens (staleness is "
         "the latest version minus this); None without versioned tokens.",
     )
+    fingerprint: dict[str, Any] | None = Field(
+        default=None,
+        description="What made it: the client's policy version, model, agent, reward function, "
+        "fixed sampling and limits (docs/running.md#resume). Resume returns a stored record "
+        "only when its fingerprint is the batch's; None (an older record) is run again.",
+    )
     trajectory: Trajectory | None = None
     trajectory_stats: TrajectoryStats | None = Field(
         default=None, description="Set on light copies, whose trajectory stays in the store."

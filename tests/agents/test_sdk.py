@@ -170,13 +170,30 @@ async def test_a_tool_that_calls_sys_exit_is_a_failure_the_model_reads() -> None
 
 
 async def test_a_tool_still_lets_a_cancellation_through() -> None:
+    started = asyncio.Event()
+
+    @tool
+    async def waits() -> str:
+        """Waits until cancelled."""
+        started.set()
+        await asyncio.Event().wait()
+        return "never"
+
+    running = asyncio.create_task(execute_tool_calls({"tool_calls": [call("waits", {})]}, [waits]))
+    await started.wait()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+
+
+async def test_a_cancelled_error_a_tool_raises_itself_is_a_failure_the_model_reads() -> None:
     @tool
     def cancelled() -> str:
-        """Cancelled."""
-        raise asyncio.CancelledError
+        """Raises CancelledError while nothing cancels it."""
+        raise asyncio.CancelledError("its own")
 
-    with pytest.raises(asyncio.CancelledError):
-        await execute_tool_calls({"tool_calls": [call("cancelled", {})]}, [cancelled])
+    (reply,) = await execute_tool_calls({"tool_calls": [call("cancelled", {})]}, [cancelled])
+    assert reply["content"] == "error: cancelled raised CancelledError: its own"
 
 
 def found(agent: Any) -> list[tuple[str, str | None]]:

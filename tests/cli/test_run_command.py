@@ -81,11 +81,46 @@ def test_bad_records_are_rerun_by_resume_and_skipped_by_export_each_named(
     for path in (cut, newer, link):
         assert f"running rollout {path.stem} again: {path}: " in rerun.stderr
     summary = orjson.loads((trajectories.parent / "summary.json").read_bytes())
-    assert (summary["total"], summary["resumed"], summary["bad_records"]) == (4, 1, 3)
-    assert "rerun: bad record" in rerun.stderr
+    assert (summary["total"], summary["resumed"], summary["rerun"]) == (4, 1, {"bad record": 3})
+    assert "stored, run again: bad record" in rerun.stderr
     assert not link.is_symlink() and secret.read_text() == "root:$6$secret-hash"
     again = rollway("export", str(trajectories.parent), "--format", "jsonl", cwd=tmp_path)
     assert "wrote 4 rows" in again.stdout and "skipped" not in again.stdout + again.stderr
+
+
+def test_a_rerun_with_another_timeout_runs_again_and_says_why(tmp_path: Path) -> None:
+    args = ["run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--engine", "sim",
+            "--out", str(tmp_path / "runs")]  # fmt: skip
+    assert rollway(*args, cwd=tmp_path).returncode == 0
+    longer = rollway(*args, "--timeout", "60", cwd=tmp_path)
+    assert longer.returncode == 0, longer.stderr
+    why = "settings changed: limits.timeout 900.0 (now 60.0)"
+    assert f"resume: 0 of 2 rollouts from the store; 2 stored run again: 2 {why}" in longer.stderr
+    exp = tmp_path / "runs" / "calculator-tasks"
+    assert orjson.loads((exp / "summary.json").read_bytes())["rerun"] == {why: 2}
+    assert len((exp / "index.jsonl").read_text().splitlines()) == 4
+    same = rollway(*args, "--timeout", "60", cwd=tmp_path)
+    assert "resume: 2 of 2 rollouts from the store" in same.stderr
+    assert len((exp / "index.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_command_line_reward_wins_over_the_agents_own(tmp_path: Path) -> None:
+    """The calculator agent sets its own reward; ``--reward`` asks for the function's."""
+    result = rollway(
+        "run", AGENT, "--tasks", str(TASKS), "--limit", "2", "--engine", "sim",
+        "--reward", f"{ROOT}/examples/calculator/agent.py:reward",
+        "--out", str(tmp_path / "runs"), cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = [
+        orjson.loads(path.read_bytes())
+        for path in (tmp_path / "runs" / "calculator-tasks" / "trajectories").glob("*.json")
+    ]
+    assert len(records) == 2
+    for record in records:
+        info = record["reward_info"]
+        assert info["source"] == "reward_fn" and "final" in info, info
+        assert info["agent_reward"] in (0.0, 1.0), info  # kept beside it, for comparison
 
 
 def test_validate_reports_ready_and_broken_agents(tmp_path: Path) -> None:

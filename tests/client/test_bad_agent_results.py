@@ -177,3 +177,81 @@ def test_a_client_named_by_a_free_text_agent_name_gets_a_valid_experiment_id(
     client = make_client(agent=Spacey)
     assert client.exp_id == "My-Agent-v2"
     assert client.invoke({"task_id": "t"}).result(30).status == "completed"
+
+
+class CancelRaising(AgentLoop):
+    """Raises ``asyncio.CancelledError`` itself where the task says: in ``run``, or in ``stop``
+    (then it hangs until stopped). Nothing cancelled it."""
+
+    name = "cancel-raising"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        await ctx.chat([{"role": "user", "content": "hi"}])
+        if ctx.task.get("raise") == "run":
+            raise asyncio.CancelledError("the agent's own")
+        if ctx.task.get("raise") == "stop":
+            await asyncio.Event().wait()
+        return ctx.complete([])
+
+    async def stop(self, ctx: RolloutContext) -> None:
+        if ctx.task.get("raise") == "stop":
+            raise asyncio.CancelledError("stop's own")
+
+
+def cancel_raising_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["raise"] == "reward":
+        raise asyncio.CancelledError("the scorer's own")  # on a worker thread
+    return 1.0
+
+
+async def cancel_raising_async_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["raise"] == "reward":
+        raise asyncio.CancelledError("the scorer's own")  # on the client's loop
+    return 1.0
+
+
+@pytest.mark.timeout(60)  # the defect raised out of run_batch, leaving the rest pending
+@pytest.mark.parametrize("reward", [cancel_raising_reward, cancel_raising_async_reward])
+def test_a_cancelled_error_raised_by_user_code_is_that_rollouts_error(
+    make_client: MakeClient, reward: Callable[..., Any]
+) -> None:
+    client = make_client(agent=CancelRaising, reward=reward, max_retry_attempts=1, timeout=1.0)
+    raises = ["run", "stop", "reward", "none"]
+    items = list(client.run_batch([{"task_id": name, "raise": name} for name in raises]))
+    records = {item.result.task["task_id"]: item.result for item in items}
+    assert sorted(records) == sorted(raises)
+    run = records["run"]
+    assert (run.status, run.error_kind) == ("error", "agent")
+    assert "CancelledError: the agent's own" in (run.reason or "")
+    stop = records["stop"]
+    assert stop.status == "timeout"
+    assert any("CancelledError: stop's own" in error for error in stop.cleanup_errors)
+    scored = records["reward"]
+    assert (scored.status, scored.error_kind) == ("error", "reward")
+    assert "reward function raised CancelledError: the scorer's own" in (scored.reason or "")
+    assert records["none"].reward == 1.0
+    summary = json.loads((client.store.path / "summary.json").read_text())
+    assert summary["total"] == 4
+
+
+@pytest.mark.timeout(60)
+async def test_cancelling_the_batch_itself_still_cancels_it(make_client: MakeClient) -> None:
+    running = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    client = make_client(
+        agent=CancelRaising,
+        timeout=30.0,
+        on_event=lambda _: loop.call_soon_threadsafe(running.set),
+    )
+
+    async def consume() -> None:
+        async for _ in client.run_batch_async([{"task_id": "a", "raise": "stop"}]):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(running.wait(), 30)  # the rollout started: it hangs until stopped
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    record = client.store.get("a.0")
+    assert record is not None and record.status == "cancelled"

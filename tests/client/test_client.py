@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -78,6 +79,23 @@ def test_timeout_aborts_generation_and_is_recorded(make_client: MakeClient) -> N
     assert record.trajectory.turns[0].finish_reason == "abort"
     assert record.trajectory.is_cancelled  # the timeout's abort cut a generation short
     assert client.gateway.gateway.engine._running == {}
+
+
+def test_a_timeout_says_where_the_time_went(make_client: MakeClient) -> None:
+    """On a busy engine, in the agent: the record's reason (what the Python API shows) says
+    which, never a bare timeout."""
+    client = make_client(sim=SimConfig(latency_s=60.0), timeout=0.5, max_concurrent=3)
+    tasks = [{"task_id": f"e{i}"} for i in range(3)] + [{"task_id": "a", "wait": 60}]
+    records = {i.result.rollout_key: i.result for i in client.run_batch(tasks)}
+    assert {r.status for r in records.values()} == {"timeout"}
+    engine = records["e0.0"].reason or ""
+    assert engine.startswith("timed out after 0.5 s (no turn finished); its model call waited")
+    # Each snapshot is taken as its own time runs out: the others' calls may be aborted by then.
+    assert re.search(r"waited 0\.\d s for the engine, with [123] model calls in flight", engine)
+    assert "lower max_concurrent or raise timeout" in engine
+    agent = records["a.0"].reason or ""
+    assert agent.startswith("timed out after 0.5 s (no turn finished); no model call was pending")
+    assert "the agent itself took the time" in agent
 
 
 def test_cancel_ends_a_rollout_with_a_cancelled_record(make_client: MakeClient) -> None:
@@ -156,10 +174,15 @@ def test_rewards_from_agent_or_function_sync_async_and_dict(make_client: MakeCli
         return {"reward": 0.25, "why": "async"}
 
     tasks = [{"task_id": "fn", "chats": 2}, {"task_id": "agent", "reward": 0.75}]
+    (item,) = make_client(exp_id="agent-only").run_batch(tasks[1:])
+    assert item.result.reward == 0.75 and item.result.reward_info == {"source": "agent"}
     by_id = {
         i.result.task["task_id"]: i.result for i in make_client(reward=sync_reward).run_batch(tasks)
     }
-    assert by_id["fn"].reward == 2.0 and by_id["agent"].reward == 0.75
+    assert by_id["fn"].reward == 2.0 and by_id["fn"].reward_info == {"source": "reward_fn"}
+    # The function given explicitly wins; the agent's own reward is kept beside it.
+    assert by_id["agent"].reward == 1.0
+    assert by_id["agent"].reward_info == {"source": "reward_fn", "agent_reward": 0.75}
     (item,) = make_client(reward=dict_reward, exp_id="dict").run_batch([{"task_id": "d"}])
     assert item.result.reward == 0.25 and item.result.reward_info["why"] == "async"
 
@@ -205,6 +228,32 @@ def test_resume_skips_finished_rollouts_and_reruns_the_rest(make_client: MakeCli
     assert len(second) == 6 and len(ScriptedAgent.starts) == 2
     rerun = sorted(i.result.rollout_key for i in second if not i.from_store)
     assert rerun == ["s0.1", "s2.0"]
+
+
+def test_resume_reruns_what_other_settings_made_and_says_why(make_client: MakeClient) -> None:
+    tasks = [{"task_id": f"s{i}"} for i in range(2)]
+    first = list(make_client(exp_id="settings", timeout=5.0).run_batch(tasks))
+    assert all(i.result.fingerprint is not None for i in first)
+    client = make_client(exp_id="settings", timeout=10.0)  # a longer timeout: other outcomes
+    second = list(client.run_batch(tasks))
+    assert not any(i.from_store for i in second)
+    assert client.last_summary is not None
+    assert client.last_summary["rerun"] == {"settings changed: limits.timeout 5.0 (now 10.0)": 2}
+    assert all(i.result.fingerprint["limits"]["timeout"] == 10.0 for i in second)  # type: ignore[index]
+    assert all(i.from_store for i in client.run_batch(tasks))  # the same settings: resumed
+
+
+def test_resume_reruns_a_record_without_a_fingerprint(make_client: MakeClient) -> None:
+    tasks = [{"task_id": "old"}, {"task_id": "new"}]
+    client = make_client(exp_id="old")
+    list(client.run_batch(tasks))
+    old = client.store.get("old.0")
+    assert old is not None
+    client.store.write(old.model_copy(update={"fingerprint": None}))  # made by an older rollway
+    again = {i.result.rollout_key: i for i in client.run_batch(tasks)}
+    assert not again["old.0"].from_store and again["new.0"].from_store
+    assert client.last_summary is not None
+    assert client.last_summary["rerun"] == {"no fingerprint (recorded by an older rollway)": 1}
 
 
 def test_futures_can_be_awaited_polled_and_waited_on(make_client: MakeClient) -> None:

@@ -206,3 +206,36 @@ def test_a_closed_client_refuses_an_update(make_client: MakeClient) -> None:
     client.close()
     with pytest.raises(ConfigError, match="closed"):
         client.update_weights("a")
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_after_an_update_samples_anew_from_this_client_and_a_new_one(
+    make_client: MakeClient,
+) -> None:
+    """The loop of docs/training.md as written (resume is on by default): run_batch,
+    update_weights, run_batch on the same tasks gets fresh rollouts of the new version."""
+    tasks = [{"task_id": f"t{i}"} for i in range(3)]
+    client = make_client(SimConfig(output_len=2), exp_id="loop")
+    first = {i.result.rollout_key: i.result for i in client.run_batch(tasks, group_size=2)}
+    assert {r.policy_version for r in first.values()} == {0}
+    client.update_weights("ckpt-1")
+    second = [i.result for i in client.run_batch(tasks, group_size=2)]
+    assert len(second) == 6 and {r.policy_version for r in second} == {1}
+    for record in second:
+        old = first[record.rollout_key]
+        assert record.run_id != old.run_id and record.started_at > old.started_at
+    summary = client.last_summary
+    assert summary is not None and summary["resumed"] == 0
+    assert summary["rerun"] == {"sampled by policy version 0 (now 1)": 6}
+    # The same version and settings again: resume returns what version 1 made.
+    assert all(i.from_store for i in client.run_batch(tasks, group_size=2))
+    client.close()
+    # A new process (a new client, its engine back at version 0) on the same results.
+    fresh = make_client(SimConfig(output_len=2), exp_id="loop")
+    assert not any(i.from_store for i in fresh.run_batch(tasks[:1]))  # version 0 again: anew
+    fresh.update_weights("ckpt-1")
+    assert all(i.from_store for i in fresh.run_batch(tasks[1:], group_size=2))
+    fresh.update_weights("ckpt-2")
+    third = list(fresh.run_batch(tasks, group_size=2))
+    assert not any(i.from_store for i in third)
+    assert {i.result.policy_version for i in third} == {2}

@@ -13,14 +13,15 @@ import typer
 from rollway.cli.failures import fail
 from rollway.client.batch import BatchItem, should_rerun
 
-#: What to do when most rollouts ended this way; resume reruns only cancelled rollouts and
-#: infrastructure and engine failures, so the rest need --no-resume (or a new --exp-id).
+#: What to do when most rollouts ended this way; resume reruns cancelled rollouts,
+#: infrastructure and engine failures, and what other settings made (a longer --timeout), so
+#: the rest need --no-resume (or a new --exp-id).
 _ADVICE = {
     "error/infrastructure": "rerun to retry them (resume reruns infrastructure failures)",
     "error/engine": "check the engine (--engine), then rerun (resume reruns engine failures)",
     "error/reward": "fix the reward function, then rerun with --no-resume",
     "error/agent": "fix the agent (`rollway validate AGENT`), then rerun with --no-resume",
-    "timeout": "raise --timeout, then rerun with --no-resume",
+    "timeout": "raise --timeout, then rerun (resume runs again what another timeout made)",
     "cancelled": "rerun to resume",
 }
 

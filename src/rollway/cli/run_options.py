@@ -48,7 +48,13 @@ OutOption = Annotated[
     str, typer.Option(envvar="ROLLWAY_OUT", help="Results root: a folder or s3://bucket/prefix.")
 ]
 ExpIdOption = Annotated[str | None, typer.Option(help="Default: agent name + task file.")]
-RewardOption = Annotated[str | None, typer.Option(help="Reward: module:fn or file.py:fn.")]
+RewardOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Reward: module:fn or file.py:fn. Wins over a reward the agent sets itself "
+        "(kept in reward_info as agent_reward)."
+    ),
+]
 TimeoutOption = Annotated[float, typer.Option(min=0, help="Seconds per rollout (0: no limit).")]
 StatusIntervalOption = Annotated[
     float,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollway.client.fingerprint import difference
 from rollway.errors import TRANSIENT_KINDS, ConfigError
 from rollway.results import RolloutRecord, TrajectoryStats
 from rollway.rollouts import RolloutSpec, task_key
@@ -34,7 +35,11 @@ class BatchItem:
 
 
 def plan(
-    tasks: Sequence[dict[str, Any]], group_size: int, exp_id: str, run_id: str | None = None
+    tasks: Sequence[dict[str, Any]],
+    group_size: int,
+    exp_id: str,
+    run_id: str | None = None,
+    fingerprint: dict[str, Any] | None = None,
 ) -> list[RolloutSpec]:
     """``group_size`` specs per task, sharing a group id; keys stable across reruns."""
     if group_size < 1:
@@ -48,7 +53,11 @@ def plan(
         seen.add(key)
         for sample in range(group_size):
             group = f"{exp_id}:{key}"
-            specs.append(RolloutSpec(task, index, key, group, index, sample, run_id=run_id))
+            specs.append(
+                RolloutSpec(
+                    task, index, key, group, index, sample, run_id=run_id, fingerprint=fingerprint
+                )
+            )
     return specs
 
 
@@ -56,6 +65,15 @@ def should_rerun(record: RolloutRecord | None) -> bool:
     """Resume reruns rollouts with no record, cancelled ones, and infrastructure and engine
     failures: those say nothing about the policy."""
     return record is None or record.status == "cancelled" or record.error_kind in TRANSIENT_KINDS
+
+
+def rerun_reason(record: RolloutRecord, fingerprint: dict[str, Any]) -> str | None:
+    """Why resume runs a stored rollout again (None: its record is returned): its outcome
+    says nothing about the policy (``should_rerun``), or another policy version or other
+    settings made it (``client.fingerprint``)."""
+    if should_rerun(record):
+        return record.status if record.error_kind is None else f"error/{record.error_kind}"
+    return difference(record.fingerprint, fingerprint)
 
 
 @dataclass(frozen=True)
@@ -109,8 +127,8 @@ class RunSummary:
     wall_s: float
     errors_by_kind: dict[str, int] = field(default_factory=dict)
     resumed: int = 0
-    #: Records found in the store that could not be read (each named in a warning): rerun.
-    bad_records: int = 0
+    #: Rollouts found in the store and run again, by why (``rerun_reason``).
+    rerun: dict[str, int] = field(default_factory=dict)
     sampled_tokens: int = 0
     #: Stopped by Ctrl-C: the rollouts cut short are counted as ``cancelled``.
     interrupted: bool = False
@@ -129,9 +147,10 @@ def summarize(
     resumed: Sequence[RolloutRecord] = (),
     *,
     interrupted: bool = False,
-    bad_records: int = 0,
+    rerun: Mapping[str, int] | None = None,
 ) -> RunSummary:
-    """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store."""
+    """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store,
+    ``rerun`` (by why) found there and run again."""
     records = [*resumed, *ran]
     rewards = [r.reward for r in records if r.reward is not None]
     stats = [_stats(r) for r in ran]
@@ -151,7 +170,7 @@ def summarize(
         wall_s=wall_s,
         errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
         resumed=len(resumed),
-        bad_records=bad_records,
+        rerun=dict(rerun or {}),
         sampled_tokens=tokens,
         interrupted=interrupted,
     )

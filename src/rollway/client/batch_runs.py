@@ -10,13 +10,14 @@ import contextlib
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.server.remote_agent import RemoteAgent
-from rollway.client.batch import BatchItem, group_stats, plan, should_rerun, summarize
+from rollway.client.batch import BatchItem, group_stats, plan, rerun_reason, summarize
+from rollway.client.fingerprint import agent_identity
 from rollway.client.future import RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.progress import BatchProgress, summary_table
@@ -42,6 +43,8 @@ class BatchRequest:
     group_size: int
     resume: bool
     settings: RolloutConfig
+    #: What its records will say made them; resume returns only records that say the same.
+    fingerprint: dict[str, Any]
     show_progress: bool
     status_interval: float
 
@@ -89,7 +92,7 @@ class BatchRuns:
 
     def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
-        done, todo, bad = self._prepare(request)
+        done, todo, reruns = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         resumed = [item.result for item in done]
         ran: list[RolloutRecord] = []
@@ -119,13 +122,13 @@ class BatchRuns:
             # Every rollout has its record now: what finished, and the cancelled rest.
             ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
             wall_s = time.monotonic() - started
-            self._finish(request, resumed, ended, wall_s, bad, interrupted=True)
+            self._finish(request, resumed, ended, wall_s, reruns, interrupted=True)
             raise
-        self._finish(request, resumed, ran, time.monotonic() - started, bad)
+        self._finish(request, resumed, ran, time.monotonic() - started, reruns)
 
     async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
         started = time.monotonic()
-        done, todo, bad = self._prepare(request)
+        done, todo, reruns = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
         ran: list[RolloutRecord] = []
         try:
@@ -150,7 +153,7 @@ class BatchRuns:
         finally:
             await asyncio.to_thread(cancel_and_wait, futures)
         wall_s = time.monotonic() - started
-        self._finish(request, [item.result for item in done], ran, wall_s, bad)
+        self._finish(request, [item.result for item in done], ran, wall_s, reruns)
 
     def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
         return BatchProgress(
@@ -169,31 +172,35 @@ class BatchRuns:
 
     def _prepare(
         self, request: BatchRequest
-    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]], int]:
-        """What resume found done, what is left to run, and how many stored records could not
-        be read (each named in a warning and run again)."""
-        specs = plan(request.tasks, request.group_size, self.exp_id, run_id=uuid.uuid4().hex)
+    ) -> tuple[list[BatchItem], list[tuple[int, RolloutSpec]], Counter[str]]:
+        """What resume found done, what is left to run, and why stored records are run again
+        (counted by reason)."""
+        run_id = uuid.uuid4().hex
+        specs = plan(request.tasks, request.group_size, self.exp_id, run_id, request.fingerprint)
         self.store.write_config(self._config(request))
         done: list[BatchItem] = []
         todo: list[tuple[int, RolloutSpec]] = []
-        bad = 0
+        reruns: Counter[str] = Counter()
         stored_keys = self.store.keys() if request.resume else set()  # one listing, not a read each
         for index, spec in enumerate(specs):
             try:
                 stored = (
                     self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
                 )
+                why = None if stored is None else rerun_reason(stored, request.fingerprint)
             except BadRecordError as exc:
                 log.warning("running rollout %s again: %s", spec.rollout_key, exc)
-                stored, bad = None, bad + 1
-            if should_rerun(stored):
+                stored, why = None, "bad record"
+            if stored is None or why is not None:
                 todo.append((index, spec))
+                reruns.update([why] if why is not None else [])
             else:
-                assert stored is not None
                 if self.executor.light_records:
                     stored = stored.light()
                 done.append(BatchItem.of(stored, index, 0.0, from_store=True))
-        return done, todo, bad
+        if request.resume:
+            _say_resumed(len(done), len(specs), reruns, show=request.show_progress)
+        return done, todo, reruns
 
     def _finish(
         self,
@@ -201,13 +208,13 @@ class BatchRuns:
         resumed: list[RolloutRecord],
         ran: list[RolloutRecord],
         wall_s: float,
-        bad_records: int,
+        reruns: Counter[str],
         *,
         interrupted: bool = False,
     ) -> None:
         groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
         self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(ran, wall_s, resumed, interrupted=interrupted, bad_records=bad_records)
+        summary = summarize(ran, wall_s, resumed, interrupted=interrupted, rerun=reruns)
         self.last_summary = summary.to_dict()
         self.store.write_summary("summary", self.last_summary)
         if request.show_progress:
@@ -216,7 +223,7 @@ class BatchRuns:
     def _config(self, request: BatchRequest) -> dict[str, Any]:
         return {
             "exp_id": self.exp_id,
-            "agent": _agent_spec(self.agent),
+            "agent": agent_identity(self.agent),
             "agent_name": self.agent.name,
             "model": self.executor.model_name,
             **self.executor.describe(),
@@ -235,7 +242,14 @@ def cancel_and_wait(futures: Iterable[RolloutFuture]) -> None:
     concurrent.futures.wait([f._future for f in pending])
 
 
-def _agent_spec(agent: AgentLoop) -> str:
-    if isinstance(agent, RemoteAgent):
-        return agent.url
-    return f"{type(agent).__module__}:{type(agent).__qualname__}"
+def _say_resumed(reused: int, total: int, reruns: Counter[str], *, show: bool) -> None:
+    """One line before a resuming batch starts: how many records it returns from the store,
+    and why it runs stored ones again (another policy version, other settings, ...)."""
+    line = f"resume: {reused} of {total} rollouts from the store"
+    if reruns:
+        whys = "; ".join(f"{n} {why}" for why, n in reruns.most_common())
+        line += f"; {reruns.total()} stored run again: {whys}"
+    log.info(line, extra={"stage": "resume"})
+    if show:
+        console = BatchProgress(0, show=False).console
+        console.print(line, highlight=False, markup=False, soft_wrap=True)

@@ -111,8 +111,8 @@ def summary_table(summary: RunSummary) -> Table:
     table.add_row("rollouts", str(summary.total))
     if summary.resumed:
         table.add_row("  from the store", str(summary.resumed))
-    if summary.bad_records:
-        table.add_row("  rerun: bad record", str(summary.bad_records))
+    for why, n in sorted(summary.rerun.items()):
+        table.add_row(f"  stored, run again: {why}", str(n))
     for status, n in sorted(summary.by_status.items()):
         table.add_row(f"  {status}", str(n))
     for kind, n in sorted(summary.errors_by_kind.items()):

@@ -19,6 +19,7 @@ from rollway.client.batch import BatchItem
 from rollway.client.batch_runs import BatchRequest, BatchRuns, cancel_and_wait
 from rollway.client.client_config import ClientConfig, check_pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
+from rollway.client.fingerprint import fingerprint
 from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
@@ -237,7 +238,15 @@ class RolloutClient:
         stable = task_key(task)
         key = f"{stable}-{run[:8]}"
         spec = RolloutSpec(
-            task, 0, key, f"{self.exp_id}:{key}", 0, 0, run_id=run, seed_key=f"{stable}.0"
+            task,
+            0,
+            key,
+            f"{self.exp_id}:{key}",
+            0,
+            0,
+            run_id=run,
+            seed_key=f"{stable}.0",
+            fingerprint=self._fingerprint(settings),
         )
         return self._submit(spec, settings)
 
@@ -347,7 +356,24 @@ class RolloutClient:
                     f"tasks[{index}] must be a dict, not {type(task).__name__}", "tasks"
                 )
         return BatchRequest(
-            listed, group_size, resume, settings, self.show_progress, self.status_interval
+            listed,
+            group_size,
+            resume,
+            settings,
+            self._fingerprint(settings),
+            self.show_progress,
+            self.status_interval,
+        )
+
+    def _fingerprint(self, settings: RolloutConfig) -> dict[str, Any]:
+        """What rollouts started now are made with (``client.fingerprint``): the policy version
+        at the call, so a batch after ``update_weights`` never returns older records."""
+        return fingerprint(
+            agent=self.agent,
+            model=self.executor.model_name,
+            reward=self.reward_fn,
+            settings=settings,
+            policy_version=self.policy.version,
         )
 
     @property

@@ -286,26 +286,24 @@ class Gateway:
         on the engine (its oldest pending request), at the gateway (a chat call not yet sent
         to the engine), or in its agent (no model call pending). Sets the stuck gauge."""
         now, found = time.monotonic(), []
-        for rollout_id, state in self._rollouts.items():
+        for state in self._rollouts.values():
             if state.cancelled:
                 continue
-            if state.in_flight:
-                request_id, sent = min(state.in_flight.items(), key=lambda item: item[1])
-                where, idle = "engine", now - sent
-            else:
-                request_id, idle = None, now - state.last_active
-                where = "gateway" if state.busy else "agent"
-            if idle >= after_s:
-                found.append(
-                    RolloutStuck(
-                        rollout_id=rollout_id,
-                        waiting_in=where,
-                        request_id=request_id,
-                        idle_s=idle,
-                    )
-                )
+            waiting = _waiting(state, now)
+            if waiting.idle_s >= after_s:
+                found.append(waiting)
         self.metrics.rollouts_stuck.set(len(found))
         return found
+
+    def waiting(self, rollout_id: str) -> RolloutStuck | None:
+        """Where an open rollout waits now and since when, as ``stuck`` says, without counting
+        as a use of it; None when it is not open. What a timeout's record says."""
+        state = self._rollouts.get(rollout_id)
+        return None if state is None else _waiting(state, time.monotonic())
+
+    def requests_in_flight(self) -> int:
+        """Engine requests of every rollout running now (queued in the engine included)."""
+        return sum(len(state.in_flight) for state in self._rollouts.values())
 
     async def expire_idle_forever(self) -> None:
         """Run ``expire_idle`` a few times per TTL until cancelled (a served app's lifespan
@@ -363,3 +361,22 @@ def _turn_outcome(result: ChatResult) -> dict[str, Any]:
 
 def _new_key() -> str:
     return f"rk-{secrets.token_urlsafe(24)}"
+
+
+def _waiting(state: RolloutState, now: float) -> RolloutStuck:
+    """Where a rollout waits: on the engine (its oldest pending request), at the gateway (a
+    chat call not yet sent to the engine), or in its agent (no model call pending)."""
+    if state.in_flight:
+        request_id, sent = min(state.in_flight.items(), key=lambda item: item[1])
+        return RolloutStuck(
+            rollout_id=state.rollout_id,
+            waiting_in="engine",
+            request_id=request_id,
+            idle_s=now - sent,
+        )
+    return RolloutStuck(
+        rollout_id=state.rollout_id,
+        waiting_in="gateway" if state.busy else "agent",
+        request_id=None,
+        idle_s=now - state.last_active,
+    )

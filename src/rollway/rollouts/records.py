@@ -53,6 +53,7 @@ def make_record(
         elapsed_s=elapsed_s,
         task=spec.task,
         run_id=spec.run_id,
+        fingerprint=spec.fingerprint,
         **fields,
     )
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import time
@@ -34,6 +33,7 @@ from rollway.rollouts.config import RolloutConfig
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSpec, attempt_id
+from rollway.rollouts.time_spent import where_time_went
 from rollway.store.base import Store
 from rollway.trajectory import Trajectory
 
@@ -184,13 +184,16 @@ class RolloutRunner:
         except Exception as exc:
             outcome = AgentOutcome("error", "infrastructure", f"register failed: {exc}")
         else:
-            ctx, outcome = await self._run_agent(spec, rollout_id, registration.api_key, cancel)
+            ctx, outcome, waited = await self._run_agent(
+                spec, rollout_id, registration.api_key, cancel
+            )
             # What the agent returned is recorded even if the outcome is reclassified below.
             result = outcome.result
             trajectory, cleanup_errors = await self._clean_up(rollout_id)
             if ctx is not None:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
             outcome = _as_recorded(outcome, trajectory, cleanup_errors)
+            outcome = _with_time_spent(outcome, trajectory, waited)
         outcome, reward, reward_info = await self._scored(spec, outcome, trajectory)
         return make_record(
             spec,
@@ -211,10 +214,17 @@ class RolloutRunner:
 
     async def _run_agent(
         self, spec: RolloutSpec, rollout_id: str, api_key: str, cancel: asyncio.Event
-    ) -> tuple[RolloutContext | None, AgentOutcome]:
+    ) -> tuple[RolloutContext | None, AgentOutcome, str | None]:
         """The agent's run of a registered attempt, under its timeout and cancel signal; the
-        context is None when it could not be made."""
+        context is None when it could not be made. Last: where the rollout waited when its
+        time ran out (None: it did not, or this process cannot see its gateway)."""
         ctx: RolloutContext | None = None
+        waited: list[str | None] = []
+
+        async def stop() -> None:
+            waited.append(where_time_went(self.gateway, rollout_id))  # before the abort
+            await self.gateway.cancel(rollout_id)
+
         try:
             ctx = self._context(spec, rollout_id, api_key)
             with self.attempts.running(rollout_id, cancel):
@@ -224,14 +234,15 @@ class RolloutRunner:
                     cancel=cancel,
                     timeout_s=self.settings.limits.timeout,
                     stop_grace_s=self.settings.limits.stop_grace_s,
-                    on_stop=functools.partial(self.gateway.cancel, rollout_id),
+                    on_stop=stop,
                 )
         except Exception as exc:  # get_tools failed, say
             outcome = AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")
         stuck = self.attempts.aborted(rollout_id)
         if stuck is not None and outcome.status == "cancelled":
-            outcome = AgentOutcome("timeout", reason=stuck, result=outcome.result)
-        return ctx, outcome
+            # The watchdog's reason says where it waited already.
+            return ctx, AgentOutcome("timeout", reason=stuck, result=outcome.result), None
+        return ctx, outcome, waited[0] if waited and outcome.status == "timeout" else None
 
     async def _scored(
         self, spec: RolloutSpec, outcome: AgentOutcome, trajectory: Trajectory | None
@@ -317,14 +328,19 @@ class RolloutRunner:
     async def _reward(
         self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
     ) -> tuple[float | None, dict[str, Any]]:
-        if result is not None and result.reward is not None:
-            return float(result.reward), {"source": "agent"}
+        """The reward function's score when the client was given one (it was asked for
+        explicitly: ``--reward``, ``reward=``), with the agent's own reward, if it set one, kept
+        beside it as ``agent_reward``; else the agent's own."""
+        agent_reward = None if result is None or result.reward is None else float(result.reward)
         if self.reward_fn is None:
-            return None, {}
+            return agent_reward, {} if agent_reward is None else {"source": "agent"}
         reward, extras = await score(
             self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
         )
-        return reward, {"source": "reward_fn", **extras}
+        info: dict[str, Any] = {**extras, "source": "reward_fn"}
+        if agent_reward is not None:
+            info["agent_reward"] = agent_reward
+        return reward, info
 
 
 def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[str, Any]:
@@ -414,6 +430,21 @@ def _as_recorded(
         # A program agent exits on the gateway's 502: the engine failed, not the agent.
         reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
         return AgentOutcome("error", "engine", reason + str(outcome.reason))
+    return outcome
+
+
+def _with_time_spent(
+    outcome: AgentOutcome, trajectory: Trajectory | None, waited: str | None
+) -> AgentOutcome:
+    """A timeout's outcome that says how many turns finished (a turn its abort cut short does
+    not count) and where the rollout was waiting when its time ran out (``waited``: the
+    engine, the gateway or its agent; None where that is not known here, or the watchdog's
+    reason says it already), so a timeout with no turn is never a bare one."""
+    if outcome.status != "timeout" or trajectory is None or waited is None:
+        return outcome
+    finished = sum(turn.finish_reason != "abort" for turn in trajectory.turns)
+    said = "no turn finished" if not finished else f"{finished} turn(s) finished"
+    outcome.reason = f"{outcome.reason} ({said}); {waited}"
     return outcome
 
 

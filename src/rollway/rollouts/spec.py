@@ -30,6 +30,8 @@ class RolloutSpec:
     #: What its seed derives from, where that is not ``rollout_key``: a single invoke's key
     #: carries a unique suffix, its seed must not (the same task and seed draw the same tokens).
     seed_key: str | None = None
+    #: What its record will say made it (``client.fingerprint``): resume compares it.
+    fingerprint: dict[str, Any] | None = None
 
     @property
     def rollout_key(self) -> str:
