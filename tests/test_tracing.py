@@ -39,6 +39,7 @@ from tests.agents.server.agents import TaskDrivenAgent
 from tests.agents.server.fixtures import KEY, AgentServer
 from tests.cli.test_gateway_command import free_port
 from tests.conftest import sim_gateway
+from tests.outcomes import ENDED
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ def test_a_rollout_is_one_span_tree_down_to_its_engine_requests(
     spans: InMemorySpanExporter, gateway: Gateway, tmp_path: Path
 ) -> None:
     record = run_one(TwoChats(), gateway, tmp_path)
-    assert record.status == "completed", record.reason
+    assert record.status in ENDED, record.reason
     (rollout,) = named(spans, "rollway.rollout")
     assert rollout.attributes is not None
     assert dict(rollout.attributes) == {
@@ -90,7 +91,7 @@ def test_a_rollout_is_one_span_tree_down_to_its_engine_requests(
         "rollway.attempt": 1,
         "rollway.rollout_key": record.rollout_key,
         "rollway.group_id": record.group_id,
-        "rollway.status": "completed",
+        "rollway.status": record.status,
     }
     turns = sorted(named(spans, "rollway.gateway.turn"), key=lambda s: s.start_time or 0)
     requests = {
@@ -136,7 +137,7 @@ def test_a_program_agent_joins_the_trace_by_its_traceparent_or_its_rollout(
     """)
     )
     record = run_one(ProgramAgent([sys.executable, str(program)]), gateway, tmp_path)
-    assert record.status == "completed", record.reason
+    assert record.status in ENDED, record.reason
     (rollout,) = named(spans, "rollway.rollout")
     first, second = sorted(named(spans, "rollway.gateway.turn"), key=lambda s: s.start_time or 0)
     trace_id = rollout.context.trace_id
@@ -156,7 +157,7 @@ def test_an_agent_server_joins_the_trace_both_ways(
     server: AgentServer = agent_server()
     with RolloutClient(server.url, gateway, store=str(tmp_path), agent_key=KEY) as client:
         record = client.invoke({"task_id": "t1", "chats": 2, "q": "hi"}, max_tokens=3).result(60)
-    assert record.status == "completed", record.reason
+    assert record.status in ENDED, record.reason
     (rollout,) = named(spans, "rollway.rollout")
     (served,) = named(spans, "rollway.agent.run")
     turns = named(spans, "rollway.gateway.turn")
@@ -268,7 +269,7 @@ def test_tracing_off_records_nothing(gateway: Gateway, tmp_path: Path) -> None:
         record = run_one(TwoChats(), gateway, tmp_path)
     finally:
         provider.shutdown()
-    assert record.status == "completed" and exporter.get_finished_spans() == ()
+    assert record.status in ENDED and exporter.get_finished_spans() == ()
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -302,7 +303,8 @@ def test_with_tracing_off_the_client_never_imports_opentelemetry(tmp_path: Path)
         agent = ProgramAgent([sys.executable, "{program}"])
         with RolloutClient(agent, "sim", store="{tmp_path}") as client:
             record = client.invoke({{"task_id": "t1"}}).result(60)
-        assert record.status == "completed" and len(record.trajectory.turns) == 1, record
+        assert record.status in ("completed", "truncated"), record
+        assert len(record.trajectory.turns) == 1, record
         loaded = sorted(m for m in sys.modules if m.startswith("opentelemetry"))
         assert not loaded, loaded
     """

@@ -21,6 +21,7 @@ from rollway.events import (
     TurnStarted,
 )
 from rollway.results import AgentResult
+from tests.outcomes import ENDED
 
 MakeClient = Callable[..., RolloutClient]
 
@@ -205,7 +206,7 @@ class ToolUsingAgent(AgentLoop):
 def test_an_agents_tool_calls_are_told(make_client: MakeClient) -> None:
     heard: list[RolloutEvent] = []
     record = make_client(agent=ToolUsingAgent, on_event=heard.append).invoke({}).result(60)
-    assert record.status == "completed", record.reason
+    assert record.status in ENDED, record.reason
     (called,) = [e for e in heard if isinstance(e, ToolCalled)]
     assert called.name == "add" and called.rollout_id == record.rollout_id
     assert record.metrics.tool_calls == 1

@@ -40,6 +40,7 @@ from rollway.trajectory_format import whole_prompts
 from tests.agents.server.fixtures import KEY, wait_until
 from tests.conftest import Served
 from tests.executors.agents import DyingStore, ProbeAgent, events, peak_concurrency
+from tests.outcomes import ENDED
 
 CALCULATOR = "examples/calculator/agent.py:CalculatorAgent"
 CALC_TASKS = [
@@ -147,8 +148,8 @@ def test_a_worker_killed_mid_batch_loses_nothing_and_runs_nothing_twice(
         thread.join(timeout=120)
         after = client.invoke({"task_id": "after", "chat": False}).result(timeout=60)
 
-    assert after.status == "completed"  # the driver kept going
-    assert len(items) == 8 and all(i.result.status == "completed" for i in items)
+    assert after.status in ENDED  # the driver kept going
+    assert len(items) == 8 and all(i.result.status in ENDED for i in items)
     assert Counter(i.result.attempts for i in items) == {1: 8 - lost, 2: lost}
     # Every lost rollout ran once more, elsewhere or on the restarted worker; nothing else did.
     rows = events(log)
@@ -207,8 +208,8 @@ def test_past_the_requeue_bound_a_rollout_is_an_infrastructure_error(
     assert (crash.status, crash.error_kind, crash.attempts) == ("error", "infrastructure", 2)
     assert "Ray worker died 2 times" in crash.reason
     assert sum(1 for row in events(log) if row[0] == "start") == 2  # the bound held
-    assert items["ok1.0"].status == items["ok2.0"].status == "completed"
-    assert after.status == "completed"
+    assert {items["ok1.0"].status, items["ok2.0"].status} <= ENDED
+    assert after.status in ENDED
     store = store_from_uri(str(tmp_path), "bound")
     stored = store.get("crash.0")
     assert stored is not None and stored.reason == crash.reason
@@ -279,7 +280,7 @@ def test_workers_share_one_gateway(ray_cluster: None, served: Served, tmp_path: 
     ) as client:  # fmt: skip
         items = list(client.run_batch(tasks, group_size=2))
         again = list(client.run_batch(tasks, group_size=2))  # resumes: nothing runs again
-    assert len(items) == 6 and all(i.result.status == "completed" for i in items)
+    assert len(items) == 6 and all(i.result.status in ENDED for i in items)
     assert all(i.from_store and i.result.trajectory is None for i in again)
     assert sorted(i.result.trajectory_stats.turns for i in again) == [1] * 6
     assert len((tmp_path / "shared" / "index.jsonl").read_text().splitlines()) == 6
@@ -304,7 +305,7 @@ def test_a_program_agent_runs_in_a_sandbox_on_a_worker(ray_cluster: None, tmp_pa
         agent, "embedded", store=str(tmp_path), exp_id="prog", executor=one_worker(), seed=4
     ) as client:
         items = list(client.run_batch([{"task_id": "p0"}, {"task_id": "p1"}]))
-    assert [i.result.status for i in items] == ["completed", "completed"]
+    assert all(i.result.status in ENDED for i in items) and len(items) == 2
     for record in store_from_uri(str(tmp_path), "prog").records():
         (turn,) = record.trajectory.turns
         assert 0 < len(turn.completion_ids) <= 4

@@ -24,6 +24,7 @@ from rollway.simulators import create_sim_server_app
 from rollway.web.background_server import BackgroundServer
 from tests.client.conftest import ScriptedAgent
 from tests.conftest import Served, sim_gateway
+from tests.outcomes import ENDED
 
 
 def test_in_process_agents_record_through_a_remote_gateway(served: Served, tmp_path: Path) -> None:
@@ -33,7 +34,7 @@ def test_in_process_agents_record_through_a_remote_gateway(served: Served, tmp_p
         ScriptedAgent, gateway, store=str(tmp_path), exp_id="remote-gw", max_tokens=6
     ) as client:
         items = list(client.run_batch([{"task_id": "a", "chats": 2}], group_size=2))
-    assert [item.result.status for item in items] == ["completed", "completed"]
+    assert len(items) == 2 and all(item.result.status in ENDED for item in items)
     for item in items:
         trajectory = item.result.trajectory
         assert trajectory is not None and len(trajectory.turns) == 2
@@ -81,7 +82,7 @@ def test_a_stale_registration_is_replaced_for_in_process_agents(
         ScriptedAgent, gateway, store=str(tmp_path), exp_id="stale", max_tokens=4
     ) as client:
         (item,) = client.run_batch([{"task_id": "s"}])
-    assert item.result.status == "completed" and item.result.rollout_id == "stale.s.0.1"
+    assert item.result.status in ENDED and item.result.rollout_id == "stale.s.0.1"
     assert item.result.trajectory is not None and len(item.result.trajectory.turns) == 1
     assert "stale.s.0.1" not in served.gateway._rollouts and stale.api_key
 
