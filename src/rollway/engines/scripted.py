@@ -38,7 +38,7 @@ class ScriptedEngine:
     ``generate`` is an ``EngineError``. ``max_tokens`` cuts a completion (finish ``length``);
     otherwise it finishes ``stop``. ``prompts`` keeps each request's prompt ids, in order."""
 
-    model_name: str | None = "scripted"
+    model_name: str | None = None  # the gateway names the model folder
     context_length: int | None = None
 
     def __init__(self, completions: Sequence[Completion], tokenizer: Any | None = None) -> None:
