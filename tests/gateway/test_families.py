@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import random
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -292,3 +294,44 @@ def test_qwen3_tool_loop_through_the_anthropic_sdk_is_one_sample_with_thinking_b
     assert thoughts == REASONING
     assert texts == ["1 + 2 + 3 + 4 = 10.", "15."]
     check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
+
+
+def test_qwen3_new_messages_by_shape_are_the_templates_text(qwen3_tokenizer: Any) -> None:
+    """A turn's new messages rendered by their shape (placeholders filled) give the ids of a
+    Jinja run over the conversation, whatever the contents, tools and history choice."""
+    fast, by_template = ChatRenderer(qwen3_tokenizer), ChatRenderer(qwen3_tokenizer)
+    by_template._shapes = None
+    draw = random.Random(37)
+    words = ["42", " spaced ", "\n", "{{x}}", "<tool_response>", "é", "", "</think>", "<|im_end|>"]
+    for _ in range(150):
+        new: list[dict[str, Any]] = []
+        for _ in range(draw.randint(1, 3)):
+            role = draw.choice(["tool", "tool", "user", "system"])
+            text = "".join(draw.choice(words) for _ in range(draw.randint(0, 5)))
+            new.append(
+                {"role": role, "content": text} | ({"tool_call_id": "c1"} if role == "tool" else {})
+            )
+        completion = qwen3_tokenizer.encode(draw.choice(FIRST + SECOND), add_special_tokens=False)
+        tools = [ADD_TOOL] if draw.random() < 0.7 else None
+        keep = draw.random() < 0.8
+        expected = by_template.continuation_ids(completion, new, tools, keep_sampled=keep)
+        assert fast.continuation_ids(completion, new, tools, keep_sampled=keep) == expected, new
+    assert fast._shapes, "the shapes were not used"
+
+
+def test_qwen3_shapes_that_disagree_on_a_real_turn_are_dropped(
+    qwen3_tokenizer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    audited, reference = ChatRenderer(qwen3_tokenizer), ChatRenderer(qwen3_tokenizer)
+    reference._shapes = None
+    new = [{"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    completion = qwen3_tokenizer.encode(FIRST[0], add_special_tokens=False)
+    audited.continuation_ids(completion, new, [ADD_TOOL])  # the shape is read: audited once
+    assert audited._shapes
+    (shapes,) = audited._shapes.values()
+    shapes._skeletons = {key: (("wrong",), ()) for key in shapes._skeletons}
+    audited._continued = 0  # the next one is audited
+    with caplog.at_level(logging.WARNING, logger="rollway.gateway.render.chat_template"):
+        ids = audited.continuation_ids(completion, new, [ADD_TOOL])
+    assert audited._shapes is None and "disagree" in caplog.text
+    assert ids == reference.continuation_ids(completion, new, [ADD_TOOL])

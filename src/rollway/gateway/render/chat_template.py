@@ -23,6 +23,7 @@ from collections import OrderedDict
 from typing import Any
 
 from rollway.errors import InvalidFieldsError
+from rollway.gateway.render.message_shapes import MessageShapes
 from rollway.gateway.render.message_template import ROLES, read_pieces
 from rollway.gateway.render.reasoning import think_tags
 from rollway.gateway.render.token_bound import TokenBound
@@ -42,6 +43,8 @@ AUDIT_EVERY = 64
 GIL_FREE_ABOVE_CHARS = 8192
 #: First prompts kept: a few batches' worth of distinct tasks.
 PROMPT_CACHE_SIZE = 1024
+#: Tools blocks whose message shapes are kept (``MessageShapes``).
+SHAPES_CACHE_SIZE = 64
 
 _SENTINEL = "rollwaysentinel"
 _BASE: list[Message] = [
@@ -94,6 +97,9 @@ class ChatRenderer:
         self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
         self._glue: dict[int, str] = {}
         self._continued = 0
+        #: New messages rendered by their shape, per tools block and history choice: where
+        #: the pieces do not fit the template (Qwen3's).
+        self._shapes: OrderedDict[tuple[str, bool], MessageShapes] | None = OrderedDict()
 
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
@@ -201,15 +207,48 @@ class ChatRenderer:
             self._continued += 1
             if self._continued % AUDIT_EVERY != 1 or self._audit(text, new_messages, tools):
                 return self.encode(self.closing_glue(completion_ids) + text, max_tokens)
-        base = self._base_render(tools)
-        extended = self.render(self._base + new_messages, tools, add_generation_prompt=True)
-        if extended.startswith(base):
-            added: str | None = extended[len(base) :]
-        else:
-            added = self._after_sampled(extended, new_messages) if keep_sampled else None
+        added = self._shaped(new_messages, tools, keep_sampled)
+        if added is None:
+            added = self._template_tail(new_messages, tools, keep_sampled)
         if added is None:
             return None
         return self.encode(self.closing_glue(completion_ids) + added, max_tokens)
+
+    def _template_tail(
+        self, new_messages: list[Message], tools: list[dict[str, Any]] | None, keep_sampled: bool
+    ) -> str | None:
+        """The template's text for ``new_messages`` and the generation prompt, after an
+        answer (``continuation_ids``), by a Jinja run over the sentinel conversation."""
+        base = self._base_render(tools)
+        extended = self.render(self._base + new_messages, tools, add_generation_prompt=True)
+        if extended.startswith(base):
+            return extended[len(base) :]
+        return self._after_sampled(extended, new_messages) if keep_sampled else None
+
+    def _shaped(
+        self, new_messages: list[Message], tools: list[dict[str, Any]] | None, keep_sampled: bool
+    ) -> str | None:
+        """``_template_tail`` by the messages' shape (``MessageShapes``), None where it has
+        none; checked against the template now and then, and dropped, loudly, on a mismatch."""
+        if self._shapes is None:
+            return None
+        key = (json.dumps(tools, sort_keys=True) if tools else "", keep_sampled)
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            shapes = MessageShapes(lambda m: self._template_tail(m, tools, keep_sampled))
+            self._shapes[key] = shapes
+            if len(self._shapes) > SHAPES_CACHE_SIZE:
+                self._shapes.popitem(last=False)
+        text = shapes.render(new_messages)
+        if text is None:
+            return None
+        self._continued += 1
+        audit = self._continued % AUDIT_EVERY == 1
+        if audit and text != self._template_tail(new_messages, tools, keep_sampled):
+            log.warning("the chat template's message shapes disagree with it; not used again")
+            self._shapes = None
+            return None
+        return text
 
     def _after_sampled(self, extended: str, new_messages: list[Message]) -> str | None:
         """What the template writes for ``new_messages`` after the sentinel answer, where it

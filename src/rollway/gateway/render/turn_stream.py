@@ -7,7 +7,9 @@ everything from where a ``<tool_call>`` tag could begin plus the whitespace befo
 parse trims the content's end). Tool calls are handed out once the whole answer is parsed: a
 later bad block makes the parse keep the text whole, so a call sent earlier could turn out not
 to exist. At the end, ``rest`` gives what the recorded content adds to what was sent, so the
-deltas always add up to it.
+deltas always add up to it. Where the template writes reasoning (``reasoning.ThinkTags``), the
+content waits until the reasoning closes, and the reasoning streams apart (``ReasoningDelta``),
+held back where the closing tag or the newlines the parse strips might begin.
 """
 
 from __future__ import annotations
