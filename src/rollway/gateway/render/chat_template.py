@@ -232,7 +232,8 @@ class ChatRenderer:
         none; checked against the template now and then, and dropped, loudly, on a mismatch."""
         if self._shapes is None:
             return None
-        key = (json.dumps(tools, sort_keys=True) if tools else "", keep_sampled)
+        # The tools as given: a template may write them in the new messages (their order too).
+        key = (json.dumps(tools) if tools else "", keep_sampled)
         shapes = self._shapes.get(key)
         if shapes is None:
             shapes = MessageShapes(lambda m: self._template_tail(m, tools, keep_sampled))
