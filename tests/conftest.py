@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import pytest
@@ -53,6 +55,35 @@ def closing() -> Iterator[Closing[C]]:
     yield keep
     for client in opened:
         client.close()
+
+
+#: Fetches the model families' tokenizers and templates into the cache, once.
+FETCH_FAMILIES = Path(__file__).resolve().parent.parent / "scripts" / "fetch_families.sh"
+
+
+def family_folder(name: str) -> Path:
+    """The model folder of family ``name`` (its real tokenizer and chat template), fetched
+    into the cache the first time. A failed fetch fails the test, loudly: these tests are the
+    only proof that the family works, and a skip would hide that they did not run."""
+    done = subprocess.run(
+        [str(FETCH_FAMILIES), name], capture_output=True, text=True, timeout=600, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(
+            f"scripts/fetch_families.sh {name} failed (exit {done.returncode}); it needs npm "
+            f"and the npm registry:\n{done.stdout}{done.stderr}",
+            pytrace=False,
+        )
+    where = subprocess.run(
+        [str(FETCH_FAMILIES), "dir", name], capture_output=True, text=True, check=True
+    )
+    return Path(where.stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def qwen3_folder() -> Path:
+    """Qwen3's tokenizer and template, with Qwen3-8B's config.json (no weights)."""
+    return family_folder("qwen3")
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from rollway.agents.server.remote_agent import PollPolicy
 from rollway.client import BatchItem, RolloutClient, RolloutFuture
 from rollway.deprecated import deprecated_alias as _deprecated_alias
 from rollway.deprecated import install_moved_module_finder as _install_moved_module_finder
-from rollway.engines import Engine, SimConfig, SimEngine, engine_from_spec
+from rollway.engines import Engine, ScriptedEngine, SimConfig, SimEngine, engine_from_spec
 from rollway.errors import (
     AgentError,
     AuthError,
@@ -99,6 +99,7 @@ __all__ = [
     "Sandbox",
     "SandboxLimits",
     "SandboxResult",
+    "ScriptedEngine",
     "ServingConfig",
     "SimConfig",
     "SimEngine",

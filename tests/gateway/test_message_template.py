@@ -76,6 +76,7 @@ def test_continuations_by_pieces_equal_the_templates_own(renderer: ChatRenderer)
     assert renderer._pieces is not None, "the embedded model's template is ChatML"
     by_template = ChatRenderer(renderer.tokenizer)
     by_template._pieces = None
+    by_template._shapes = None
     draw = random.Random(7)
     words = ["42", " spaced ", "\n", "{{x}}", "<tool_call>", "é", "", "a b", "<|im_end|>"]
     checked = 0
@@ -139,4 +140,5 @@ def test_pieces_that_disagree_on_a_real_turn_are_dropped(
     assert audited._pieces is None and "disagree" in caplog.text
     reference = ChatRenderer(renderer.tokenizer)
     reference._pieces = None
+    reference._shapes = None
     assert ids == reference.continuation_ids([], new, None)

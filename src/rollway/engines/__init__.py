@@ -2,6 +2,7 @@
 
 from rollway.engines.base import Engine
 from rollway.engines.factory import engine_from_spec
+from rollway.engines.scripted import ScriptedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 
-__all__ = ["Engine", "SimConfig", "SimEngine", "engine_from_spec"]
+__all__ = ["Engine", "ScriptedEngine", "SimConfig", "SimEngine", "engine_from_spec"]

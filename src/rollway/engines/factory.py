@@ -9,7 +9,8 @@ shorter than the model's, as vLLM's ``--max-model-len``); ``sim`` or
 OpenAI-compatible server, token ids in and out); several hosts, comma-separated, are routed
 (``sglang://h1:p1,h2:p2``; each host may repeat the scheme, ``sglang://h1:p1,sglang://h2:p2``);
 ``openai://HOST:PORT[/PATH]?model=NAME`` or ``openai+https://...`` (any chat-completions API,
-messages only: for evaluation).
+messages only: for evaluation); ``scripted://FILE`` (answers the completions listed in FILE,
+in order, encoded with the model folder's tokenizer: ``engines/scripted.py``).
 
 Options follow the hosts, for every host: ``?api_key=KEY`` for servers started with
 ``--api-key`` (else ``ROLLWAY_ENGINE_API_KEY``; the environment keeps a key out of specs, which
@@ -97,14 +98,27 @@ def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEng
         return RoutedEngine([_remote(scheme, host, shared, options) for host in hosts], hosts)
     if scheme in ("openai", "openai+https") and rest:
         return _openai(scheme, rest)
+    if scheme == "scripted" and rest:
+        from rollway.engines.scripted import ScriptedEngine
+
+        return ScriptedEngine.from_file(rest, _folder_tokenizer(model))
     if scheme == "sim":
         return SimEngine(SimConfig(**_options(rest.partition("?")[2], _SIM_OPTIONS, "sim option")))
     raise ConfigError(
         f"unknown engine spec {redact(spec)!r}: expected embedded, sim, "
-        "sglang://HOST:PORT[,HOST:PORT], vllm://HOST:PORT[,HOST:PORT] or "
-        "openai://HOST:PORT?model=NAME",
+        "sglang://HOST:PORT[,HOST:PORT], vllm://HOST:PORT[,HOST:PORT], "
+        "openai://HOST:PORT?model=NAME or scripted://FILE",
         "engine",
     )
+
+
+def _folder_tokenizer(model: str | None) -> Any:
+    """The tokenizer of ``model``'s folder (default: SmolLM2's)."""
+    from transformers import AutoTokenizer
+
+    from rollway.model_folders import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(model))
 
 
 def redact(spec: str) -> str:

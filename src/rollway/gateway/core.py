@@ -121,6 +121,7 @@ class Gateway:
             locked_sampling=request.sampling_overrides(),
             max_turns=request.max_turns,
             max_seq_len=request.max_seq_len,
+            history=request.history,
             metadata=request.metadata,
             has_token_ids=not isinstance(self.engine, ChatEngine),
             trace_parent=tracing.current_context(),

@@ -63,9 +63,17 @@ async def plan_prompt(
         base = tip.length
         room = None if budget is None else budget - base
         extend = renderer.continuation_ids
+        keep = state.history == "as_sampled"
         try:
             tail = await _render(
-                keys[known:], tools, extend, last.completion_ids, messages[known:], tools, room
+                keys[known:],
+                tools,
+                extend,
+                last.completion_ids,
+                messages[known:],
+                tools,
+                room,
+                keep,
             )
         except TokenBudgetExceeded as exc:
             raise TokenBudgetExceeded(base + exc.at_least) from None

@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel, Field, PrivateAttr, SkipValidation, TypeAdapter, ValidationError
 
 from rollway.gateway.request_schema import ChatCompletionRequest, ChatMessage
-from rollway.gateway.rollout_state import Conversation, RolloutState, message_key
+from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, message_key
+from rollway.generation import Message
 from rollway.web.handlers import parse_model
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
@@ -60,6 +61,7 @@ def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Co
     fresh = _validated(sent, known)
     messages = state.messages[:known] + fresh
     keys = state.message_keys[:known] + [message_key(m) for m in fresh]
+    _as_answered(state, messages, keys)
     # Kept for the next request unless a call's arguments are a JSON object: dict equality
     # takes 1 for 1.0 and True, which render differently.
     reusable = not any(map(_object_arguments, fresh))
@@ -70,6 +72,15 @@ def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Co
         kept = (state.sent_messages or [])[:known] + copy.deepcopy(sent[known:])
         return Conversation(messages, keys, kept)
     return Conversation(messages, keys, list(sent))
+
+
+def _as_answered(state: RolloutState, messages: list[Message], keys: list[MessageKey]) -> None:
+    """The gateway's last answer, where the request sends it back (with its reasoning moved
+    into the content, or dropped: the key leaves it out), is taken as it was answered: renders
+    of the conversation (a new segment's, the drift figure's) then see the reasoning sampled."""
+    at = len(state.message_keys) - 1
+    if at >= 0 and len(keys) > at and keys[: at + 1] == state.message_keys:
+        messages[at] = state.messages[at]
 
 
 def _known_prefix(state: RolloutState, sent: Any) -> int:

@@ -142,6 +142,12 @@ class RegisterRequest(SamplingFields):
     max_turns: int | None = Field(default=None, ge=1)
     max_seq_len: int | None = Field(default=None, ge=2, le=MAX_SEQ_LEN)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    history: Literal["as_sampled", "as_template"] = Field(
+        default="as_sampled",
+        description="Where the chat template renders earlier answers differently once more "
+        "messages follow (Qwen3 drops their thinking at a new question): as_sampled keeps "
+        "the sampled ids (one sample), as_template renders as the template does (a new segment).",
+    )
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**self.sampling_overrides())

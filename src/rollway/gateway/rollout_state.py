@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.gateway.render.chat_template import content_text
+from rollway.gateway.render.reasoning import without_reasoning
 from rollway.generation import Message, SamplingParams
 from rollway.trajectory import Turn
 from rollway.trajectory_format import int32_bytes
@@ -104,6 +105,9 @@ class RolloutState:
     max_turns: int | None
     max_seq_len: int | None
     metadata: dict[str, Any]
+    #: Where the template renders earlier answers differently once more messages follow:
+    #: ``as_sampled`` extends the sampled ids (one sample), ``as_template`` starts a segment.
+    history: str = "as_sampled"
     turns: list[Turn] = field(default_factory=list)
     #: The last request's messages plus the reply the gateway gave, as sent over the wire.
     messages: list[Message] = field(default_factory=list)
@@ -200,13 +204,19 @@ class RolloutState:
 
 
 def message_key(message: Message) -> MessageKey:
-    """What identifies a message for rendering: role, text, tool calls (arguments canonical)."""
+    """What identifies a message for rendering: role, text, tool calls (arguments canonical).
+    An answer's reasoning is not part of it: an agent sends the gateway's answer back with its
+    reasoning in ``reasoning_content``, inside the content or dropped, and it is the same
+    answer, whose sampled ids the next turn extends."""
     role = "system" if message["role"] == "developer" else message["role"]
     calls = tuple(
         (c["function"]["name"], _canonical_json(c["function"].get("arguments", "{}")))
         for c in message.get("tool_calls") or ()
     )
-    return (role, content_text(message.get("content")), calls, message.get("tool_call_id"))
+    content = content_text(message.get("content"))
+    if role == "assistant":
+        content = without_reasoning(content)
+    return (role, content, calls, message.get("tool_call_id"))
 
 
 def _canonical_json(arguments: str | dict[str, Any]) -> str:

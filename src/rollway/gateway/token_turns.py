@@ -5,6 +5,7 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,13 @@ from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
 from rollway.gateway.render.tool_calls import ParsedToolCalls, parse_tool_calls
-from rollway.gateway.render.turn_stream import ContentDelta, TurnPiece, TurnText, closing_pieces
+from rollway.gateway.render.turn_stream import (
+    ContentDelta,
+    ReasoningDelta,
+    TurnPiece,
+    TurnText,
+    closing_pieces,
+)
 from rollway.gateway.request_schema import ChatCompletionRequest
 from rollway.gateway.rollout_state import Conversation, RolloutState, SequenceTip
 from rollway.generation import ChatResult, GenerationResult, Message, SamplingParams
@@ -101,7 +108,13 @@ class TokenTurns:
             for piece in closing_pieces(turn):
                 yield piece
             return
-        text = TurnText(self.renderer, turn.sampling.stop, turn.use_tools, self._special_ids)
+        text = TurnText(
+            self.renderer,
+            turn.sampling.stop,
+            turn.use_tools,
+            self._special_ids,
+            self.renderer.thinking,
+        )
         sampled = None
         chunks = self.calls.sample_stream(
             self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
@@ -111,13 +124,17 @@ class TokenTurns:
                 async for chunk in chunks:
                     if isinstance(chunk, Sampled):
                         sampled = chunk
-                    elif delta := text.push(chunk.output_ids):
+                        continue
+                    delta = text.push(chunk.output_ids)
+                    if thought := text.take_reasoning():
+                        yield ReasoningDelta(thought)
+                    if delta:
                         yield ContentDelta(delta)
             assert sampled is not None  # sample_stream ends with it or raises
             answer = self._finish(state, turn, sampled)
         finally:
             turn.plan.release()
-        for piece in closing_pieces(answer, text.sent):
+        for piece in closing_pieces(answer, text.sent, text.reasoning_sent):
             yield piece
 
     async def _plan(
@@ -222,7 +239,11 @@ class TokenTurns:
         if cut is not None:
             at, stop = cut
             text = text[:at]
-        return (parse_tool_calls(text) if use_tools else ParsedToolCalls(text)), stop, specials
+        reasoning = None
+        if self.renderer.thinking is not None:
+            reasoning, text = self.renderer.thinking.split(text)
+        parsed = parse_tool_calls(text) if use_tools else ParsedToolCalls(text)
+        return dataclasses.replace(parsed, reasoning=reasoning), stop, specials
 
     @staticmethod
     def _record(
@@ -281,10 +302,11 @@ class TokenTurns:
 
 
 def _assistant_message(parsed: ParsedToolCalls) -> Message:
+    message: Message = {"role": "assistant", "content": parsed.content}
+    if parsed.reasoning is not None:
+        # vLLM's and SGLang's field; the sample keeps the thinking tokens as sampled.
+        message["reasoning_content"] = parsed.reasoning
     if parsed.tool_calls:
-        return {
-            "role": "assistant",
-            "content": parsed.content or None,
-            "tool_calls": parsed.tool_calls,
-        }
-    return {"role": "assistant", "content": parsed.content}
+        message["content"] = parsed.content or None
+        message["tool_calls"] = parsed.tool_calls
+    return message

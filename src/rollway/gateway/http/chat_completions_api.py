@@ -17,7 +17,12 @@ from typing import Any
 import orjson
 
 from rollway.errors import RollwayError
-from rollway.gateway.render.turn_stream import ContentDelta, ToolCallDelta, TurnPiece
+from rollway.gateway.render.turn_stream import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallDelta,
+    TurnPiece,
+)
 from rollway.generation import ChatResult
 from rollway.web.handlers import error_body
 
@@ -108,6 +113,8 @@ async def sse_events(
     async for piece in pieces:
         if isinstance(piece, ContentDelta):
             yield chunk({"content": piece.text})
+        elif isinstance(piece, ReasoningDelta):  # vLLM's and SGLang's delta field
+            yield chunk({"reasoning_content": piece.text})
         elif isinstance(piece, ToolCallDelta):
             yield chunk({"tool_calls": [{"index": piece.index, **piece.call}]})
         else:

@@ -14,7 +14,12 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollway.errors import InvalidFieldsError, RollwayError
-from rollway.gateway.render.turn_stream import ContentDelta, ToolCallDelta, TurnPiece
+from rollway.gateway.render.turn_stream import (
+    ContentDelta,
+    ReasoningDelta,
+    ToolCallDelta,
+    TurnPiece,
+)
 from rollway.generation import ChatResult
 
 _STOP_REASON = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -41,6 +46,16 @@ class ToolUseBlock(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
+class ThinkingBlock(BaseModel):
+    """An earlier answer's reasoning sent back: the gateway keeps it as sampled (the answer is
+    recognised with or without it); the signature is answered empty and not checked."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["thinking"]
+    thinking: str
+    signature: str = ""
+
+
 class ToolResultBlock(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["tool_result"]
@@ -49,8 +64,10 @@ class ToolResultBlock(BaseModel):
     is_error: bool | None = None
 
 
-#: The blocks a text-only policy can take; images, documents and thinking are refused.
-ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+#: The blocks a text-only policy can take; images and documents are refused.
+ContentBlock = Annotated[
+    TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
+]
 
 
 class AnthropicMessage(BaseModel):
@@ -72,6 +89,8 @@ class MessagesRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     stop_sequences: list[str] | None = None
     stream: bool = False
+    #: Whether and how long to think is the model's template's to say: accepted, not used.
+    thinking: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
 
@@ -112,11 +131,14 @@ def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": message.role, "content": message.content}]
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
     for block in message.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
+        elif isinstance(block, ThinkingBlock) and message.role == "assistant":
+            thoughts.append(block.thinking)
         elif isinstance(block, ToolUseBlock) and message.role == "assistant":
             arguments = json.dumps(block.input, ensure_ascii=False)
             function = {"name": block.name, "arguments": arguments}
@@ -131,12 +153,16 @@ def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
             )
     if message.role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
+        if thoughts:
+            out["reasoning_content"] = "".join(thoughts)
         return [out | {"tool_calls": calls}] if calls else [out]
     return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
 def message_body(result: ChatResult, model: str) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
+    if reasoning := result.message.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
     if result.message.get("content"):
         content.append({"type": "text", "text": result.message["content"]})
     content += [_tool_use(call) for call in result.message.get("tool_calls") or []]
@@ -178,16 +204,26 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
 
 
 async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncGenerator[bytes, None]:
-    """A streamed turn as Anthropic stream events, in the order the SDK expects: a text block
-    whose deltas come as the tokens do, then a block per tool call. The prompt's token count
-    is known at the end: ``message_delta`` carries it (the SDK takes it from there)."""
+    """A streamed turn as Anthropic stream events, in the order the SDK expects: a thinking
+    block and a text block whose deltas come as the tokens do, then a block per tool call.
+    The prompt's token count is known at the end: ``message_delta`` carries it (the SDK
+    takes it from there)."""
     start = _message(model, [], None) | {"usage": {"input_tokens": 0, "output_tokens": 0}}
     yield _event("message_start", {"type": "message_start", "message": start})
-    blocks, text_open = 0, False
+    blocks, text_open, thinking_open = 0, False, False
     async for piece in pieces:
         if isinstance(piece, ChatResult):
             result = piece
             continue
+        if isinstance(piece, ReasoningDelta):  # the reasoning comes before anything else
+            if not thinking_open:
+                yield _block_start(blocks, {"type": "thinking", "thinking": "", "signature": ""})
+                blocks, thinking_open = blocks + 1, True
+            yield _block_delta(blocks - 1, {"type": "thinking_delta", "thinking": piece.text})
+            continue
+        if thinking_open:
+            yield _block_stop(blocks - 1)
+            thinking_open = False
         if text_open and isinstance(piece, ToolCallDelta):
             yield _block_stop(blocks - 1)
             text_open = False
@@ -205,7 +241,7 @@ async def sse_events(pieces: AsyncIterator[TurnPiece], model: str) -> AsyncGener
             yield _block_delta(blocks, {"type": "input_json_delta", "partial_json": arguments})
             yield _block_stop(blocks)
             blocks += 1
-    if text_open:
+    if text_open or thinking_open:
         yield _block_stop(blocks - 1)
     delta = {"stop_reason": _stop_reason(result), "stop_sequence": result.stop_sequence}
     usage = _usage(result)

@@ -6,6 +6,11 @@ that closes the assistant turn and (b) the newly appended messages plus the gene
 (b) is found by rendering a fixed sentinel conversation with and without the new messages and
 tokenizing the difference; (a) is what the template writes after an assistant's content,
 less the end-of-turn token when the model sampled it itself.
+
+Some templates render earlier messages differently once later ones follow: Qwen3's writes the
+last answer's thinking, then drops it (or an empty ``<think></think>``) once a tool result or a
+new question follows. The sampled ids stay as sampled: (b) is then what the template writes
+after the sentinel answer's content and its closing glue, which no earlier message changes.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from collections import OrderedDict
 from typing import Any
 
 from rollway.errors import InvalidFieldsError
+from rollway.gateway.render.message_shapes import MessageShapes
 from rollway.gateway.render.message_template import ROLES, read_pieces
+from rollway.gateway.render.reasoning import think_tags
 from rollway.gateway.render.token_bound import TokenBound
 from rollway.gateway.render.token_bytes import token_bytes
 from rollway.gateway.render.tool_calls import (
@@ -36,6 +43,8 @@ AUDIT_EVERY = 64
 GIL_FREE_ABOVE_CHARS = 8192
 #: First prompts kept: a few batches' worth of distinct tasks.
 PROMPT_CACHE_SIZE = 1024
+#: Tools blocks whose message shapes are kept (``MessageShapes``).
+SHAPES_CACHE_SIZE = 64
 
 _SENTINEL = "rollwaysentinel"
 _BASE: list[Message] = [
@@ -43,6 +52,9 @@ _BASE: list[Message] = [
     {"role": "user", "content": _SENTINEL},
     {"role": "assistant", "content": _SENTINEL},
 ]
+#: The same, its answer with reasoning: for templates that write reasoning, an answer that
+#: thought (Qwen3 writes its thinking back while a tool loop lasts, and drops it after).
+_BASE_THINKING: list[Message] = [*_BASE[:2], {**_BASE[2], "reasoning_content": _SENTINEL}]
 
 
 class TokenBudgetExceeded(Exception):
@@ -68,6 +80,9 @@ class ChatRenderer:
         base = self.render(_BASE, None, add_generation_prompt=False)
         # What the template writes after an assistant's content, e.g. "<|im_end|>\n".
         self._assistant_tail = base[base.rindex(_SENTINEL) + len(_SENTINEL) :]
+        #: How the template marks reasoning (None: it has none): answers are split by it.
+        self.thinking = think_tags(str(tokenizer.chat_template), self._generation_prompt())
+        self._base = _BASE_THINKING if self.thinking is not None else _BASE
         self._base_renders: dict[str, str] = {}
         # The Rust tokenizer itself where there is one: transformers' wrapper costs more than
         # the encoding of a turn's few new tokens.
@@ -82,6 +97,9 @@ class ChatRenderer:
         self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
         self._glue: dict[int, str] = {}
         self._continued = 0
+        #: New messages rendered by their shape, per tools block and history choice: where
+        #: the pieces do not fit the template (Qwen3's).
+        self._shapes: OrderedDict[tuple[str, bool], MessageShapes] | None = OrderedDict()
 
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
@@ -175,29 +193,81 @@ class ChatRenderer:
         new_messages: list[Message],
         tools: list[dict[str, Any]] | None,
         max_tokens: int | None = None,
+        keep_sampled: bool = True,
     ) -> list[int] | None:
         """Ids to append after a completion for ``new_messages`` and the generation prompt.
 
-        None when the template renders earlier messages differently once later ones follow
-        (it is not append-stable), so the caller must start a new segment.
+        Where the template renders earlier messages differently once these follow (it is not
+        append-stable), ``keep_sampled`` keeps the history as sampled and appends what the
+        template writes for the new messages; without it the answer is None, and the caller
+        starts a new segment rendered as the template does.
         """
         if self._pieces is not None and self._plain(new_messages, tools):
             text = self._pieces.render([self._prepare_one(m) for m in new_messages])
             self._continued += 1
             if self._continued % AUDIT_EVERY != 1 or self._audit(text, new_messages, tools):
                 return self.encode(self.closing_glue(completion_ids) + text, max_tokens)
-        base = self._base_render(tools)
-        extended = self.render(_BASE + new_messages, tools, add_generation_prompt=True)
-        if not extended.startswith(base):
+        added = self._shaped(new_messages, tools, keep_sampled)
+        if added is None:
+            added = self._template_tail(new_messages, tools, keep_sampled)
+        if added is None:
             return None
-        return self.encode(self.closing_glue(completion_ids) + extended[len(base) :], max_tokens)
+        return self.encode(self.closing_glue(completion_ids) + added, max_tokens)
+
+    def _template_tail(
+        self, new_messages: list[Message], tools: list[dict[str, Any]] | None, keep_sampled: bool
+    ) -> str | None:
+        """The template's text for ``new_messages`` and the generation prompt, after an
+        answer (``continuation_ids``), by a Jinja run over the sentinel conversation."""
+        base = self._base_render(tools)
+        extended = self.render(self._base + new_messages, tools, add_generation_prompt=True)
+        if extended.startswith(base):
+            return extended[len(base) :]
+        return self._after_sampled(extended, new_messages) if keep_sampled else None
+
+    def _shaped(
+        self, new_messages: list[Message], tools: list[dict[str, Any]] | None, keep_sampled: bool
+    ) -> str | None:
+        """``_template_tail`` by the messages' shape (``MessageShapes``), None where it has
+        none; checked against the template now and then, and dropped, loudly, on a mismatch."""
+        if self._shapes is None:
+            return None
+        # The tools as given: a template may write them in the new messages (their order too).
+        key = (json.dumps(tools) if tools else "", keep_sampled)
+        shapes = self._shapes.get(key)
+        if shapes is None:
+            shapes = MessageShapes(lambda m: self._template_tail(m, tools, keep_sampled))
+            self._shapes[key] = shapes
+            if len(self._shapes) > SHAPES_CACHE_SIZE:
+                self._shapes.popitem(last=False)
+        text = shapes.render(new_messages)
+        if text is None:
+            return None
+        self._continued += 1
+        audit = self._continued % AUDIT_EVERY == 1
+        if audit and text != self._template_tail(new_messages, tools, keep_sampled):
+            log.warning("the chat template's message shapes disagree with it; not used again")
+            self._shapes = None
+            return None
+        return text
+
+    def _after_sampled(self, extended: str, new_messages: list[Message]) -> str | None:
+        """What the template writes for ``new_messages`` after the sentinel answer, where it
+        rendered the earlier messages differently: the text past that answer's content and
+        closing glue (None when the template puts something else there)."""
+        if any(_SENTINEL in str(message) for message in new_messages):
+            return None  # the last sentinel would not be the answer's
+        after = extended[extended.rindex(_SENTINEL) + len(_SENTINEL) :]
+        if not after.startswith(self._assistant_tail):
+            return None
+        return after[len(self._assistant_tail) :]
 
     def _audit(
         self, text: str, messages: list[Message], tools: list[dict[str, Any]] | None
     ) -> bool:
         """Check the pieces against the template on a real turn now and then; on a mismatch
         the template is used from then on (and the mismatch said once, loudly)."""
-        extended = self.render(_BASE + messages, tools, add_generation_prompt=True)
+        extended = self.render(self._base + messages, tools, add_generation_prompt=True)
         if extended == self._base_render(tools) + text:
             return True
         log.warning("the chat template's pieces disagree with the template; not used again")
@@ -211,6 +281,11 @@ class ChatRenderer:
             return False
         return all(m["role"] in ROLES or m["role"] == "developer" for m in messages)
 
+    def _generation_prompt(self) -> str:
+        question: list[Message] = [{"role": "user", "content": _SENTINEL}]
+        asked = self._render_prepared(question, True)
+        return asked[len(self._render_prepared(question, False)) :]
+
     def _render_prepared(self, messages: list[Message], add_generation_prompt: bool) -> str:
         text: str = self.tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=add_generation_prompt
@@ -221,7 +296,7 @@ class ChatRenderer:
         key = json.dumps(tools, sort_keys=True) if tools else ""
         cached = self._base_renders.get(key)
         if cached is None:
-            cached = self.render(_BASE, tools, add_generation_prompt=False)
+            cached = self.render(self._base, tools, add_generation_prompt=False)
             self._base_renders[key] = cached
         return cached
 
@@ -243,6 +318,8 @@ class ChatRenderer:
         tool_calls = message.get("tool_calls") or []
         if self.native_tools:
             out: Message = {"role": role, "content": content}
+            if message.get("reasoning_content") is not None:  # a recorded answer's
+                out["reasoning_content"] = message["reasoning_content"]
             if tool_calls:
                 out["tool_calls"] = [_with_dict_arguments(c) for c in tool_calls]
             if message.get("tool_call_id"):

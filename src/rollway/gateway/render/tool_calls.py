@@ -54,11 +54,14 @@ def render_tool_result(content: str) -> str:
 @dataclass(frozen=True, slots=True)
 class ParsedToolCalls:
     """A completion's text split into content and OpenAI-shaped tool calls; ``error`` says why
-    a tool call did not parse. Internal to building the turn: the answer is a ``ChatResult``."""
+    a tool call did not parse; ``reasoning`` is the thinking before the content, where the
+    template has any (``reasoning.ThinkTags``). Internal to building the turn: the answer is a
+    ``ChatResult``."""
 
     content: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+    reasoning: str | None = None
 
 
 def parse_tool_calls(text: str) -> ParsedToolCalls:

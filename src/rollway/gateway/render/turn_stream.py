@@ -7,7 +7,9 @@ everything from where a ``<tool_call>`` tag could begin plus the whitespace befo
 parse trims the content's end). Tool calls are handed out once the whole answer is parsed: a
 later bad block makes the parse keep the text whole, so a call sent earlier could turn out not
 to exist. At the end, ``rest`` gives what the recorded content adds to what was sent, so the
-deltas always add up to it.
+deltas always add up to it. Where the template writes reasoning (``reasoning.ThinkTags``), the
+content waits until the reasoning closes, and the reasoning streams apart (``ReasoningDelta``),
+held back where the closing tag or the newlines the parse strips might begin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from rollway.engines.whole_text import WholeText
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.reasoning import ThinkTags
 from rollway.gateway.render.tool_calls import OPEN_TAG
 from rollway.generation import ChatResult
 
@@ -33,6 +36,14 @@ class ContentDelta:
 
 
 @dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Text of the answer's reasoning (``reasoning_content``), in order, before its content:
+    the deltas of a turn add up to its reasoning."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ToolCallDelta:
     """One whole tool call of the answer, as recorded (OpenAI-shaped)."""
 
@@ -41,11 +52,19 @@ class ToolCallDelta:
 
 
 #: What a streamed turn hands out: deltas, then the ``ChatResult`` (always last).
-TurnPiece = ContentDelta | ToolCallDelta | ChatResult
+TurnPiece = ContentDelta | ReasoningDelta | ToolCallDelta | ChatResult
 
 
-def closing_pieces(result: ChatResult, sent: str = "") -> Iterator[TurnPiece]:
-    """The end of a streamed turn: the content not yet sent, each tool call, the result."""
+def closing_pieces(
+    result: ChatResult, sent: str = "", reasoning_sent: str = ""
+) -> Iterator[TurnPiece]:
+    """The end of a streamed turn: the reasoning and the content not yet sent, each tool
+    call, the result."""
+    reasoning = result.message.get("reasoning_content") or ""
+    if not reasoning.startswith(reasoning_sent):
+        log.warning("a streamed answer's reasoning differs from its recorded reasoning")
+    elif len(reasoning) > len(reasoning_sent):
+        yield ReasoningDelta(reasoning[len(reasoning_sent) :])
     content = result.message.get("content") or ""
     if not content.startswith(sent):  # a tokenizer whose decoding is not prefix-stable
         log.warning("a streamed answer's text differs from its recorded content")
@@ -58,7 +77,9 @@ def closing_pieces(result: ChatResult, sent: str = "") -> Iterator[TurnPiece]:
 
 class TurnText:
     """The shown text of one streamed answer. ``push`` takes the next tokens and returns the
-    text now safe to show; ``sent`` is all it showed."""
+    content now safe to show; ``sent`` is all it showed. With ``thinking``, the reasoning
+    before the content is shown apart: ``take_reasoning`` after each ``push`` gives what is
+    new of it, ``reasoning_sent`` is all it gave."""
 
     def __init__(
         self,
@@ -66,10 +87,14 @@ class TurnText:
         stop: Sequence[str],
         tools: bool,
         special_ids: frozenset[int],
+        thinking: ThinkTags | None = None,
     ) -> None:
         self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
         self._tools = tools
         self._special_ids = special_ids
+        # The content starts after the reasoning: nothing is shown before (``ThinkTags.shown``).
+        self._thinking = thinking
+        self.reasoning_sent = ""
         # With the renderer's own decode: the text the recorded turn is parsed from.
         self._whole = WholeText(renderer.decode)
         self._closed = False  # a stop string or a tool call began: nothing more is shown
@@ -83,10 +108,25 @@ class TurnText:
                 self._whole.push(token_id)
         return self._release()
 
+    def take_reasoning(self) -> str:
+        if self._thinking is None:
+            return ""
+        shown = self._thinking.reasoning_shown(self._whole.text)
+        if len(shown) <= len(self.reasoning_sent) or not shown.startswith(self.reasoning_sent):
+            return ""
+        delta = shown[len(self.reasoning_sent) :]
+        self.reasoning_sent = shown
+        return delta
+
     def _release(self) -> str:
         text = self._whole.text
         if self._closed:
             return ""
+        if self._thinking is not None:
+            shown = self._thinking.shown(text)
+            if shown is None:
+                return ""
+            text = shown
         starts = (text.find(hold, max(len(self.sent) - len(hold), 0)) for hold in self._holds)
         found = [at for at in starts if at >= 0]
         end = min(found) if found else _unambiguous_end(text, len(self.sent), self._holds)
