@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,15 @@ import pytest
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient, StepBatch
+from rollway.engines.remote.vllm import VLLMEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import ConfigError, EngineError, StoredDataError
-from rollway.events import RolloutEvent, StepHandedOver
+from rollway.events import RolloutEvent, StepHandedOver, TurnStarted
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.results import AgentResult
+from tests.restartable import RestartableProcess
 
 
 class StepAgent(AgentLoop):
@@ -278,3 +282,56 @@ def test_a_position_file_that_is_not_one_is_named_with_the_fix(
     client = make_client()
     with pytest.raises(StoredDataError, match=r"steps summary of experiment steps.*delete the"):
         client.step_source([{"task_id": "a"}], group_size=2, groups_per_step=1)
+
+
+#: Longer than a rollout's timeout below: the rollouts it cut end as engine errors.
+OUTAGE_S = 2.5
+
+
+@pytest.mark.timeout(180)
+def test_an_engine_killed_mid_step_leaves_the_batch_complete_with_refilled_samples(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    engine = RestartableProcess(
+        ["sim-server", "--protocol", "vllm", "--port", "{port}", "--latency-s", "0.5",
+         "--output-len", "4"]
+    )  # fmt: skip
+    turns = threading.Event()
+    gateway = Gateway(VLLMEngine(engine.url), renderer, model_name="sim")
+    client = RolloutClient(
+        StepAgent,
+        gateway,
+        store=str(tmp_path),
+        exp_id="killed",
+        timeout=1.5,
+        max_retry_attempts=1,
+        on_event=lambda e: turns.set() if isinstance(e, TurnStarted) else None,
+    )
+    tasks = [{"task_id": f"t{i}"} for i in range(4)]
+    try:
+        with (
+            client,
+            client.step_source(tasks, group_size=2, groups_per_step=4, max_refills=10) as source,
+        ):
+            outage = threading.Thread(target=kill_and_restart, args=(engine, turns))
+            outage.start()
+            batch = source.next_batch()
+            outage.join(120)
+            client._loop.call(gateway.engine.close())  # the client closes no engine it was given
+    finally:
+        engine.stop()
+    assert sorted(task_ids(batch)) == ["t0", "t1", "t2", "t3"] and batch.lacking == 0
+    assert {r.status for r in batch.records} == {"completed"}
+    assert all(r.error_kind is None for r in batch.records)
+    assert batch.metrics.refilled.get("engine", 0) >= 1
+    assert all(f"the engine at {engine.url} was down" in f["reason"]
+               for f in batch.metrics.failures)  # fmt: skip
+    assert any(r.attempts > 1 for r in batch.records)
+
+
+def kill_and_restart(engine: RestartableProcess, turns: threading.Event) -> None:
+    """SIGKILL the engine once turns are in flight; start it again after ``OUTAGE_S``."""
+    assert turns.wait(60)
+    engine.stop()
+    time.sleep(OUTAGE_S)  # the outage's length, not a synchronisation
+    engine.start()
