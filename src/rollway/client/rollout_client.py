@@ -24,6 +24,8 @@ from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
+from rollway.client.step_plan import step_plan
+from rollway.client.step_source import StepHooks, StepSource
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import ChatEngine, Engine
 from rollway.errors import ConfigError
@@ -364,6 +366,59 @@ class RolloutClient:
             self.show_progress,
             self.status_interval,
         )
+
+    def step_source(
+        self,
+        tasks: Iterable[dict[str, Any]],
+        *,
+        group_size: int,
+        groups_per_step: int,
+        over_sample: float = 0.0,
+        dynamic_sampling: bool = True,
+        max_extra_groups: int | None = None,
+        max_refills: int = 2,
+        max_staleness: int | None = None,
+        stale: str = "restart",
+        prefetch: bool = False,
+        epochs: int = 1,
+        resume: bool = True,
+        **overrides: Unpack[RolloutOptions],
+    ) -> StepSource:
+        """A trainer's batches (``client.step_source``): ``groups_per_step`` whole groups of
+        ``group_size`` each step, as soon as they are done; ``for batch in source`` or ``async
+        for``. ``over_sample``: keep up to ``groups_per_step * (1 + over_sample)`` groups going
+        (what runs at a hand-over goes on into the next step). ``dynamic_sampling``: set flat
+        groups aside, at most ``max_extra_groups`` a step (default ``groups_per_step``).
+        ``max_refills``: fresh attempts per sample lost to the infrastructure.
+        ``max_staleness`` (default: the client's) and ``stale`` (``restart``, ``drop``,
+        ``keep``): what becomes of a rollout that far behind the weights. ``prefetch``: start
+        groups while the trainer trains too (asynchronous RL). ``resume``: skip the tasks the
+        store says were settled. ``overrides`` as for ``run_batch``."""
+        self._check_open()
+        plan = step_plan(
+            self.policy.max_staleness,
+            group_size=group_size,
+            groups_per_step=groups_per_step,
+            over_sample=over_sample,
+            dynamic_sampling=dynamic_sampling,
+            max_extra_groups=max_extra_groups,
+            max_refills=max_refills,
+            max_staleness=max_staleness,
+            stale=stale,
+            prefetch=prefetch,
+            settings=self.settings.with_options(overrides),
+        )
+        hooks = StepHooks(
+            exp_id=self.exp_id,
+            store=self.store,
+            policy=self.policy,
+            submit=self._submit,
+            fingerprint=self._fingerprint,
+            lease=lambda: self._lease.held(self._loop),
+            events=self._events.bus,
+            status_interval=self.status_interval,
+        )
+        return StepSource(hooks, plan, tasks, epochs=epochs, resume=resume)
 
     def _fingerprint(self, settings: RolloutConfig) -> dict[str, Any]:
         """What rollouts started now are made with (``client.fingerprint``): the policy version

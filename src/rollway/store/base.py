@@ -44,6 +44,11 @@ class Store(Protocol):
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None: ...
 
+    def read_summary(self, name: str) -> dict[str, Any] | None:
+        """The summary ``name`` as written, None where there is none; one that is not a JSON
+        object is a ``StoredDataError`` naming it."""
+        ...
+
     # Agent servers leave their reports here, so a client that missed the callback (or
     # restarted) finds them by polling ``report_exists`` (a HEAD, not a read).
 

@@ -12,7 +12,9 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from rollway.errors import BadRecordError, StoredDataError
@@ -63,6 +65,17 @@ def read_record(path: Path, key: str) -> RolloutRecord | None:
     except ValueError as exc:
         raise BadRecordError.of(str(path), str(exc), key) from None
     return None if data is None else parse_record(data, str(path), key)
+
+
+def parse_summary(data: bytes, where: str) -> dict[str, Any]:
+    """A summary's JSON object; anything else is a ``StoredDataError`` naming ``where``."""
+    try:
+        parsed = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise StoredDataError(f"{where} is not JSON ({exc}): delete it or write it again") from None
+    if not isinstance(parsed, dict):
+        raise StoredDataError(f"{where} is not a JSON object: delete it or write it again")
+    return parsed
 
 
 def parse_lease(data: bytes, where: str) -> Lease:
