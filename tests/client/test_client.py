@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -201,6 +202,44 @@ def test_a_slow_or_broken_reward_function_fails_only_its_rollout(make_client: Ma
     assert by_id["slow"].error_kind == "reward" and "timed out" in by_id["slow"].reason
     assert by_id["bad"].error_kind == "reward" and "not float" in by_id["bad"].reason
     assert by_id["fine"].reward == 1.0
+
+
+def test_a_flaky_grader_is_retried_until_every_rollout_is_scored(make_client: MakeClient) -> None:
+    tries: Counter[str] = Counter()
+
+    def flaky(task: dict[str, Any], trajectory: Trajectory) -> float:
+        tries[task["task_id"]] += 1  # fails 30% of its tries, the same ones on every run
+        if random.Random(f"7:{task['task_id']}:{tries[task['task_id']]}").random() < 0.3:
+            raise ConnectionError("grader unreachable")
+        return 1.0
+
+    tasks = [{"task_id": f"f{i}"} for i in range(16)]
+    records = [i.result for i in make_client(reward=flaky).run_batch(tasks)]
+    assert [r.status for r in records] == ["completed"] * 16
+    assert all(r.reward == 1.0 for r in records)
+    retried = [r for r in records if "tries" in r.reward_info]
+    assert retried and sum(tries.values()) > 16  # some tries failed, and were tried again
+    for record in retried:  # each try is recorded: the failed ones with their error
+        *failed, last = record.reward_info["tries"]
+        assert all("ConnectionError: grader unreachable" in t["error"] for t in failed)
+        assert "error" not in last and last["elapsed_s"] >= 0
+        assert len(failed) + 1 == tries[record.task["task_id"]]
+
+
+def test_a_grader_that_fails_every_try_keeps_the_trajectory(make_client: MakeClient) -> None:
+    def broken(task: dict[str, Any], trajectory: Trajectory) -> float:
+        raise ConnectionError("grader down")
+
+    (item,) = make_client(reward=broken).run_batch([{"task_id": "down", "chats": 2}])
+    record = item.result
+    assert (record.status, record.error_kind, record.reward) == ("error", "reward", None)
+    assert record.reason == "reward function raised ConnectionError: grader down (3 tries)"
+    assert [t["error"] for t in record.reward_info["tries"]] == [
+        "reward function raised ConnectionError: grader down"
+    ] * 3  # reward_retries=2 by default: 3 tries
+    assert record.trajectory is not None and len(record.trajectory.turns) == 2
+    stored = make_client().store.get(record.rollout_key)
+    assert stored is not None and stored.trajectory == record.trajectory
 
 
 def test_group_statistics_leave_out_infrastructure_failures(make_client: MakeClient) -> None:

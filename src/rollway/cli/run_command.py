@@ -58,6 +58,7 @@ def run(
     max_seq_len: o.MaxSeqLenOption = None,
     max_attempts: o.MaxAttemptsOption = None,
     reward_timeout: o.RewardTimeoutOption = 30.0,
+    reward_retries: o.RewardRetriesOption = 2,
     stop_grace: o.StopGraceOption = 2.0,
     seed: o.SeedOption = None,
     resume: o.ResumeOption = True,
@@ -167,6 +168,7 @@ def _limits(s: dict[str, Any]) -> RolloutLimits:
         timeout=s["timeout"] or None,
         reward_timeout=s["reward_timeout"],
         stop_grace_s=s["stop_grace"],
+        reward_retries=s["reward_retries"],
     )
 
 

@@ -5,7 +5,8 @@ rollouts of older weights, and a rerun with other settings never gets the old ou
 A fingerprint holds what changes an outcome: the client's policy (weights) version, the
 served model, the agent (its class, a program's command, an agent server's URL), the reward
 function (by name), the fixed sampling fields and the limits (turns, tokens, timeouts). Not in
-it: the retry policy (resume reruns retried failures anyway), debug output, the executor and
+it: the retry policy (resume reruns retried failures anyway) and the reward's retries (how
+hard a grader is tried, not what it scores), debug output, the executor and
 the pacing (concurrency, rate), which change how fast rollouts run, not what they sample."""
 
 from __future__ import annotations
@@ -43,10 +44,18 @@ def fingerprint(
         "agent": agent_identity(agent),
         "reward": _reward_identity(reward),
         "sampling": settings.fixed_sampling(),
-        "limits": dataclasses.asdict(settings.limits),
+        "limits": _limits(settings),
     }
     loaded: dict[str, Any] = orjson.loads(orjson.dumps(made))
     return loaded
+
+
+def _limits(settings: RolloutConfig) -> dict[str, Any]:
+    """The limits that change an outcome: all but ``reward_retries``, which also keeps the
+    fingerprints of records made before it existed."""
+    limits = dataclasses.asdict(settings.limits)
+    del limits["reward_retries"]
+    return limits
 
 
 def difference(stored: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str | None:
