@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rollway import Rubric
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import AgentError, ConfigError, EngineError, InvalidFieldsError
@@ -202,6 +203,21 @@ def test_a_slow_or_broken_reward_function_fails_only_its_rollout(make_client: Ma
     assert by_id["slow"].error_kind == "reward" and "timed out" in by_id["slow"].reason
     assert by_id["bad"].error_kind == "reward" and "not float" in by_id["bad"].reason
     assert by_id["fine"].reward == 1.0
+
+
+def test_a_rubric_scores_each_rollout_with_its_components(make_client: MakeClient) -> None:
+    def turns(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return float(len(trajectory.turns))
+
+    async def asked(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return 1.0 if task["task_id"] == "yes" else 0.0
+
+    rubric = Rubric({"turns": turns, "asked": asked}, weights={"turns": 0.5})
+    tasks = [{"task_id": "yes", "chats": 2}, {"task_id": "no"}]
+    items = make_client(reward=rubric).run_batch(tasks)
+    by_id = {i.result.task["task_id"]: i.result for i in items}
+    assert by_id["yes"].reward == 2.0 and by_id["no"].reward == 0.5
+    assert by_id["yes"].reward_info == {"turns": 2.0, "asked": 1.0, "source": "reward_fn"}
 
 
 def test_a_flaky_grader_is_retried_until_every_rollout_is_scored(make_client: MakeClient) -> None:

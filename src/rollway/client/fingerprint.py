@@ -4,10 +4,11 @@ rollouts of older weights, and a rerun with other settings never gets the old ou
 
 A fingerprint holds what changes an outcome: the client's policy (weights) version, the
 served model, the agent (its class, a program's command, an agent server's URL), the reward
-function (by name), the fixed sampling fields and the limits (turns, tokens, timeouts). Not in
-it: the retry policy (resume reruns retried failures anyway) and the reward's retries (how
-hard a grader is tried, not what it scores), debug output, the executor and
-the pacing (concurrency, rate), which change how fast rollouts run, not what they sample."""
+function (by name; a rubric by its functions and weights), the fixed sampling fields and the
+limits (turns, tokens, timeouts). Not in it: the retry policy (resume reruns retried failures
+anyway) and the reward's retries (how hard a grader is tried, not what it scores), debug
+output, the executor and the pacing (concurrency, rate), which change how fast rollouts run,
+not what they sample."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.rollouts import RolloutConfig
-from rollway.rollouts.rewards import RewardFn
+from rollway.rollouts.rewards import RewardFn, reward_identity
 
 #: Why a stored record without a fingerprint runs again.
 NO_FINGERPRINT = "no fingerprint (recorded by an older rollway)"
@@ -42,7 +43,7 @@ def fingerprint(
         "policy_version": policy_version,
         "model": model,
         "agent": agent_identity(agent),
-        "reward": _reward_identity(reward),
+        "reward": None if reward is None else reward_identity(reward),
         "sampling": settings.fixed_sampling(),
         "limits": _limits(settings),
     }
@@ -81,14 +82,6 @@ def agent_identity(agent: AgentLoop) -> str:
     if isinstance(agent, ProgramAgent):
         return f"program: {shlex.join(agent.command)}"
     return f"{type(agent).__module__}:{type(agent).__qualname__}"
-
-
-def _reward_identity(reward: RewardFn | None) -> str | None:
-    if reward is None:
-        return None
-    module = getattr(reward, "__module__", None) or "?"
-    name = getattr(reward, "__qualname__", None) or type(reward).__qualname__
-    return f"{module}:{name}"
 
 
 def _leaves(*fingerprints: Mapping[str, Any]) -> list[str]:

@@ -14,11 +14,37 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollway.checks import is_number
 from rollway.errors import RewardError, is_failure
 from rollway.retry import Backoff, RetryPolicy
 from rollway.trajectory import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
+
+
+#: What rollway itself keeps in a record's ``reward_info``: never a component of the reward.
+RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_fn"})
+
+
+def reward_components(info: dict[str, Any]) -> dict[str, float]:
+    """The components of a reward, from its ``reward_info``: each number a reward function
+    returned beside its ``reward`` (a ``Rubric``'s functions, a dict's extras)."""
+    return {
+        name: float(value)
+        for name, value in info.items()
+        if name not in RESERVED_INFO and is_number(value) and math.isfinite(value)
+    }
+
+
+def reward_identity(reward: Any) -> str:
+    """A reward function by name (``module:qualname``), or a ``Rubric`` by its functions and
+    weights: what a fingerprint and a rescored record say scored it."""
+    identity = getattr(reward, "identity", None)
+    if callable(identity):
+        return str(identity())
+    module = getattr(reward, "__module__", None) or "?"
+    name = getattr(reward, "__qualname__", None) or type(reward).__qualname__
+    return f"{module}:{name}"
 
 
 class _TryFailed(RewardError):
@@ -84,8 +110,8 @@ async def _timed_try(
     note: dict[str, Any] = {}
     tries.append(note)
     try:
-        value = await asyncio.wait_for(_call(reward_fn, task, trajectory), limit_s)
-        return _as_reward(value)
+        value = await asyncio.wait_for(call(reward_fn, task, trajectory), limit_s)
+        return as_reward(value)
     except TimeoutError:
         note["error"] = f"reward function timed out after {limit_s:g} s"
         raise _TryFailed(note["error"]) from None
@@ -96,8 +122,8 @@ async def _timed_try(
         note["elapsed_s"] = round(time.monotonic() - start, 6)
 
 
-async def _call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
-    """What the function returns. What it raises, ``sys.exit()`` included, becomes a
+async def call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
+    """What the function (sync or async) returns. What it raises, ``sys.exit()`` included, becomes a
     ``RewardError`` here, inside the task ``wait_for`` runs this in: a ``SystemExit`` that
     left a task would stop the event loop of every rollout."""
     try:
@@ -125,7 +151,8 @@ def _on_worker(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory
         raise _TryFailed(f"reward function raised KeyboardInterrupt: {exc}") from exc
 
 
-def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
+def as_reward(value: Any) -> tuple[float, dict[str, Any]]:
+    """A reward function's value as its reward and extras; ``RewardError`` when it is none."""
     if isinstance(value, dict):
         extras = {k: v for k, v in value.items() if k != "reward"}
         if not isinstance(value.get("reward"), int | float) or isinstance(value["reward"], bool):
