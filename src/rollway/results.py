@@ -62,6 +62,20 @@ class TrajectoryStats(WireModel):
         )
 
 
+class PastReward(WireModel):
+    """A scoring a rescore replaced (``rollway rescore``): what the record said before."""
+
+    reward: float | None
+    reward_info: dict[str, Any]
+    status: Status
+    error_kind: ErrorKind | None
+    reason: str | None
+    reward_fn: str | None = Field(
+        description="What scored it: module:function, a rubric, 'agent', or None: not known."
+    )
+    replaced_at: float
+
+
 class RolloutRecord(WireModel):
     """The one recorded outcome of one rollout, as the store keeps it."""
 
@@ -104,6 +118,11 @@ class RolloutRecord(WireModel):
         description="What made it: the client's policy version, model, agent, reward function, "
         "fixed sampling and limits (docs/running.md#resume). Resume returns a stored record "
         "only when its fingerprint is the batch's; None (an older record) is run again.",
+    )
+    reward_history: list[PastReward] = Field(
+        default_factory=list,
+        description="The scorings rescores replaced, oldest first; reward and reward_info are "
+        "the latest (reward_info.reward_fn names what gave them, where a rescore did).",
     )
     trajectory: Trajectory | None = None
     trajectory_stats: TrajectoryStats | None = Field(

@@ -117,7 +117,7 @@ def _client(
         model=s["model"],
         store=s["out"],
         exp_id=exp_id,
-        reward=_load_reward(s["reward"]) if s["reward"] else None,
+        reward=load_reward(s["reward"]) if s["reward"] else None,
         sampling=_sampling(s),
         limits=_limits(s),
         retry={"attempts": s["max_attempts"]} if s["max_attempts"] else None,
@@ -210,7 +210,7 @@ def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
     return rows[:limit] if limit else rows
 
 
-def _load_reward(spec: str) -> RewardFn:
+def load_reward(spec: str) -> RewardFn:
     target, _, attr = spec.rpartition(":")
     fn = getattr(import_target(target, "reward"), attr, None)
     if not callable(fn):

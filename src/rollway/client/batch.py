@@ -152,7 +152,6 @@ def summarize(
     """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store,
     ``rerun`` (by why) found there and run again."""
     records = [*resumed, *ran]
-    rewards = [r.reward for r in records if r.reward is not None]
     stats = [_stats(r) for r in ran]
     latencies = sorted(ms for s in stats if s is not None for ms in s.turn_latency_ms)
     tokens = sum(
@@ -162,18 +161,26 @@ def summarize(
         for r, s in zip(ran, stats, strict=True)
     )
     return RunSummary(
-        by_status=dict(Counter(r.status for r in records)),
-        mean_reward=statistics.fmean(rewards) if rewards else None,
+        **outcome_figures(records),
         tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
         turn_latency_p50_ms=_percentile(latencies, 0.50),
         turn_latency_p95_ms=_percentile(latencies, 0.95),
         wall_s=wall_s,
-        errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
         resumed=len(resumed),
         rerun=dict(rerun or {}),
         sampled_tokens=tokens,
         interrupted=interrupted,
     )
+
+
+def outcome_figures(records: Sequence[RolloutRecord]) -> dict[str, Any]:
+    """What a summary says of ``records``' outcomes and rewards (a rescore recomputes these)."""
+    rewards = [r.reward for r in records if r.reward is not None]
+    return {
+        "by_status": dict(Counter(r.status for r in records)),
+        "mean_reward": statistics.fmean(rewards) if rewards else None,
+        "errors_by_kind": dict(Counter(r.error_kind for r in records if r.error_kind)),
+    }
 
 
 def _stats(record: RolloutRecord) -> TrajectoryStats | None:

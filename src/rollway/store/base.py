@@ -44,6 +44,10 @@ class Store(Protocol):
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None: ...
 
+    def read_summary(self, name: str) -> dict[str, Any] | None:
+        """The summary written as ``name`` (None: none, or not one that can be read)."""
+        ...
+
     # Agent servers leave their reports here, so a client that missed the callback (or
     # restarted) finds them by polling ``report_exists`` (a HEAD, not a read).
 

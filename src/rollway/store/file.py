@@ -41,7 +41,7 @@ from rollway.errors import ConfigError
 from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.results import AgentReport, RolloutRecord, Status
 from rollway.store.base import OnBadRecord, each_record
-from rollway.store.reading import bad_lease, parse_lease, read_file, read_record
+from rollway.store.reading import bad_lease, parse_lease, read_file, read_record, summary_of
 
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"
@@ -97,6 +97,14 @@ class FileStore:
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         payload = orjson.dumps(data, option=orjson.OPT_INDENT_2)
         _atomic_write(self.path / f"{name}.json", payload)
+
+    def read_summary(self, name: str) -> dict[str, Any] | None:
+        check_name(name, "summary name")
+        try:
+            data = read_file(self.path / f"{name}.json")
+        except ValueError:
+            return None
+        return summary_of(data)
 
     def write_report(self, report: AgentReport) -> None:
         path = self._report_path(report.run_key)

@@ -26,7 +26,7 @@ from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.results import AgentReport, RolloutRecord
 from rollway.store.base import OnBadRecord, each_record
 from rollway.store.file import check_name
-from rollway.store.reading import parse_lease, parse_record
+from rollway.store.reading import parse_lease, parse_record, summary_of
 
 #: Environment variables that configure object stores (endpoint, region, credentials).
 _ENV_PREFIXES = ("AWS_", "GOOGLE_", "AZURE_")
@@ -102,6 +102,10 @@ class ObjectStore:
 
     def write_summary(self, name: str, data: dict[str, Any]) -> None:
         self._put(f"{name}.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
+
+    def read_summary(self, name: str) -> dict[str, Any] | None:
+        check_name(name, "summary name")
+        return summary_of(self._get(f"{name}.json"))
 
     def take_lease(self, lease: Lease) -> None:
         from obstore.exceptions import AlreadyExistsError, PreconditionError

@@ -12,7 +12,9 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from rollway.errors import BadRecordError, StoredDataError
@@ -63,6 +65,16 @@ def read_record(path: Path, key: str) -> RolloutRecord | None:
     except ValueError as exc:
         raise BadRecordError.of(str(path), str(exc), key) from None
     return None if data is None else parse_record(data, str(path), key)
+
+
+def summary_of(data: bytes | None) -> dict[str, Any] | None:
+    """The summary in ``data``: a JSON object, else None (a summary is rewritten, never
+    trusted: one cut short or edited is as good as none)."""
+    try:
+        summary = None if data is None else orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return summary if isinstance(summary, dict) else None
 
 
 def parse_lease(data: bytes, where: str) -> Lease:
