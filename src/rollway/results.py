@@ -4,15 +4,20 @@ its ``RolloutMetrics`` and, once stored, its ``TrajectoryStats``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rollway.checks import is_number
 from rollway.errors import ErrorKind
 from rollway.trajectory import Trajectory, WireModel
 
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
+
+#: What rollway itself keeps in a record's ``reward_info``: never a component of the reward.
+RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_fn"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,19 @@ class RolloutRecord(WireModel):
             trajectory.setdefault("messages", messages[:count])
             data = {**data, "trajectory": trajectory}
         return data
+
+    @property
+    def reward_components(self) -> dict[str, float]:
+        """The components of the reward, from ``reward_info``: each number a reward function
+        returned beside its ``reward`` (a ``Rubric``'s functions, a dict's extras); none
+        while the record has no reward."""
+        if self.reward is None:
+            return {}
+        return {
+            name: float(value)
+            for name, value in self.reward_info.items()
+            if name not in RESERVED_INFO and is_number(value) and math.isfinite(value)
+        }
 
     @property
     def success(self) -> bool:

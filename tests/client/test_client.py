@@ -220,6 +220,39 @@ def test_a_rubric_scores_each_rollout_with_its_components(make_client: MakeClien
     assert by_id["yes"].reward_info == {"turns": 2.0, "asked": 1.0, "source": "reward_fn"}
 
 
+def test_reward_components_show_in_the_summaries_the_table_and_the_export(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    import orjson
+    import pyarrow.parquet as pq
+    from rich.console import Console
+
+    from rollway.client.batch import summarize
+    from rollway.client.progress import summary_table
+    from rollway.store import export_records
+
+    def checks(task: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+        return {"reward": 1.0, "format": 1.0, "correct": float(task["task_id"] == "a")}
+
+    client = make_client(reward=checks, exp_id="components")
+    records = [i.result for i in client.run_batch([{"task_id": "a"}, {"task_id": "b"}], 2)]
+    summary = orjson.loads((client.store.path / "summary.json").read_bytes())
+    assert summary["reward_components"] == {
+        "correct": {"mean": 0.5, "std": 0.5, "n": 4}, "format": {"mean": 1.0, "std": 0.0, "n": 4}
+    }  # fmt: skip
+    groups = orjson.loads((client.store.path / "groups.json").read_bytes())["groups"]
+    assert [g["reward_components"]["correct"]["mean"] for g in groups] == [1.0, 0.0]
+    console = Console(width=100, record=True)
+    console.print(summary_table(summarize(records, 1.0)))
+    table = console.export_text()
+    assert "reward/correct" in table and "0.500 ± 0.500" in table
+    out = tmp_path / "rows.parquet"
+    export_records(client.store.records(), out, "parquet")
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["reward/correct"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+    assert {r["reward/format"] for r in rows} == {1.0}
+
+
 def test_a_flaky_grader_is_retried_until_every_rollout_is_scored(make_client: MakeClient) -> None:
     tries: Counter[str] = Counter()
 

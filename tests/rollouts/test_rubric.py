@@ -9,8 +9,9 @@ import pytest
 
 from rollway import ConfigError, Rubric
 from rollway.client.fingerprint import fingerprint
+from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig
-from rollway.rollouts.rewards import reward_components, score
+from rollway.rollouts.rewards import score
 from rollway.trajectory import Trajectory
 from tests.client.conftest import ScriptedAgent
 
@@ -41,9 +42,13 @@ def test_the_reward_is_the_weighted_sum_and_each_value_a_component() -> None:
     reward, info = scored(rubric, {"answer": 5})
     assert reward == pytest.approx(1.0 + 0.2 * 0.5)
     assert info == {"answer": 1.0, "format": 0.5, "format.tags": 2}
-    assert reward_components({**info, "source": "reward_fn", "agent_reward": 1.0}) == {
-        "answer": 1.0, "format": 0.5, "format.tags": 2.0,
-    }  # fmt: skip
+    info |= {"source": "reward_fn", "agent_reward": 1.0, "tries": [{"elapsed_s": 1}]}
+    record = RolloutRecord(
+        exp_id="e", rollout_key="k.0", rollout_id="e.k.0.1", task_index=0, group_id="e:k",
+        group_index=0, sample_index=0, status="completed", reward=reward, reward_info=info,
+        started_at=0.0, elapsed_s=0.0,
+    )  # fmt: skip
+    assert record.reward_components == {"answer": 1.0, "format": 0.5, "format.tags": 2.0}
 
 
 def test_a_rubric_may_combine_its_components_otherwise() -> None:

@@ -14,26 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.checks import is_number
 from rollway.errors import RewardError, is_failure
 from rollway.retry import Backoff, RetryPolicy
 from rollway.trajectory import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
-
-
-#: What rollway itself keeps in a record's ``reward_info``: never a component of the reward.
-RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_fn"})
-
-
-def reward_components(info: dict[str, Any]) -> dict[str, float]:
-    """The components of a reward, from its ``reward_info``: each number a reward function
-    returned beside its ``reward`` (a ``Rubric``'s functions, a dict's extras)."""
-    return {
-        name: float(value)
-        for name, value in info.items()
-        if name not in RESERVED_INFO and is_number(value) and math.isfinite(value)
-    }
 
 
 def reward_identity(reward: Any) -> str:

@@ -12,7 +12,8 @@ from typing import Any
 
 from rollway.checks import is_number
 from rollway.errors import ConfigError, RewardError
-from rollway.rollouts.rewards import RESERVED_INFO, RewardFn, as_reward, call, reward_identity
+from rollway.results import RESERVED_INFO
+from rollway.rollouts.rewards import RewardFn, as_reward, call, reward_identity
 from rollway.trajectory import Trajectory
 
 #: Makes the reward of a rollout from its components (by name).
