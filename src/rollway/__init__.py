@@ -43,7 +43,7 @@ from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, c
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.retry import Backoff, RetryPolicy
-from rollway.rollouts import RolloutLimits, RolloutOptions, ServingConfig
+from rollway.rollouts import RolloutLimits, RolloutOptions, Rubric, ServingConfig
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.trajectory import Drift, Sample, Trajectory, Turn
@@ -94,6 +94,7 @@ __all__ = [
     "RolloutOptions",
     "RolloutRecord",
     "RollwayError",
+    "Rubric",
     "Sample",
     "SamplingParams",
     "Sandbox",

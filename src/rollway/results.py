@@ -4,15 +4,20 @@ its ``RolloutMetrics`` and, once stored, its ``TrajectoryStats``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rollway.checks import is_number
 from rollway.errors import ErrorKind
 from rollway.trajectory import Trajectory, WireModel
 
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
+
+#: What rollway itself keeps in a record's ``reward_info``: never a component of the reward.
+RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_fn"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,20 @@ class TrajectoryStats(WireModel):
         )
 
 
+class PastReward(WireModel):
+    """A scoring a rescore replaced (``rollway rescore``): what the record said before."""
+
+    reward: float | None
+    reward_info: dict[str, Any]
+    status: Status
+    error_kind: ErrorKind | None
+    reason: str | None
+    reward_fn: str | None = Field(
+        description="What scored it: module:function, a rubric, 'agent', or None: not known."
+    )
+    replaced_at: float
+
+
 class RolloutRecord(WireModel):
     """The one recorded outcome of one rollout, as the store keeps it."""
 
@@ -105,6 +124,11 @@ class RolloutRecord(WireModel):
         "fixed sampling and limits (docs/running.md#resume). Resume returns a stored record "
         "only when its fingerprint is the batch's; None (an older record) is run again.",
     )
+    reward_history: list[PastReward] = Field(
+        default_factory=list,
+        description="The scorings rescores replaced, oldest first; reward and reward_info are "
+        "the latest (reward_info.reward_fn names what gave them, where a rescore did).",
+    )
     trajectory: Trajectory | None = None
     trajectory_stats: TrajectoryStats | None = Field(
         default=None, description="Set on light copies, whose trajectory stays in the store."
@@ -126,6 +150,19 @@ class RolloutRecord(WireModel):
             trajectory.setdefault("messages", messages[:count])
             data = {**data, "trajectory": trajectory}
         return data
+
+    @property
+    def reward_components(self) -> dict[str, float]:
+        """The components of the reward, from ``reward_info``: each number a reward function
+        returned beside its ``reward`` (a ``Rubric``'s functions, a dict's extras); none
+        while the record has no reward."""
+        if self.reward is None:
+            return {}
+        return {
+            name: float(value)
+            for name, value in self.reward_info.items()
+            if name not in RESERVED_INFO and is_number(value) and math.isfinite(value)
+        }
 
     @property
     def success(self) -> bool:

@@ -4,9 +4,10 @@ Every retry loop in rollway runs a named policy, through the tenacity loop the p
 (``policy.retrying()``), instead of counting and sleeping by hand. Each named policy lives
 beside its owner: ``ENGINE_CONNECT`` (engines.remote.connection), ``AGENT_INIT``
 (agents.server.remote_agent), ``REPORT_DELIVERY`` (agents.server.report_sender),
-``ROLLOUT_ATTEMPTS`` (rollouts.config), ``WORKER_REDISPATCH`` (executors.ray_executor) and
-``WORKER_RESTART`` (executors.ray_workers). A policy whose numbers come from configuration is
-the named one with those numbers replaced (``dataclasses.replace(ROLLOUT_ATTEMPTS,
+``ROLLOUT_ATTEMPTS`` (rollouts.config), ``REWARD_TRIES`` (rollouts.rewards),
+``WORKER_REDISPATCH`` (executors.ray_executor) and ``WORKER_RESTART`` (executors.ray_workers).
+A policy whose numbers come from configuration is the
+named one with those numbers replaced (``dataclasses.replace(ROLLOUT_ATTEMPTS,
 attempts=n)``); one whose retryable errors are private to its caller or imported late (the Ray
 executor's) gets them where it is used.
 

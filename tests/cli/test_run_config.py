@@ -29,6 +29,7 @@ max_turns = 3
 max_seq_len = 2048
 max_attempts = 5
 reward_timeout = 7.5
+reward_retries = 4
 stop_grace = 0.5
 gateway_key = "sk-secret"
 """
@@ -57,7 +58,7 @@ def test_a_run_takes_its_settings_from_the_file_and_the_command_line_wins(
     }  # fmt: skip
     assert config["limits"] == {
         "max_turns": 3, "max_seq_len": 2048, "timeout": 900.0, "reward_timeout": 7.5,
-        "stop_grace_s": 0.5,
+        "stop_grace_s": 0.5, "reward_retries": 4,
     }  # fmt: skip
     assert config["retry"]["attempts"] == 5
 
@@ -103,7 +104,8 @@ def test_help_names_every_option_whole_at_80_columns(workdir: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     assert "…" not in ran.stdout  # nothing cut to fit a column
     for option in ("--top-p", "--top-k", "--stop", "--max-turns", "--max-seq-len",
-                   "--max-attempts", "--reward-timeout", "--stop-grace", "--config",
+                   "--max-attempts", "--reward-timeout", "--reward-retries", "--stop-grace",
+                   "--config",
                    "--print-config", "--top-logprobs", "--record-entropy",
                    "ROLLWAY_STATUS_INTERVAL"):  # fmt: skip
         assert option in ran.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from rollway import Rubric
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.errors import AgentError, ConfigError, EngineError, InvalidFieldsError
@@ -201,6 +203,92 @@ def test_a_slow_or_broken_reward_function_fails_only_its_rollout(make_client: Ma
     assert by_id["slow"].error_kind == "reward" and "timed out" in by_id["slow"].reason
     assert by_id["bad"].error_kind == "reward" and "not float" in by_id["bad"].reason
     assert by_id["fine"].reward == 1.0
+
+
+def test_a_rubric_scores_each_rollout_with_its_components(make_client: MakeClient) -> None:
+    def turns(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return float(len(trajectory.turns))
+
+    async def asked(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return 1.0 if task["task_id"] == "yes" else 0.0
+
+    rubric = Rubric({"turns": turns, "asked": asked}, weights={"turns": 0.5})
+    tasks = [{"task_id": "yes", "chats": 2}, {"task_id": "no"}]
+    items = make_client(reward=rubric).run_batch(tasks)
+    by_id = {i.result.task["task_id"]: i.result for i in items}
+    assert by_id["yes"].reward == 2.0 and by_id["no"].reward == 0.5
+    assert by_id["yes"].reward_info == {"turns": 2.0, "asked": 1.0, "source": "reward_fn"}
+
+
+def test_reward_components_show_in_the_summaries_the_table_and_the_export(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    import orjson
+    import pyarrow.parquet as pq
+    from rich.console import Console
+
+    from rollway.client.batch import summarize
+    from rollway.client.progress import summary_table
+    from rollway.store import export_records
+
+    def checks(task: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+        return {"reward": 1.0, "format": 1.0, "correct": float(task["task_id"] == "a")}
+
+    client = make_client(reward=checks, exp_id="components")
+    records = [i.result for i in client.run_batch([{"task_id": "a"}, {"task_id": "b"}], 2)]
+    summary = orjson.loads((client.store.path / "summary.json").read_bytes())
+    assert summary["reward_components"] == {
+        "correct": {"mean": 0.5, "std": 0.5, "n": 4}, "format": {"mean": 1.0, "std": 0.0, "n": 4}
+    }  # fmt: skip
+    groups = orjson.loads((client.store.path / "groups.json").read_bytes())["groups"]
+    assert [g["reward_components"]["correct"]["mean"] for g in groups] == [1.0, 0.0]
+    console = Console(width=100, record=True)
+    console.print(summary_table(summarize(records, 1.0)))
+    table = console.export_text()
+    assert "reward/correct" in table and "0.500 ± 0.500" in table
+    out = tmp_path / "rows.parquet"
+    export_records(client.store.records(), out, "parquet")
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["reward/correct"] for r in rows) == [0.0, 0.0, 1.0, 1.0]
+    assert {r["reward/format"] for r in rows} == {1.0}
+
+
+def test_a_flaky_grader_is_retried_until_every_rollout_is_scored(make_client: MakeClient) -> None:
+    tries: Counter[str] = Counter()
+
+    def flaky(task: dict[str, Any], trajectory: Trajectory) -> float:
+        tries[task["task_id"]] += 1  # fails 30% of its tries, the same ones on every run
+        if random.Random(f"7:{task['task_id']}:{tries[task['task_id']]}").random() < 0.3:
+            raise ConnectionError("grader unreachable")
+        return 1.0
+
+    tasks = [{"task_id": f"f{i}"} for i in range(16)]
+    records = [i.result for i in make_client(reward=flaky).run_batch(tasks)]
+    assert [r.status for r in records] == ["completed"] * 16
+    assert all(r.reward == 1.0 for r in records)
+    retried = [r for r in records if "tries" in r.reward_info]
+    assert retried and sum(tries.values()) > 16  # some tries failed, and were tried again
+    for record in retried:  # each try is recorded: the failed ones with their error
+        *failed, last = record.reward_info["tries"]
+        assert all("ConnectionError: grader unreachable" in t["error"] for t in failed)
+        assert "error" not in last and last["elapsed_s"] >= 0
+        assert len(failed) + 1 == tries[record.task["task_id"]]
+
+
+def test_a_grader_that_fails_every_try_keeps_the_trajectory(make_client: MakeClient) -> None:
+    def broken(task: dict[str, Any], trajectory: Trajectory) -> float:
+        raise ConnectionError("grader down")
+
+    (item,) = make_client(reward=broken).run_batch([{"task_id": "down", "chats": 2}])
+    record = item.result
+    assert (record.status, record.error_kind, record.reward) == ("error", "reward", None)
+    assert record.reason == "reward function raised ConnectionError: grader down (3 tries)"
+    assert [t["error"] for t in record.reward_info["tries"]] == [
+        "reward function raised ConnectionError: grader down"
+    ] * 3  # reward_retries=2 by default: 3 tries
+    assert record.trajectory is not None and len(record.trajectory.turns) == 2
+    stored = make_client().store.get(record.rollout_key)
+    assert stored is not None and stored.trajectory == record.trajectory
 
 
 def test_group_statistics_leave_out_infrastructure_failures(make_client: MakeClient) -> None:

@@ -76,3 +76,26 @@ def test_rollway_run_writes_to_object_storage(s3_env: str, tmp_path: Path) -> No
     assert f"results in {s3_env}/calculator-tasks" in result.stdout
     stored = list(store_from_uri(s3_env, "calculator-tasks").records())
     assert len(stored) == 2 and all(r.trajectory is not None for r in stored)
+
+
+def test_rollway_rescore_rescores_a_run_in_object_storage(
+    s3_env: str, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    gateway = Gateway(SimEngine(SimConfig()), renderer, model_name="sim")
+    tasks = [{"task_id": f"s{i}", "reward": 1.0} for i in range(2)]
+    with RolloutClient(ScriptedAgent, gateway, store=s3_env, exp_id="scored") as client:
+        list(client.run_batch(tasks, group_size=2))
+    (tmp_path / "grader.py").write_text("def half(task, trajectory):\n    return 0.5\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "rollway", "rescore", f"{s3_env}/scored", "--reward",
+         "grader.py:half"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, env=dict(os.environ),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "rescored 4 rollouts" in result.stdout
+    store = store_from_uri(s3_env, "scored")
+    assert [(r.reward, r.reward_history[0].reward) for r in store.records()] == [(0.5, 1.0)] * 4
+    summary = store.read_summary("summary")
+    assert summary is not None and summary["mean_reward"] == 0.5
+    groups = store.read_summary("groups")
+    assert groups is not None and [g["mean_reward"] for g in groups["groups"]] == [0.5, 0.5]

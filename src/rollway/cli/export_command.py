@@ -43,7 +43,7 @@ def export(
     store = store_from_uri(root or ".", exp_id)
     target = output or Path(f"{exp_id}.{format}")
     bad: list[BadRecordError] = []
-    records = list(store.records(on_bad=_report(bad)))
+    records = list(store.records(on_bad=report_bad(bad)))
     rows = export_records(
         records,
         target,
@@ -51,7 +51,7 @@ def export(
         latest_version=latest_version,
         max_staleness=max_staleness,
         drop_flat_groups=drop_flat_groups,
-        on_bad=_report(bad),
+        on_bad=report_bad(bad),
     )
     notes = [f"{len(flat_groups(records))} flat groups dropped"] if drop_flat_groups else []
     if bad:
@@ -59,7 +59,7 @@ def export(
     typer.echo(f"wrote {rows} rows to {target}" + (f" ({'; '.join(notes)})" if notes else ""))
 
 
-def _report(bad: list[BadRecordError]) -> Callable[[BadRecordError], None]:
+def report_bad(bad: list[BadRecordError]) -> Callable[[BadRecordError], None]:
     """Name each record that cannot be used, on stderr, as it is skipped."""
 
     def report(error: BadRecordError) -> None:

@@ -14,6 +14,7 @@ from rollway.cli import (
     failures,
     gateway_command,
     model_command,
+    rescore_command,
     run_command,
     serve_agent_command,
     sim_server_command,
@@ -31,6 +32,7 @@ app = typer.Typer(
 app.command("run")(run_command.run)
 app.command("validate")(validate_command.validate)
 app.command("export")(export_command.export)
+app.command("rescore")(rescore_command.rescore)
 app.command("gateway")(gateway_command.serve)
 app.command("serve-agent")(serve_agent_command.serve)
 app.command("sim-server")(sim_server_command.serve)

@@ -58,6 +58,7 @@ def run(
     max_seq_len: o.MaxSeqLenOption = None,
     max_attempts: o.MaxAttemptsOption = None,
     reward_timeout: o.RewardTimeoutOption = 30.0,
+    reward_retries: o.RewardRetriesOption = 2,
     stop_grace: o.StopGraceOption = 2.0,
     seed: o.SeedOption = None,
     resume: o.ResumeOption = True,
@@ -116,7 +117,7 @@ def _client(
         model=s["model"],
         store=s["out"],
         exp_id=exp_id,
-        reward=_load_reward(s["reward"]) if s["reward"] else None,
+        reward=load_reward(s["reward"]) if s["reward"] else None,
         sampling=_sampling(s),
         limits=_limits(s),
         retry={"attempts": s["max_attempts"]} if s["max_attempts"] else None,
@@ -167,6 +168,7 @@ def _limits(s: dict[str, Any]) -> RolloutLimits:
         timeout=s["timeout"] or None,
         reward_timeout=s["reward_timeout"],
         stop_grace_s=s["stop_grace"],
+        reward_retries=s["reward_retries"],
     )
 
 
@@ -208,7 +210,7 @@ def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
     return rows[:limit] if limit else rows
 
 
-def _load_reward(spec: str) -> RewardFn:
+def load_reward(spec: str) -> RewardFn:
     target, _, attr = spec.rpartition(":")
     fn = getattr(import_target(target, "reward"), attr, None)
     if not callable(fn):

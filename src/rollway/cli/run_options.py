@@ -93,6 +93,10 @@ MaxAttemptsOption = Annotated[
 RewardTimeoutOption = Annotated[
     float, typer.Option(min=0, help="Seconds the reward function may take.")
 ]
+RewardRetriesOption = Annotated[
+    int,
+    typer.Option(min=0, max=20, help="Tries again a reward function that raised or timed out."),
+]
 StopGraceOption = Annotated[
     float, typer.Option(min=0, help="Seconds an agent has to stop at a timeout or cancel.")
 ]

@@ -76,11 +76,26 @@ def rerun_reason(record: RolloutRecord, fingerprint: dict[str, Any]) -> str | No
     return difference(record.fingerprint, fingerprint)
 
 
+def component_stats(records: Iterable[RolloutRecord]) -> dict[str, dict[str, float | int]]:
+    """Each reward component's mean, std (population) and count over the scored ``records``
+    that have it (``RolloutRecord.reward_components``), by name: TRL's ``rewards/<func>``."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        for name, value in record.reward_components.items():
+            values.setdefault(name, []).append(value)
+    return {
+        name: {"mean": statistics.fmean(got), "std": statistics.pstdev(got), "n": len(got)}
+        for name, got in sorted(values.items())
+    }
+
+
 @dataclass(frozen=True)
 class GroupStats:
     group_id: str
     rewards: list[float]
     infrastructure_failures: int
+    #: Each reward component's mean, std and count over the group (``component_stats``).
+    components: dict[str, dict[str, float | int]] = field(default_factory=dict)
 
     @property
     def mean(self) -> float | None:
@@ -97,6 +112,7 @@ class GroupStats:
             "mean_reward": self.mean,
             "std_reward": self.std,
             "infrastructure_failures": self.infrastructure_failures,
+            "reward_components": self.components,
         }
 
 
@@ -104,6 +120,7 @@ def group_stats(records: Iterable[RolloutRecord]) -> list[GroupStats]:
     """Reward mean/std per group over scored rollouts; infrastructure failures are counted and
     left out (they say nothing about the policy)."""
     rewards: dict[str, list[float]] = {}
+    scored: dict[str, list[RolloutRecord]] = {}
     infra: Counter[str] = Counter()
     for record in records:
         rewards.setdefault(record.group_id, [])
@@ -111,7 +128,11 @@ def group_stats(records: Iterable[RolloutRecord]) -> list[GroupStats]:
             infra[record.group_id] += 1
         elif record.reward is not None:
             rewards[record.group_id].append(record.reward)
-    return [GroupStats(g, rewards[g], infra[g]) for g in sorted(rewards)]
+            scored.setdefault(record.group_id, []).append(record)
+    return [
+        GroupStats(g, rewards[g], infra[g], component_stats(scored.get(g, [])))
+        for g in sorted(rewards)
+    ]
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,8 @@ class RunSummary:
     turn_latency_p95_ms: float | None
     wall_s: float
     errors_by_kind: dict[str, int] = field(default_factory=dict)
+    #: Each reward component's mean, std and count (``component_stats``).
+    reward_components: dict[str, dict[str, float | int]] = field(default_factory=dict)
     resumed: int = 0
     #: Rollouts found in the store and run again, by why (``rerun_reason``).
     rerun: dict[str, int] = field(default_factory=dict)
@@ -152,7 +175,6 @@ def summarize(
     """The summary of a batch: ``ran`` in this run for ``wall_s``, ``resumed`` from the store,
     ``rerun`` (by why) found there and run again."""
     records = [*resumed, *ran]
-    rewards = [r.reward for r in records if r.reward is not None]
     stats = [_stats(r) for r in ran]
     latencies = sorted(ms for s in stats if s is not None for ms in s.turn_latency_ms)
     tokens = sum(
@@ -162,18 +184,27 @@ def summarize(
         for r, s in zip(ran, stats, strict=True)
     )
     return RunSummary(
-        by_status=dict(Counter(r.status for r in records)),
-        mean_reward=statistics.fmean(rewards) if rewards else None,
+        **outcome_figures(records),
         tokens_per_s=tokens / wall_s if wall_s > 0 else 0.0,
         turn_latency_p50_ms=_percentile(latencies, 0.50),
         turn_latency_p95_ms=_percentile(latencies, 0.95),
         wall_s=wall_s,
-        errors_by_kind=dict(Counter(r.error_kind for r in records if r.error_kind)),
         resumed=len(resumed),
         rerun=dict(rerun or {}),
         sampled_tokens=tokens,
         interrupted=interrupted,
     )
+
+
+def outcome_figures(records: Sequence[RolloutRecord]) -> dict[str, Any]:
+    """What a summary says of ``records``' outcomes and rewards (a rescore recomputes these)."""
+    rewards = [r.reward for r in records if r.reward is not None]
+    return {
+        "by_status": dict(Counter(r.status for r in records)),
+        "mean_reward": statistics.fmean(rewards) if rewards else None,
+        "errors_by_kind": dict(Counter(r.error_kind for r in records if r.error_kind)),
+        "reward_components": component_stats(records),
+    }
 
 
 def _stats(record: RolloutRecord) -> TrajectoryStats | None:

@@ -4,9 +4,11 @@ rollouts of older weights, and a rerun with other settings never gets the old ou
 
 A fingerprint holds what changes an outcome: the client's policy (weights) version, the
 served model, the agent (its class, a program's command, an agent server's URL), the reward
-function (by name), the fixed sampling fields and the limits (turns, tokens, timeouts). Not in
-it: the retry policy (resume reruns retried failures anyway), debug output, the executor and
-the pacing (concurrency, rate), which change how fast rollouts run, not what they sample."""
+function (by name; a rubric by its functions and weights), the fixed sampling fields and the
+limits (turns, tokens, timeouts). Not in it: the retry policy (resume reruns retried failures
+anyway) and the reward's retries (how hard a grader is tried, not what it scores), debug
+output, the executor and the pacing (concurrency, rate), which change how fast rollouts run,
+not what they sample."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.rollouts import RolloutConfig
-from rollway.rollouts.rewards import RewardFn
+from rollway.rollouts.rewards import RewardFn, reward_identity
 
 #: Why a stored record without a fingerprint runs again.
 NO_FINGERPRINT = "no fingerprint (recorded by an older rollway)"
@@ -41,12 +43,20 @@ def fingerprint(
         "policy_version": policy_version,
         "model": model,
         "agent": agent_identity(agent),
-        "reward": _reward_identity(reward),
+        "reward": None if reward is None else reward_identity(reward),
         "sampling": settings.fixed_sampling(),
-        "limits": dataclasses.asdict(settings.limits),
+        "limits": _limits(settings),
     }
     loaded: dict[str, Any] = orjson.loads(orjson.dumps(made))
     return loaded
+
+
+def _limits(settings: RolloutConfig) -> dict[str, Any]:
+    """The limits that change an outcome: all but ``reward_retries``, which also keeps the
+    fingerprints of records made before it existed."""
+    limits = dataclasses.asdict(settings.limits)
+    del limits["reward_retries"]
+    return limits
 
 
 def difference(stored: Mapping[str, Any] | None, now: Mapping[str, Any]) -> str | None:
@@ -72,14 +82,6 @@ def agent_identity(agent: AgentLoop) -> str:
     if isinstance(agent, ProgramAgent):
         return f"program: {shlex.join(agent.command)}"
     return f"{type(agent).__module__}:{type(agent).__qualname__}"
-
-
-def _reward_identity(reward: RewardFn | None) -> str | None:
-    if reward is None:
-        return None
-    module = getattr(reward, "__module__", None) or "?"
-    name = getattr(reward, "__qualname__", None) or type(reward).__qualname__
-    return f"{module}:{name}"
 
 
 def _leaves(*fingerprints: Mapping[str, Any]) -> list[str]:

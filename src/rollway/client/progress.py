@@ -118,6 +118,8 @@ def summary_table(summary: RunSummary) -> Table:
     for kind, n in sorted(summary.errors_by_kind.items()):
         table.add_row(f"  error kind {kind}", str(n))
     table.add_row("mean reward", _fmt(summary.mean_reward, "{:.3f}"))
+    for name, stats in summary.reward_components.items():
+        table.add_row(f"  reward/{name}", f"{stats['mean']:.3f} ± {stats['std']:.3f}")
     # Throughput and latency are this run's: resumed rollouts were sampled in another.
     table.add_row("tokens sampled", str(summary.sampled_tokens))
     table.add_row("tokens/s (sampled)", f"{summary.tokens_per_s:.1f}")

@@ -24,6 +24,7 @@ from rollway.client.future import CancelGate, RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
+from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
 from rollway.client.step_source import StepHooks, StepSource
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
@@ -429,6 +430,25 @@ class RolloutClient:
             reward=self.reward_fn,
             settings=settings,
             policy_version=self.policy.version,
+        )
+
+    def rescore(
+        self, reward: RewardFn | None = None, *, failed_only: bool = False, again: bool = False
+    ) -> RescoreReport:
+        """Score this experiment's stored rollouts again with ``reward`` (default: the
+        client's), running none (docs/agents.md#rescoring-a-recorded-run)."""
+        self._check_open("to rescore")
+        reward_fn = reward or self.reward_fn
+        if reward_fn is None:
+            raise ConfigError("rescore needs a reward function: reward=...", "reward")
+        return self._loop.call(
+            rescore_async(
+                self.store,
+                reward_fn,
+                failed_only=failed_only,
+                again=again,
+                limits=self.settings.limits,
+            )
         )
 
     @property

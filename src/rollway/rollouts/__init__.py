@@ -13,6 +13,7 @@ from rollway.rollouts.config import (
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
+from rollway.rollouts.rubric import Rubric
 from rollway.rollouts.runner import RolloutRunner
 from rollway.rollouts.spec import RolloutSpec, attempt_id, task_key
 
@@ -24,6 +25,7 @@ __all__ = [
     "RolloutOptions",
     "RolloutRunner",
     "RolloutSpec",
+    "Rubric",
     "ServingConfig",
     "attempt_id",
     "make_record",

@@ -35,13 +35,15 @@ class RolloutLimits:
     """How far one rollout may go. Past ``max_turns`` model calls or ``max_seq_len`` tokens the
     gateway ends it as truncated; past ``timeout`` seconds (None: never) its generation is
     aborted and it is recorded as ``timeout``, the agent getting ``stop_grace_s`` to stop before
-    it is cancelled; the reward function has ``reward_timeout`` seconds."""
+    it is cancelled; the reward function has ``reward_timeout`` seconds a try, and a try that
+    raised or timed out goes again up to ``reward_retries`` times (``rewards.REWARD_TRIES``)."""
 
     max_turns: int | None = None
     max_seq_len: int | None = None
     timeout: float | None = DEFAULT_TIMEOUT_S
     reward_timeout: float = 30.0
     stop_grace_s: float = 2.0
+    reward_retries: int = 2
 
     def __post_init__(self) -> None:
         check_count("max_turns", self.max_turns, least=1, optional=True)
@@ -50,6 +52,7 @@ class RolloutLimits:
             check_seconds("timeout", self.timeout)
         check_seconds("reward_timeout", self.reward_timeout)
         check_seconds("stop_grace_s", self.stop_grace_s, zero=True)
+        check_count("reward_retries", self.reward_retries, least=0, most=20)
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class RolloutOptions(TypedDict, total=False):
     timeout: float | None
     reward_timeout: float
     stop_grace_s: float
+    reward_retries: int
     max_retry_attempts: int
 
 

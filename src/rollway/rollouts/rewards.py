@@ -1,37 +1,118 @@
-"""Run a reward function (sync or async) with its own timeout, so one slow scorer never
-stalls the batch. A function returns a float, or a dict with a float ``reward`` and extras."""
+"""Run a reward function (sync or async) with its own timeout per try, so one slow scorer never
+stalls the batch, and try again after a short wait when it raises or times out, so a flaky
+grader (a judge behind a busy server, a sandboxed test run) costs a wait, not a sample. A
+function returns a float, or a dict with a float ``reward`` and extras."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.errors import RewardError, is_failure
+from rollway.retry import Backoff, RetryPolicy
 from rollway.trajectory import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
 
 
+def reward_identity(reward: Any) -> str:
+    """A reward function by name (``module:qualname``), or a ``Rubric`` by its functions and
+    weights: what a fingerprint and a rescored record say scored it."""
+    identity = getattr(reward, "identity", None)
+    if callable(identity):
+        return str(identity())
+    module = getattr(reward, "__module__", None) or "?"
+    name = getattr(reward, "__qualname__", None) or type(reward).__qualname__
+    return f"{module}:{name}"
+
+
+class _TryFailed(RewardError):
+    """A try that raised or timed out: worth another. A value that is no reward is not (the
+    function would return it again)."""
+
+
+#: A reward function's tries: one that raised or timed out goes again after 0.5 s, then 1 s,
+#: ... (at most 5 s), up to ``RolloutLimits.reward_retries`` times.
+REWARD_TRIES = RetryPolicy(
+    attempts=3, backoff=Backoff(first_s=0.5, max_s=5.0), retry_on=(_TryFailed,)
+)
+
+
+@dataclass
+class Scored:
+    """What scoring gave: the reward and its extra fields, or the error that ended the last
+    try; ``tries`` lists each try (its error, if it failed, and its time) when one failed."""
+
+    reward: float | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    tries: list[dict[str, Any]] = field(default_factory=list)
+
+    def info(self) -> dict[str, Any]:
+        """The extras, with the tries when any failed (a first try that scored needs none)."""
+        failed = any("error" in one for one in self.tries)
+        return {**self.extras, "tries": self.tries} if failed else dict(self.extras)
+
+
 async def score(
-    reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory, limit_s: float
-) -> tuple[float, dict[str, Any]]:
-    """The reward and its extra fields; ``RewardError`` on failure, bad value or timeout."""
+    reward_fn: RewardFn,
+    task: dict[str, Any],
+    trajectory: Trajectory,
+    limit_s: float,
+    retries: int = 0,
+    policy: RetryPolicy = REWARD_TRIES,
+) -> Scored:
+    """The reward of ``trajectory``: each try has ``limit_s`` seconds, and one that raised or
+    timed out goes again up to ``retries`` times, after ``policy``'s backoff."""
+    scored = Scored()
+    tries = dataclasses.replace(policy, attempts=retries + 1).retrying()
     try:
-        value = await asyncio.wait_for(_call(reward_fn, task, trajectory), limit_s)
+        async for attempt in tries:
+            with attempt:
+                scored.reward, scored.extras = await _timed_try(
+                    reward_fn, task, trajectory, limit_s, scored.tries
+                )
+    except RewardError as exc:
+        scored.error = str(exc) if len(scored.tries) < 2 else f"{exc} ({len(scored.tries)} tries)"
+    return scored
+
+
+async def _timed_try(
+    reward_fn: RewardFn,
+    task: dict[str, Any],
+    trajectory: Trajectory,
+    limit_s: float,
+    tries: list[dict[str, Any]],
+) -> tuple[float, dict[str, Any]]:
+    """One try, noted in ``tries`` (its error and how long it took)."""
+    start = time.monotonic()
+    note: dict[str, Any] = {}
+    tries.append(note)
+    try:
+        value = await asyncio.wait_for(call(reward_fn, task, trajectory), limit_s)
+        return as_reward(value)
     except TimeoutError:
-        raise RewardError(f"reward function timed out after {limit_s:g} s") from None
-    return _as_reward(value)
+        note["error"] = f"reward function timed out after {limit_s:g} s"
+        raise _TryFailed(note["error"]) from None
+    except RewardError as exc:
+        note["error"] = str(exc)
+        raise
+    finally:
+        note["elapsed_s"] = round(time.monotonic() - start, 6)
 
 
-async def _call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
-    """What the function returns. What it raises, ``sys.exit()`` included, becomes a
+async def call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
+    """What the function (sync or async) returns. What it raises, ``sys.exit()`` included, becomes a
     ``RewardError`` here, inside the task ``wait_for`` runs this in: a ``SystemExit`` that
     left a task would stop the event loop of every rollout."""
     try:
-        if inspect.iscoroutinefunction(reward_fn):
+        if inspect.iscoroutinefunction(reward_fn) or _is_async_callable(reward_fn):
             return await reward_fn(task, trajectory)
         # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
         return await asyncio.to_thread(_on_worker, reward_fn, task, trajectory)
@@ -40,17 +121,23 @@ async def _call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajector
     except BaseException as exc:
         if not is_failure(exc):
             raise
-        raise RewardError(f"reward function raised {type(exc).__name__}: {exc}") from exc
+        raise _TryFailed(f"reward function raised {type(exc).__name__}: {exc}") from exc
+
+
+def _is_async_callable(fn: Any) -> bool:
+    """An object whose ``__call__`` is a coroutine function (a ``Rubric``, say)."""
+    return inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _on_worker(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
     try:
         return reward_fn(task, trajectory)
     except KeyboardInterrupt as exc:  # no Ctrl-C lands on a worker thread: the scorer's own
-        raise RewardError(f"reward function raised KeyboardInterrupt: {exc}") from exc
+        raise _TryFailed(f"reward function raised KeyboardInterrupt: {exc}") from exc
 
 
-def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
+def as_reward(value: Any) -> tuple[float, dict[str, Any]]:
+    """A reward function's value as its reward and extras; ``RewardError`` when it is none."""
     if isinstance(value, dict):
         extras = {k: v for k, v in value.items() if k != "reward"}
         if not isinstance(value.get("reward"), int | float) or isinstance(value["reward"], bool):

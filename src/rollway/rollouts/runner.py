@@ -17,7 +17,6 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.errors import (
-    RewardError,
     RolloutClosedError,
     UnknownRolloutError,
     error_kind,
@@ -249,15 +248,14 @@ class RolloutRunner:
     ) -> tuple[AgentOutcome, float | None, dict[str, Any]]:
         """The outcome of a completed attempt with its reward (truncated when its trajectory
         is: a gateway limit ended it or its last turn was cut; an error when the reward
-        failed); any other outcome unscored."""
+        failed after its retries, its tries in the reward info); any other outcome unscored."""
         if outcome.status != "completed" or trajectory is None:
             return outcome, None, {}
         if trajectory.is_truncated:
             outcome.status = "truncated"
-        try:
-            reward, reward_info = await self._reward(spec, outcome.result, trajectory)
-        except RewardError as exc:
-            return AgentOutcome("error", "reward", str(exc)), None, {}
+        reward, reward_info, error = await self._reward(spec, outcome.result, trajectory)
+        if error is not None:  # the trajectory stays in the record: ``rollway rescore``
+            return AgentOutcome("error", "reward", error), None, reward_info
         return outcome, reward, reward_info
 
     async def _register(self, rollout_id: str, params: RegisterRequest) -> Registration:
@@ -327,20 +325,22 @@ class RolloutRunner:
 
     async def _reward(
         self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
-    ) -> tuple[float | None, dict[str, Any]]:
+    ) -> tuple[float | None, dict[str, Any], str | None]:
         """The reward function's score when the client was given one (it was asked for
         explicitly: ``--reward``, ``reward=``), with the agent's own reward, if it set one, kept
-        beside it as ``agent_reward``; else the agent's own."""
+        beside it as ``agent_reward``; else the agent's own. Last: why the function gave no
+        reward (None: it did)."""
         agent_reward = None if result is None or result.reward is None else float(result.reward)
         if self.reward_fn is None:
-            return agent_reward, {} if agent_reward is None else {"source": "agent"}
-        reward, extras = await score(
-            self.reward_fn, spec.task, trajectory, self.settings.limits.reward_timeout
+            return agent_reward, {} if agent_reward is None else {"source": "agent"}, None
+        limits = self.settings.limits
+        scored = await score(
+            self.reward_fn, spec.task, trajectory, limits.reward_timeout, limits.reward_retries
         )
-        info: dict[str, Any] = {**extras, "source": "reward_fn"}
+        info: dict[str, Any] = {**scored.info(), "source": "reward_fn"}
         if agent_reward is not None:
             info["agent_reward"] = agent_reward
-        return reward, info
+        return scored.reward, info, scored.error
 
 
 def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[str, Any]:

@@ -20,7 +20,10 @@ mask; null unless it asked ``record_entropy``), temperature, top_p and top_k (th
 first turn's sampling), turns (the segment's turn count), task_id (the task's ``task_id``, else
 ``id``, else null), prompt_messages (the rollout's opening messages, before the model's first
 answer: the task as it was asked; JSON text, the same on each of the rollout's rows) and
-reward_info (the reward's components and source, as the record has them; JSON text). The
+reward_info (the reward's components and source, as the record has them; JSON text), then one
+``reward/<name>`` column (a float; null where a record lacks it) per reward component any
+exported record has (``RolloutRecord.reward_components``: a ``Rubric``'s functions, a reward
+dict's numeric extras). The
 record's final messages are not a column (the whole conversation, repeated on every segment's
 row): they stay on the record. Records without token data (a rollout that failed before its
 first turn) have no rows. ``max_staleness`` drops samples more than that many versions behind
@@ -75,8 +78,11 @@ def sample_rows(
         flat = flat_groups(records)
         records = [r for r in records if r.group_id not in flat]
     latest_version = _latest_version(records, latest_version)
+    components = sorted({name for r in records for name in r.reward_components})
     for record in records:
-        yield from _record_rows(record, latest_version, max_staleness)
+        for row in _record_rows(record, latest_version, max_staleness):
+            found = record.reward_components
+            yield row | {f"reward/{name}": found.get(name) for name in components}
 
 
 def _aligned(record: RolloutRecord, on_bad: OnBadRecord | None) -> bool:
@@ -293,4 +299,6 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         ("prompt_messages", pa.string()),
         ("reward_info", pa.string()),
     ]
+    # One float column per reward component (``reward/<name>``), after the fixed ones.
+    columns += [(name, pa.float64()) for name in (rows[0] if rows else {}) if "/" in name]
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(columns)), path)

@@ -105,6 +105,7 @@ class FileStore:
         _atomic_write(self.path / f"{name}.json", payload)
 
     def read_summary(self, name: str) -> dict[str, Any] | None:
+        check_name(name, "summary name")
         path = self.path / f"{name}.json"
         data = read_file(path)
         return None if data is None else parse_summary(data, str(path))

@@ -104,6 +104,7 @@ class ObjectStore:
         self._put(f"{name}.json", orjson.dumps(data, option=orjson.OPT_INDENT_2))
 
     def read_summary(self, name: str) -> dict[str, Any] | None:
+        check_name(name, "summary name")
         data = self._get(f"{name}.json")
         return None if data is None else parse_summary(data, f"{self.uri}/{name}.json")
 
