@@ -190,3 +190,23 @@ def test_a_record_that_is_a_link_or_a_folder_is_never_followed(tmp_path: Path) -
     assert all("secret" not in str(error) for error in bad)
     with pytest.raises(BadRecordError, match=r"link\.0\.json: a symbolic link"):
         store.get("link.0")
+
+
+def test_a_folder_where_a_record_goes_is_moved_aside_so_the_rollout_can_be_written_again(
+    tmp_path: Path,
+) -> None:
+    """Resume reruns a record that is a folder: writing its new record must not fail on it
+    (every later run would), and the folder's content is kept, out of the listing."""
+    store = FileStore(tmp_path / "runs", "exp")
+    folder = store.path / "trajectories" / "t07.0.json"
+    folder.mkdir()
+    (folder / "kept.txt").write_text("hand-made")
+    with pytest.raises(BadRecordError, match="a folder"):
+        store.get("t07.0")
+    written = record("t07.0")
+    store.write(written)
+    again = store.get("t07.0")
+    assert again is not None and again.rollout_id == written.rollout_id
+    assert store.keys() == {"t07.0"}
+    (aside,) = [p for p in folder.parent.iterdir() if p.name.startswith(".t07.0.json.folder-")]
+    assert (aside / "kept.txt").read_text() == "hand-made"

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import re
 import secrets
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +51,7 @@ from rollway.store.reading import (
     read_record,
 )
 
+log = logging.getLogger(__name__)
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"
 #: The longest error reason an index line keeps (a program agent's carries its stderr's tail).
@@ -233,10 +236,24 @@ def _atomic_write(path: Path, data: bytes) -> None:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
+            _set_aside_folder(path)
             os.replace(tmp, path)  # before the lock goes with the file's closing
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _set_aside_folder(path: Path) -> None:
+    """A folder where a file is to go (a hand edit, a bad restore) is renamed aside under a
+    dot name, which listings skip: kept, never deleted, and no longer blocking the write."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return
+    except FileNotFoundError:
+        return
+    aside = path.with_name(f".{path.name}.folder-{secrets.token_hex(4)}")
+    os.rename(path, aside)
+    log.warning("%s was a folder: moved aside to %s to write the file", path, aside)
 
 
 def _locked_tmp(path: Path) -> tuple[int, Path]:
