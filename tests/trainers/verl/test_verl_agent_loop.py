@@ -105,7 +105,9 @@ async def test_verl_batch_carries_the_records_exactly_and_masks_failures(
     prompt_width = worker.rollout_config.prompt_length  # verl's defaults: 512 and 512
     assert batch["prompts"].shape == (3, prompt_width)
     assert batch["responses"].shape == (3, worker.rollout_config.response_length)
-    assert list(out.non_tensor_batch["rollway_status"]) == ["completed", "completed", "error"]
+    statuses = list(out.non_tensor_batch["rollway_status"])
+    # An answer cut at its max_tokens is "truncated": it ran to its end all the same.
+    assert statuses[2] == "error" and {*statuses[:2]} <= {"completed", "truncated"}, statuses
     assert batch["response_mask"][2].count_nonzero().item() == 0
     assert batch["rm_scores"][2].count_nonzero().item() == 0
     for i, key in enumerate(out.non_tensor_batch["rollway_rollout_key"][:2]):
