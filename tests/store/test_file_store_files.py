@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollway.store import FileStore, index_row, read_index
-from rollway.store.file import INDEX_REASON_CHARS
+from rollway.store.file import FILE_FIELDS, INDEX_REASON_CHARS
 from tests.store.test_file_store import record
 from tests.viewer.test_listing_scale import small_record
 
@@ -120,15 +120,20 @@ def test_an_index_line_carries_what_a_listing_shows(tmp_path: Path) -> None:
     store.write(full)
     store.write(failed)
     rows = {k: e.row for k, e in read_index(store.path).items()}
+    written = (store.path / "trajectories" / f"{full.rollout_key}.json").lstat()
     assert rows[full.rollout_key] == {
         "key": full.rollout_key, "status": "completed", "reward": 0.5,
         "rollout_id": full.rollout_id, "group_id": full.group_id, "task_index": 0,
         "sample_index": 1, "error_kind": None, "reason": None, "attempts": 1,
         "started_at": full.started_at, "elapsed_s": full.elapsed_s, "turns": 2,
         "sampled_tokens": 6, "policy_version": None,
+        # The record file as written: a reader tells a file changed since by these.
+        "bytes": len(full.stored()), "mtime_ns": written.st_mtime_ns,
     }  # fmt: skip
     assert rows["t.1"]["turns"] is None and rows["t.1"]["error_kind"] == "agent"
     assert len(rows["t.1"]["reason"]) == INDEX_REASON_CHARS
     assert rows["t.1"]["reason"].startswith("xxx") and rows["t.1"]["reason"].endswith("\u2026")
     light = full.light()  # a Ray worker's copy: the figures travel without the trajectory
-    assert index_row(light) == rows[full.rollout_key]
+    assert index_row(light) == {
+        k: v for k, v in rows[full.rollout_key].items() if k not in FILE_FIELDS
+    }

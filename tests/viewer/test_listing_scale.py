@@ -66,10 +66,11 @@ def big_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines = []
     for i in range(N):
         record = small_record(i)
-        (store.path / "trajectories" / f"{record.rollout_key}.json").write_bytes(
-            record.model_dump_json().encode()
-        )
-        lines.append(orjson.dumps(index_row(record)))
+        path = store.path / "trajectories" / f"{record.rollout_key}.json"
+        path.write_bytes(record.model_dump_json().encode())
+        written = path.stat()
+        row = {**index_row(record), "bytes": written.st_size, "mtime_ns": written.st_mtime_ns}
+        lines.append(orjson.dumps(row))
     (store.path / "index.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     return store.path
 

@@ -188,6 +188,93 @@ def test_bad_records_are_listed_unreadable_and_the_rest_is_served(
     assert b"not-for-your-eyes" not in seen and b"Traceback" not in seen
 
 
+def changed_since_written(trajectories: Path, secret: Path) -> dict[str, str]:
+    """Records of a group of 8 (t00000.*) changed by another hand after their index lines
+    were written, each in its own way; the reason each then gets."""
+    path = {i: trajectories / f"t00000.{i}.json" for i in range(8)}
+    path[1].write_bytes(path[1].read_bytes()[:150])  # cut short
+    newer = path[2].read_bytes().replace(b'"format_version":2', b'"format_version":99')
+    path[2].write_bytes(newer)
+    same_size = path[3].read_bytes().replace(b'"format_version":2', b'"format_version":9')
+    written = path[3].stat().st_mtime_ns
+    path[3].write_bytes(same_size)  # as long as it was: only its time tells (a second later)
+    os.utime(path[3], ns=(written, written + 10**9))
+    for i, making in ((4, lambda p: p.symlink_to(secret)), (5, Path.mkdir), (6, os.mkfifo)):
+        path[i].unlink()
+        making(path[i])
+    return {
+        "t00000.1": "Invalid JSON",
+        "t00000.2": "trajectory format 99 is newer",
+        "t00000.3": "trajectory format 9 is newer",
+        "t00000.4": "a symbolic link, which rollway does not follow",
+        "t00000.5": "a folder",
+        "t00000.6": "not a regular file",
+    }
+
+
+def test_indexed_records_changed_since_written_are_unreadable_and_in_no_statistic(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i in range(8):
+        store.write(small_record(i))
+    secret = tmp_path / "shadow"
+    secret.write_bytes(SECRET)
+    location = open_run(str(store.path))
+    index = RunIndex(location, recheck_s=0.0)
+    assert index.totals()["rollouts"] == 8 and index.records_read == 0  # listed, then changed
+    expected = changed_since_written(store.path / "trajectories", secret)
+    # t00000.0 (an agent error) stands; t00000.7 is rewritten as a good record by hand.
+    store.path.joinpath("trajectories", "t00000.7.json").write_bytes(
+        small_record(7).model_copy(update={"reward": 0.25}).stored()
+    )
+    with TestClient(create_viewer_app(location, index=index)) as client:
+        answers = [client.get("/api/run"), client.get("/api/rollouts"), client.get("/api/groups")]
+        answers.append(client.get("/api/rollouts/t00000.0"))  # with its group
+        answers += [client.get(f"/api/rollouts/{key}") for key in expected]
+    assert [a.status_code for a in answers] == [200] * (4 + len(expected))
+    run, listing, groups, page = (a.json() for a in answers[:4])
+    reasons = {row["key"]: row["reason"] for row in run["unreadable"]}
+    assert set(reasons) == set(expected)
+    assert all(fragment in reasons[key] for key, fragment in expected.items()), reasons
+    rows = {row["key"]: (row["status"], row["reward"]) for row in listing["rows"]}
+    assert rows == {"t00000.0": ("error", None), "t00000.7": ("completed", 0.25)}
+    totals = run["totals"]
+    assert totals["rollouts"] == 2 and totals["unreadable"] == len(expected)
+    assert totals["by_status"] == {"error": 1, "completed": 1} and totals["mean_reward"] == 0.25
+    assert groups["rows"][0]["n"] == 2 and groups["rows"][0]["mean_reward"] == 0.25
+    assert [r["key"] for r in page["group"]["rollouts"]] == ["t00000.0", "t00000.7"]
+    assert index.records_read == len(expected) + 1  # the changed records only
+    seen = b"".join(a.content for a in answers) + caplog.text.encode()
+    assert b"not-for-your-eyes" not in seen and b"Traceback" not in seen
+
+
+def test_an_older_index_line_stands_for_its_record_unless_the_record_is_newer(
+    tmp_path: Path,
+) -> None:
+    """Lines written before they carried the record file's size and time: a record file no
+    newer than the index stands on its line; one changed later (or not a file) is read."""
+    store = FileStore(tmp_path, "exp")
+    for i in range(4):
+        store.write(small_record(i))
+    index_file = store.path / "index.jsonl"
+    older = [
+        {k: v for k, v in orjson.loads(line).items() if k not in ("bytes", "mtime_ns")}
+        for line in index_file.read_bytes().splitlines()
+    ]
+    index_file.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in older))
+    cut = store.path / "trajectories" / "t00000.1.json"
+    cut.write_bytes(cut.read_bytes()[:150])
+    later = index_file.stat().st_mtime_ns + 10**9  # a second after the index's last line
+    os.utime(cut, ns=(later, later))
+    (store.path / "trajectories" / "t00000.2.json").unlink()
+    (store.path / "trajectories" / "t00000.2.json").mkdir()
+    index = RunIndex(open_run(str(store.path)), recheck_s=0.0)
+    keys = [r["key"] for r in index.rollouts(Query(), 0, 10)["rows"]]
+    assert keys == ["t00000.0", "t00000.3"] and index.records_read == 2
+    assert [u.key for u in index.unreadable()] == ["t00000.1", "t00000.2"]
+
+
 def test_a_linked_index_config_or_debug_file_is_not_followed(tmp_path: Path) -> None:
     store = FileStore(tmp_path, "exp")
     store.write(small_record(1))

@@ -2,8 +2,9 @@
 
     <root>/<exp_id>/config.json                 the run's config
     <root>/<exp_id>/trajectories/<key>.json     one record per rollout (written atomically)
-    <root>/<exp_id>/index.jsonl                 one line per write: key, status, reward and
-                                                what a listing shows (``index_row``)
+    <root>/<exp_id>/index.jsonl                 one line per write: key, status, reward,
+                                                what a listing shows (``index_row``) and the
+                                                record file as written (``FILE_FIELDS``)
     <root>/<exp_id>/<name>.json                 summaries (groups, run)
     <root>/<exp_id>/debug/<rollout_id>.jsonl    per-rollout debug events, when enabled
     <root>/<exp_id>/agent-reports/<run_key>.json  what remote agent servers reported
@@ -54,6 +55,10 @@ from rollway.store.reading import (
 log = logging.getLogger(__name__)
 _SAFE_KEY = re.compile(r"^[A-Za-z0-9._-]+$")
 INDEX = "index.jsonl"
+#: An index line's fields that describe its record file as written: its size in bytes and its
+#: modification time. A reader compares them with the file's ``lstat`` to tell a record changed
+#: since (cut short, rewritten, replaced) from the one the line describes, without reading it.
+FILE_FIELDS = ("bytes", "mtime_ns")
 #: The longest error reason an index line keeps (a program agent's carries its stderr's tail).
 INDEX_REASON_CHARS = 300
 
@@ -81,9 +86,10 @@ class FileStore:
         _atomic_write(self.path / "config.json", orjson.dumps(config, option=orjson.OPT_INDENT_2))
 
     def write(self, record: RolloutRecord) -> None:
-        _atomic_write(self._record_path(record.rollout_key), record.stored())
+        written = _atomic_write(self._record_path(record.rollout_key), record.stored())
+        row = {**index_row(record), "bytes": written.st_size, "mtime_ns": written.st_mtime_ns}
         with _named_in_errors(self._index), self._index.open("ab") as index:
-            index.write(orjson.dumps(index_row(record)) + b"\n")
+            index.write(orjson.dumps(row) + b"\n")
 
     def exists(self, rollout_key: str) -> bool:
         return self._record_path(rollout_key).is_file()
@@ -94,11 +100,7 @@ class FileStore:
     def keys(self) -> set[str]:
         # scandir, not glob: no Path per entry (10,000 records list in milliseconds).
         with os.scandir(self._trajectories) as entries:
-            return {
-                entry.name[:-5]
-                for entry in entries
-                if entry.name.endswith(".json") and not entry.name.startswith(".")
-            }
+            return {key for entry in entries if (key := record_key(entry.name)) is not None}
 
     def records(self, on_bad: OnBadRecord | None = None) -> Iterator[RolloutRecord]:
         return each_record(self, on_bad)
@@ -170,6 +172,12 @@ class FileStore:
         return self._trajectories / f"{rollout_key}.json"
 
 
+def record_key(name: str) -> str | None:
+    """The rollout key of the file ``name`` in ``trajectories/``; None for one that is no
+    record (a writer's hidden temporary file, anything not ``.json``)."""
+    return name[:-5] if name.endswith(".json") and not name.startswith(".") else None
+
+
 def index_row(record: RolloutRecord) -> dict[str, Any]:
     """A record's index line: what a listing of the run shows (``rollway view``), so that
     listing 10,000 rollouts reads one file instead of 10,000 trajectories."""
@@ -207,7 +215,7 @@ class IndexEntry:
     key: str
     status: Status
     reward: float | None
-    #: The whole line (``index_row``'s fields; just the three above in older runs' indexes).
+    #: The whole line (``index_row``'s fields and ``FILE_FIELDS``; fewer in older runs' indexes).
     row: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -228,16 +236,19 @@ def read_index(exp_dir: str | Path) -> dict[str, IndexEntry]:
     return entries
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write a locked temporary sibling, flush it to disk, then rename it over ``path``."""
+def _atomic_write(path: Path, data: bytes) -> os.stat_result:
+    """Write a locked temporary sibling, flush it to disk, then rename it over ``path``; the
+    file's status as written (a rename keeps its size and modification time)."""
     fd, tmp = _locked_tmp(path)
     try:
         with _named_in_errors(path), os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
+            written = os.fstat(out.fileno())
             _set_aside_folder(path)
             os.replace(tmp, path)  # before the lock goes with the file's closing
+        return written
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -10,12 +10,16 @@ a validation error is told by its fields and messages, never by the input it met
 from __future__ import annotations
 
 import errno
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from rollway.errors import BadRecordError
 from rollway.results import RolloutRecord
 from rollway.store import Store
+from rollway.store.file import FILE_FIELDS, record_key
 from rollway.store.reading import read_file
 
 #: The longest reason kept (a record with many bad fields: its first errors).
@@ -31,6 +35,47 @@ class Unreadable:
 
     def as_row(self) -> dict[str, str]:
         return {"key": self.key, "reason": self.reason}
+
+
+class FileStamp(NamedTuple):
+    """What an ``lstat`` of a record file says, without reading it. ``regular`` is False for a
+    link (never followed), a folder, a FIFO: such an entry is never a record."""
+
+    regular: bool
+    size: int
+    mtime_ns: int
+    ctime_ns: int  # changes with a chmod too: a record made readable again is read again
+
+
+def record_stamps(folder: Path) -> dict[str, FileStamp]:
+    """The run ``folder``'s record files by key: one scandir and an ``lstat`` each (10,000
+    records in tens of milliseconds, none read)."""
+    found = {}
+    with os.scandir(folder / "trajectories") as entries:
+        for entry in entries:
+            key = record_key(entry.name)
+            if key is None:
+                continue
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed since the scandir
+            regular = stat.S_ISREG(info.st_mode)
+            found[key] = FileStamp(regular, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    return found
+
+
+def describes(row: dict[str, Any], stamp: FileStamp, index_mtime_ns: int) -> bool:
+    """Whether the record file is still the one its index line ``row`` was written for, so the
+    line can stand for it. A line carries the file's size and time as written (``FILE_FIELDS``):
+    a file cut short, rewritten or replaced since differs. An older line carries neither: its
+    file stands if it is no newer than the index (a record is in place before its line)."""
+    if not stamp.regular:
+        return False
+    written = tuple(map(row.get, FILE_FIELDS))
+    if written != (None, None):
+        return written == (stamp.size, stamp.mtime_ns)
+    return stamp.mtime_ns <= index_mtime_ns
 
 
 def read_plain_file(path: Path) -> bytes:

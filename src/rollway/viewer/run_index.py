@@ -1,13 +1,18 @@
 """The listing of a run: one compact row per rollout, filtered, sorted and paged in memory.
 
 Rows come from the run folder's ``index.jsonl`` (``rollway.store.index_row`` lines), so listing
-10,000 rollouts reads that one file and never a trajectory. Records the index does not
-describe (an object store keeps no index; runs written before the index had these fields) are
-read once, in threads, and their rows kept. The index is read again when it changes; object
-storage is listed again every ``recheck_s``, which finds new records but not a record rewritten
-in place (a rerun): that one shows its first row until the viewer restarts. A record that does
-not read is listed apart, as unreadable with its reason (``record_files``), and read again with
-the next listing; an index line that lacks the listing's fields is passed over for its record.
+10,000 rollouts reads that one file and never a trajectory. A line stands for its record only
+while the record file is the one it was written for: one scandir of ``trajectories/`` and an
+``lstat`` each compare every file with its line's size and time (``record_files.describes``),
+so a record cut short, rewritten or replaced by a link, a folder or a FIFO since is read, not
+trusted. Records the index does not describe (an object store keeps no index; runs written
+before the index had these fields; those changed files) are read once, in threads, and their
+rows kept while their file stays as it was. A local run is looked at again every ``recheck_s``
+and listed again when its index or a record file changed; object storage is listed again every
+``recheck_s``, which finds new records but not a record rewritten in place (a rerun): that one
+shows its first row until the viewer restarts. A record that does not read is listed apart, as
+unreadable with its reason (``record_files``), in no statistic, and read again with the next
+listing; an index line that lacks the listing's fields is passed over for its record.
 """
 
 from __future__ import annotations
@@ -31,7 +36,14 @@ from rollway.errors import TRANSIENT_KINDS, ConfigError
 from rollway.results import RolloutRecord
 from rollway.store import Store, index_row, read_index, store_from_uri
 from rollway.store.file import INDEX
-from rollway.viewer.record_files import Unreadable, load_record, read_plain_file
+from rollway.viewer.record_files import (
+    FileStamp,
+    Unreadable,
+    describes,
+    load_record,
+    read_plain_file,
+    record_stamps,
+)
 from rollway.viewer.run_stats import (
     SUCCESS,
     advantages,
@@ -63,6 +75,9 @@ ROLLOUT_COLUMNS = frozenset(
 GROUP_COLUMNS = frozenset(
     {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task", "flat"}
 )
+#: One look at a local run's folder: its index's size and time (None: no index) and each
+#: record file's ``lstat``. A write changes it, and so does any other hand on a record.
+_Look = tuple[tuple[int, int] | None, dict[str, FileStamp]]
 
 
 @dataclass(frozen=True)
@@ -161,8 +176,9 @@ class RunIndex:
         self.recheck_s = recheck_s if recheck_s is not None else (2.0 if location.folder else 30.0)
         self.threads = threads
         self.records_read = 0
-        self._read_rows: dict[str, Row] = {}  # rows built from records, by key
-        self._stamp: tuple[int, int] | None = None
+        #: Rows built from records, by key, with their file's stamp when read (None: an object).
+        self._read_rows: dict[str, tuple[FileStamp | None, Row]] = {}
+        self._seen: _Look | None = None
         self._checked_at = float("-inf")
         self._snapshot: _Snapshot | None = None
         self._lock = threading.Lock()
@@ -214,46 +230,51 @@ class RunIndex:
             now = time.monotonic()
             if self._snapshot is None or now - self._checked_at >= self.recheck_s:
                 self._checked_at = now
-                stamp = self._index_stamp()
-                if self._snapshot is None or stamp is None or stamp != self._stamp:
-                    self._snapshot = self._build()
-                    self._stamp = stamp
+                look = self._look()
+                if self._snapshot is None or look is None or look != self._seen:
+                    self._snapshot = self._build(look)
+                    self._seen = look
             return self._snapshot
 
-    def _index_stamp(self) -> tuple[int, int] | None:
-        """The index file's size and time: a write appends a line, so they change with it.
-        None where there is no index to watch (object storage): list the records again."""
-        if self.location.folder is None:
+    def _look(self) -> _Look | None:
+        """The local run's folder as it is now (``_Look``); None where there is no folder to
+        watch (object storage): list the records again."""
+        folder = self.location.folder
+        if folder is None:
             return None
         try:
-            found = (self.location.folder / INDEX).lstat()
+            found = (folder / INDEX).lstat()
         except FileNotFoundError:
-            return None
-        return found.st_size, found.st_mtime_ns
+            return None, record_stamps(folder)
+        return (found.st_size, found.st_mtime_ns), record_stamps(folder)
 
-    def _build(self) -> _Snapshot:
+    def _build(self, look: _Look | None) -> _Snapshot:
         folder = self.location.folder
         entries = read_index(folder) if folder and _plain_index(folder) else {}
-        keys = self.location.store.keys()  # one listing: the records that are there
+        stamps = look[1] if look is not None else None
+        # One listing: the records that are there.
+        keys = stamps.keys() if stamps is not None else self.location.store.keys()
+        index_time = look[0][1] if look is not None and look[0] is not None else 0
         rows: dict[str, Row] = {}
-        unread: list[str] = []
+        unread: list[tuple[str, FileStamp | None]] = []
         for key in [*(k for k in entries if k in keys), *sorted(keys - entries.keys())]:
             entry = entries.get(key)
+            stamp = stamps[key] if stamps is not None else None
             known = self._read_rows.get(key)
-            if entry is not None and _listable(entry.row):
+            if entry is not None and _stands(entry.row, stamp, index_time):
                 rows[key] = entry.row
-            elif known is not None and (
-                entry is None or (known["status"], known["reward"]) == (entry.status, entry.reward)
-            ):
-                rows[key] = known
+            elif known is not None and known[0] == stamp:  # read before, unchanged since
+                rows[key] = known[1]
             else:
-                unread.append(key)
+                unread.append((key, stamp))
         unreadable: list[Unreadable] = []
-        for key, row in zip(unread, self._read(unread), strict=True):
+        for (key, stamp), row in zip(unread, self._read([k for k, _ in unread]), strict=True):
             if isinstance(row, Unreadable):
                 unreadable.append(row)
             elif row is not None:
-                self._read_rows[key] = rows[key] = row
+                rows[key] = row
+                if stamp is None or stamp.regular:  # else it changed while read: read it again
+                    self._read_rows[key] = (stamp, row)
         return _Snapshot(sorted(rows.values(), key=_task_order), unreadable)
 
     def _read(self, keys: list[str]) -> Iterable[Row | Unreadable | None]:
@@ -298,6 +319,12 @@ def _plain_index(folder: Path) -> bool:
         return stat.S_ISREG(os.lstat(folder / INDEX).st_mode)
     except FileNotFoundError:
         return False
+
+
+def _stands(row: Row, stamp: FileStamp | None, index_time: int) -> bool:
+    """Whether an index line stands for its record in the listing: it has the listing's
+    fields and the record file is still the one it was written for."""
+    return stamp is not None and _listable(row) and describes(row, stamp, index_time)
 
 
 _NUMBER = (int, float, type(None))
