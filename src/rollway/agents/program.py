@@ -177,7 +177,14 @@ def _parse_result(text: bytes) -> dict[str, Any]:
 
 _RESULT_FILE = "result.json"
 _EXAMPLE = '{"reward": 1.0, "finish_reason": "stop"}'
-_JSON_KINDS = {list: "list", str: "string", int: "number", float: "number", bool: "boolean"}
+_JSON_KINDS: dict[type, str] = {
+    list: "list",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 #: Digits of an integer in a result: any such fits a float, and it is far below Python's own
 #: limit (4300), whose error would tell the program's author to raise that.
 _MAX_DIGITS = 300
