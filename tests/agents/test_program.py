@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -273,7 +275,8 @@ def test_a_word_too_long_to_name_a_file_stays_an_argument() -> None:
     assert ProgramAgent(f"python3 -c '{code}'").command == ["python3", "-c", code]
 
 
-# Leaves its result file as the task says: a FIFO, a link, more than the limit, or a reward.
+# Leaves its result file as the task says: a FIFO, a link, more than the limit, some text, its
+# folder swapped for a link, or a reward.
 # Inline: a namespace sandbox does not see the host's /tmp, where tmp_path is.
 LEAVES = [
     sys.executable,
@@ -287,6 +290,16 @@ elif task["leave"] == "link":
     os.symlink(task["target"], path)
 elif task["leave"] == "big":
     json.dump({"reward": 1.0, "pad": "x" * 4 * 1024 * 1024}, open(path, "w"))
+elif task["leave"] == "text":
+    open(path, "w").write(task["text"])
+elif task["leave"] == "swap":  # its folder moved aside, a link to the victim's in its place
+    json.dump({"reward": 0.0}, open(path, "w"))
+    folder = os.path.dirname(path)
+    try:
+        os.rename(folder, folder + ".moved")
+        os.symlink(task["victim"], folder)
+    except OSError:  # a mount point in the namespace sandbox: it cannot be moved
+        pass
 else:
     json.dump({"reward": 0.5}, open(path, "w"))
 """,
@@ -357,3 +370,54 @@ def test_the_rollout_timeout_holds_while_the_result_file_is_read(
         release.set()
     # On the event loop, the read held everything up for its whole 60 s.
     assert record.status == "timeout" and time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("sandbox", [LocalSandbox, NamespaceSandbox])
+def test_a_program_that_swaps_its_folder_for_a_link_gets_its_own_result_and_leaves_nothing(
+    renderer: ChatRenderer, tmp_path: Path, sandbox: type[LocalSandbox]
+) -> None:
+    """Local sandbox: the client read the victim's result.json (its reward recorded as the
+    program's), the supervisor wrote its exit status into the victim's folder, and the link
+    outlived the run."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "result.json").write_text('{"reward": 1.0}')
+    agent = ProgramAgent(LEAVES, sandbox=sandbox)
+    task = {"task_id": "swap", "leave": "swap", "victim": str(victim)}
+    (record,) = run_tasks(agent, renderer, tmp_path / "runs", [task]).values()
+    assert (record.status, record.reward) == ("completed", 0.0), record.reason
+    assert sorted(p.name for p in victim.iterdir()) == ["result.json"]
+    temp = Path(tempfile.gettempdir())
+    links = [p for p in temp.glob("rollway-sandbox-*") if p.is_symlink()]
+    assert all(os.readlink(link) != str(victim) for link in links)
+
+
+# A result file that is there but not a JSON object of the documented shape: before, the first
+# three were ignored (completed, no reward), the rest errors of their own kinds.
+NOT_RESULTS = {
+    "empty": ("", "is not JSON"),
+    "not json": ("reward: 1", "is not JSON"),
+    "a list": ("[1.0]", "holds a JSON list, not an object"),
+    "a long number": ("1" + "0" * 100_000, "an integer of 100001 digits, over 300"),
+    "nan": ('{"reward": NaN}', "has reward NaN: a finite number or null"),
+    "infinite": ('{"reward": 1e400}', "has reward Infinity: a finite number or null"),
+    "a string reward": ('{"reward": "1.0"}', 'has reward "1.0": a finite number or null'),
+    "a boolean reward": ('{"reward": true}', "has reward true: a finite number or null"),
+    "a number reason": ('{"finish_reason": 3}', "has finish_reason 3: a string or null"),
+    "deep": ("[" * 100_000 + "]" * 100_000, "is nested too deeply"),
+}
+
+
+def test_a_result_file_that_is_not_a_result_object_is_an_agent_error_saying_why(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    tasks = [{"task_id": name, "leave": "text", "text": t} for name, (t, _) in NOT_RESULTS.items()]
+    ok = '{"reward": 0.5, "finish_reason": null, "notes": [1, 2]}'  # other keys are its own
+    tasks.append({"task_id": "ok", "leave": "text", "text": ok})
+    results = run_tasks(ProgramAgent(LEAVES), renderer, tmp_path, tasks)
+    good = results.pop("ok")
+    assert (good.status, good.reward, good.finish_reason) == ("completed", 0.5, "stop")
+    for name, record in results.items():
+        assert (record.status, record.error_kind) == ("error", "agent"), name
+        assert "the program's result file /" in record.reason, name
+        assert NOT_RESULTS[name][1] in record.reason, (name, record.reason)

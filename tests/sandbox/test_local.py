@@ -109,6 +109,44 @@ async def test_a_program_that_replaces_its_exit_status_file_cannot_block_or_fool
     assert target.read_text() == "0"  # not written through the link
 
 
+# Moves its folder aside and leaves a link to the victim's folder in its place (the local
+# sandbox lets it; in the namespace sandbox the folder is a mount point, which cannot be moved).
+SWAPS_ITS_FOLDER = """
+import os, sys
+open("result.json", "w").write("mine")
+d = os.getcwd()
+try:
+    os.rename(d, d + ".moved")
+    os.symlink(sys.argv[1], d)
+except OSError as error:
+    print("resisted:", error)
+sys.exit(5)
+"""
+
+
+@pytest.mark.timeout(60, method="thread")
+async def test_a_program_that_swaps_its_folder_for_a_link_redirects_nothing(
+    make: type[Sandbox], tmp_path: Path
+) -> None:
+    """The client read the victim's files, the supervisor wrote its exit status there, and the
+    link (and the moved folder) outlived the teardown."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "result.json").write_text("theirs")
+    async with make() as box:
+        workdir = box.workdir
+        await box.start([PY, "-c", SWAPS_ITS_FOLDER, str(victim)], ENV)
+        result = await box.wait()
+        read = box.read_back("result.json", 100, "result file")
+    assert result.exit_code == 5, result.stderr
+    assert read == b"mine"  # from the folder the sandbox made, wherever it is now
+    assert sorted(p.name for p in victim.iterdir()) == ["result.json"]  # no exit status
+    assert (victim / "result.json").read_text() == "theirs"
+    moved = workdir.with_name(workdir.name + ".moved")
+    assert not workdir.is_symlink() and not workdir.exists()  # neither the link
+    assert not moved.exists()  # nor the folder it took the place of
+
+
 async def test_wall_timeout_kills_forked_children_and_sigterm_ignorers(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     script = f"""

@@ -4,19 +4,23 @@ The program gets ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` (and th
 equivalents) for its rollout, the task as JSON on stdin and in the file named by
 ``ROLLWAY_TASK_FILE``, and may write a result JSON (``{"reward": ..., "finish_reason": ...}``)
 to ``ROLLWAY_RESULT_FILE`` (a regular file of at most ``SandboxLimits.result_bytes``: a link, a
-FIFO or a bigger file is an agent error naming it, ``rollway.sandbox.readback``); otherwise the
-reward function scores the recorded conversation. The
-record's final messages are the gateway's recorded conversation, and its metrics count the
-turns the gateway recorded. A non-zero exit is an agent error carrying the tail of stderr. The
-sandbox is torn down on every path (success, failure, timeout, cancellation); a teardown that
-fails is one of the record's ``cleanup_errors`` and leaves the program's outcome as it was.
-With tracing on (``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
+FIFO or a bigger file is an agent error naming it, ``rollway.sandbox.readback``; it is read in
+the folder the sandbox made, whatever the program did to its path); otherwise the reward
+function scores the recorded conversation. A result file that is there but is not a JSON object
+of that shape (``reward`` a finite number or null, ``finish_reason`` a string or null, other
+keys ignored) is an agent error saying what is wrong. The record's final messages are the
+gateway's recorded conversation, and its metrics count the turns the gateway recorded. A
+non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
+path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
+``cleanup_errors`` and leaves the program's outcome as it was. With tracing on
+(``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import shlex
 from collections.abc import Callable, Sequence
@@ -26,11 +30,11 @@ from typing import Any
 from rollway import tracing
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
+from rollway.checks import is_number
 from rollway.errors import AgentError
 from rollway.results import AgentResult
 from rollway.sandbox.base import Sandbox, SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
-from rollway.sandbox.readback import read_back
 
 _STDERR_TAIL = 2000
 
@@ -65,7 +69,7 @@ class ProgramAgent(AgentLoop):
         box = self.make_sandbox(self.limits)
         try:
             task_file = box.workdir / "task.json"
-            result_file = box.workdir / "result.json"
+            result_file = box.workdir / _RESULT_FILE
             task_json = json.dumps(ctx.task)
             task_file.write_text(task_json)
             await box.start(
@@ -75,7 +79,7 @@ class ProgramAgent(AgentLoop):
             outcome = await box.wait()
             ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
             # In a thread, so that the rollout's timeout holds whatever the file turns out to be.
-            written = await asyncio.to_thread(_read_result, result_file, self.limits.result_bytes)
+            written = await asyncio.to_thread(_read_result, box, self.limits.result_bytes)
         finally:
             await _tear_down(box, ctx)
         if outcome.timed_out:
@@ -85,12 +89,11 @@ class ProgramAgent(AgentLoop):
             return ctx.error(f"program exited with {outcome.exit_code}: {tail}")
         if isinstance(written, AgentError):
             return ctx.error(str(written))
-        reward = written.get("reward")
-        finish_reason = written.get("finish_reason")
+        reward, finish_reason = written.get("reward"), written.get("finish_reason")
         # No messages: the program's conversation is the gateway's, which the record takes.
         return ctx.complete(
             [],
-            finish_reason=finish_reason if isinstance(finish_reason, str) else "stop",
+            finish_reason=finish_reason if finish_reason is not None else "stop",
             reward=float(reward) if reward is not None else None,
         )
 
@@ -138,15 +141,61 @@ def _absolute_if_file(word: str) -> str:
     return os.path.abspath(word) if is_file else word
 
 
-def _read_result(path: Path, limit: int) -> dict[str, Any] | AgentError:
-    """The result JSON the program wrote, {} if none (or not an object); the error if the
-    file is not one to read (``rollway.sandbox.readback``)."""
+def _read_result(box: Sandbox, limit: int) -> dict[str, Any] | AgentError:
+    """The result the program wrote, {} if none; the error if the file is not one to read
+    (``rollway.sandbox.readback``) or not a result (``_parse_result``)."""
     try:
-        text = read_back(path, limit, "result file", "SandboxLimits.result_bytes")
+        text = box.read_back(_RESULT_FILE, limit, "result file", "SandboxLimits.result_bytes")
     except AgentError as error:
         return error
     try:
-        data = json.loads(text) if text is not None else {}
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        return _parse_result(text) if text is not None else {}
+    except AgentError as error:
+        return AgentError(f"the program's result file {box.workdir / _RESULT_FILE} {error}")
+
+
+def _parse_result(text: bytes) -> dict[str, Any]:
+    """A JSON object whose ``reward`` is a finite number or null and whose ``finish_reason``
+    is a string or null (other keys are the program's own); an ``AgentError`` saying what is
+    wrong otherwise (the caller names the file)."""
+    try:
+        data = json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise AgentError("is nested too deeply to be a result") from None
+    except ValueError as error:  # not UTF-8 either
+        raise AgentError(f"is not JSON ({error}): write an object such as {_EXAMPLE}") from None
+    if not isinstance(data, dict):
+        kind = _JSON_KINDS.get(type(data), "value")
+        raise AgentError(f"holds a JSON {kind}, not an object such as {_EXAMPLE}")
+    reward, finish_reason = data.get("reward"), data.get("finish_reason")
+    if reward is not None and not (is_number(reward) and math.isfinite(reward)):
+        raise AgentError(f"has reward {_shown(reward)}: a finite number or null")
+    if finish_reason is not None and not isinstance(finish_reason, str):
+        raise AgentError(f"has finish_reason {_shown(finish_reason)}: a string or null")
+    return data
+
+
+_RESULT_FILE = "result.json"
+_EXAMPLE = '{"reward": 1.0, "finish_reason": "stop"}'
+_JSON_KINDS: dict[type, str] = {
+    list: "list",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+#: Digits of an integer in a result: any such fits a float, and it is far below Python's own
+#: limit (4300), whose error would tell the program's author to raise that.
+_MAX_DIGITS = 300
+
+
+def _parse_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > _MAX_DIGITS:
+        raise ValueError(f"an integer of {len(digits.lstrip('-'))} digits, over {_MAX_DIGITS}")
+    return int(digits)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:40] + "..."

@@ -1,4 +1,5 @@
-"""The sandbox seam: run a command in the background, wait or poll, read its output, destroy.
+"""The sandbox seam: run a command in the background, wait or poll, read its output and the
+files it left in its working directory, destroy.
 
 ``destroy`` is always safe to call (any number of times, whatever state the sandbox is in) and
 must leave nothing behind; callers call it on every path, and record what it raises instead of
@@ -68,6 +69,12 @@ class Sandbox(ABC):
     @abstractmethod
     async def wait(self) -> SandboxResult:
         """Wait for the end; past the wall-clock limit the whole process tree is killed."""
+
+    @abstractmethod
+    def read_back(self, name: str, limit: int, what: str, setting: str = "") -> bytes | None:
+        """The file ``name`` the command left in its working directory, read as
+        ``rollway.sandbox.readback.read_back`` reads (None if there is none): in the folder the
+        sandbox made, even if the command renamed it or put a link in its place."""
 
     @abstractmethod
     async def destroy(self) -> None:

@@ -15,7 +15,9 @@ gets a SIGTERM (``_ORPHAN_SIGNAL``) as the parent-death signal as well. That sig
 the *thread* that forked it ends: the event loop's thread, which outlives its sandboxes; the pipe
 covers the rest, and the signal covers a forked copy of the client that keeps the pipe open. The
 working directory is marked as the client's (``rollway.tempdirs``): one a killed client left is
-removed by the next client that opens (``rollway.sandbox.remove_leftovers``).
+removed by the next client that opens (``rollway.sandbox.remove_leftovers``). It is held open
+from its making (``workdir.py``): the client reads the program's files, and the supervisor writes
+the exit status, in that folder, whatever the program did to its path.
 
 What it isolates: resources, the working directory, the process tree. What it does not:
 the file system outside the working directory, the network, Unix sockets, other processes and
@@ -31,7 +33,6 @@ import functools
 import logging
 import os
 import resource
-import shutil
 import signal
 import sys
 import tempfile
@@ -43,7 +44,7 @@ from rollway.errors import AgentError
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from rollway.sandbox.cgroup import PidsCgroup
 from rollway.sandbox.readback import read_back
-from rollway.tempdirs import make_owned_tempdir
+from rollway.sandbox.workdir import make_workdir, remove_workdir
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ class LocalSandbox(Sandbox):
 
     def __init__(self, limits: SandboxLimits | None = None) -> None:
         self.limits = limits or SandboxLimits()
-        self.workdir = make_owned_tempdir("rollway-sandbox-")
+        self.workdir, workdir_fd = make_workdir("rollway-sandbox-")
+        self._workdir_fd: int | None = workdir_fd  # None once destroyed
         self._process: asyncio.subprocess.Process | None = None
         self._lifeline: int | None = None  # the write end; the supervisor watches the other
         self._client_pid = 0
@@ -77,8 +79,8 @@ class LocalSandbox(Sandbox):
     async def start(
         self, command: Sequence[str], env: Mapping[str, str], stdin: bytes = b""
     ) -> None:
-        if self._process is not None:
-            raise RuntimeError("a sandbox runs one command")
+        if self._process is not None or self._workdir_fd is None:
+            raise RuntimeError("a sandbox runs one command, before it is destroyed")
         self._cgroup = PidsCgroup.create(self.limits.processes)
         if self._cgroup is None and self.limits.processes is not None and os.geteuid() == 0:
             _warn_process_limit_does_not_bind()
@@ -100,7 +102,7 @@ class LocalSandbox(Sandbox):
                     stdin=stdin_file,
                     stdout=out_w,
                     stderr=err_w,
-                    pass_fds=(lifeline,),
+                    pass_fds=(lifeline, self._workdir_fd),
                     start_new_session=True,  # its own session and process group
                     preexec_fn=self._prepare_child,
                 )
@@ -161,14 +163,26 @@ class LocalSandbox(Sandbox):
             if self._lifeline is not None:
                 os.close(self._lifeline)
                 self._lifeline = None
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            if self._workdir_fd is not None:
+                remove_workdir(self.workdir, self._workdir_fd)
+                self._workdir_fd = None
+
+    def read_back(self, name: str, limit: int, what: str, setting: str = "") -> bytes | None:
+        if self._workdir_fd is None:
+            raise RuntimeError("the sandbox was destroyed")
+        # A copy: read in a thread, a read a teardown overtakes never uses a reused number.
+        folder = os.dup(self._workdir_fd)
+        try:
+            return read_back(self.workdir / name, limit, what, setting, dir_fd=folder)
+        finally:
+            os.close(folder)
 
     def _wrap(self, command: Sequence[str], env: Mapping[str, str], lifeline: int) -> list[str]:
         """The command line that runs ``command`` under its supervisor."""
-        status = str(self.workdir / _STATUS_FILE)
         # Isolated mode: the program's PYTHONPATH and such do not reach the supervisor.
-        supervisor = [sys.executable, "-I", "-S", str(_SUPERVISOR), "--status", status]
-        options = ["--grace", str(_TERM_GRACE_S), "--lifeline", str(lifeline)]
+        supervisor = [sys.executable, "-I", "-S", str(_SUPERVISOR), "--status", _STATUS_FILE]
+        options = ["--workdir-fd", str(self._workdir_fd), "--grace", str(_TERM_GRACE_S)]
+        options += ["--lifeline", str(lifeline)]
         return [*supervisor, *options, *self._supervisor_options(env), "--", *command]
 
     def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
@@ -200,7 +214,7 @@ class LocalSandbox(Sandbox):
         assert self._process is not None and self._process.returncode is not None
         (out, out_cut), (err, err_cut) = (r.result() for r in self._readers)
         try:  # the command's own code, as its supervisor saw it
-            status = read_back(self.workdir / _STATUS_FILE, _STATUS_BYTES, "exit status file")
+            status = self.read_back(_STATUS_FILE, _STATUS_BYTES, "exit status file")
             exit_code = int(status if status is not None else "")
         except (AgentError, ValueError):  # the supervisor was killed, or the program meddled
             exit_code = self._process.returncode

@@ -4,7 +4,9 @@ at most a given number of bytes.
 The program decides what is at the path: a FIFO blocks an open (and a read) for good, a link to
 ``/dev/zero`` never ends, and a link elsewhere reads what the client may read. So the open
 follows no link (``O_NOFOLLOW``) and cannot block (``O_NONBLOCK``), what it opened must be a
-regular file (``fstat``), and one byte past ``limit`` is the most ever read.
+regular file (``fstat``), and one byte past ``limit`` is the most ever read. The program may also
+rename its folder and put a link to another folder in its place: a sandbox opens the file in
+its folder's descriptor (``dir_fd``), held since it made the folder, never by the folder's path.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from rollway.errors import AgentError
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def read_back(path: Path, limit: int, what: str, setting: str = "") -> bytes | None:
+def read_back(
+    path: Path, limit: int, what: str, setting: str = "", *, dir_fd: int | None = None
+) -> bytes | None:
     """The bytes of the regular file ``path``, None if there is none. An ``AgentError`` naming
     ``what`` if it is a link or not a regular file, or holds more than ``limit`` bytes (the
-    ``setting`` that says so, if any)."""
+    ``setting`` that says so, if any). With ``dir_fd``, the file named ``path.name`` in the
+    folder open as ``dir_fd`` (``path`` then only names it in errors)."""
     try:
-        fd = os.open(path, _FLAGS)
+        fd = os.open(path if dir_fd is None else path.name, _FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as error:

@@ -1,7 +1,7 @@
 """The first process of every sandbox's command: a child subreaper that runs the command and,
 when it ends (or on SIGTERM/SIGINT), ends every process below it before it exits itself.
 
-    python -I -S supervisor.py --status FILE --grace SECONDS [--lifeline FD]
+    python -I -S supervisor.py --status NAME --workdir-fd DIR_FD --grace SECONDS [--lifeline FD]
         [--relay [--port P --unix S]]
         [--hide DIR ... --keep DIR ... [--tmpfs-size B] --writable PATH ...]
         -- COMMAND ...
@@ -12,10 +12,13 @@ At the end it sends each descendant SIGTERM, gives them the grace period, SIGKIL
 and exits only once none is alive: whatever held the sandbox's output pipes is gone with it. The
 command runs in a process group of its own, so each descendant gets one SIGTERM (this one's)
 however the sandbox was signalled. The command's exit code (negative: the signal that killed it)
-is left in FILE. In a namespace sandbox it is the namespaces' first process and, with
-``--relay``, also runs ``relay.py`` (loopback up, ``127.0.0.1:P`` relayed to the socket S),
-and with ``--hide``, ``filesystem.py`` (a fresh tmpfs over each DIR, each kept DIR bound back,
-all read-only but those fresh mounts and each PATH).
+is left in the file NAME of the folder open as DIR_FD (the sandbox's working folder, opened by
+the client when it made it: the command may have renamed the folder, or put a link in its place,
+and the status still lands in that folder, never in one the link leads to). In a namespace
+sandbox it is the namespaces' first process and, with ``--relay``, also runs ``relay.py``
+(loopback up, ``127.0.0.1:P`` relayed to the socket S), and with ``--hide``, ``filesystem.py``
+(a fresh tmpfs over each DIR, each kept DIR bound back, all read-only but those fresh mounts and
+each PATH).
 
 Its life is tied to the client's: FD is the read end of a pipe whose write end only the client
 holds, so its end of file means the client is gone (killed, however): that is a SIGTERM, and the
@@ -191,16 +194,18 @@ def supervise(command: Sequence[str], grace: float) -> int:
     return code
 
 
-def write_status(path: str, code: int) -> None:
-    """``code`` in a new regular file at ``path``: whatever the command left there (a FIFO
-    would block the open for good, a link would be followed) is removed first. Nothing of the
-    command runs any more to put it back. Unwritable, the client takes this process's own."""
+def write_status(folder: int, name: str, code: int) -> None:
+    """``code`` in a new regular file ``name`` of the folder open as ``folder``: whatever the
+    command left there (a FIFO would block the open for good, a link would be followed) is
+    removed first. Nothing of the command runs any more to put it back. Unwritable, the client
+    takes this process's own."""
     with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
-        os.unlink(path)
+        os.unlink(name, dir_fd=folder)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(name, flags, 0o600, dir_fd=folder)
     except OSError as error:
-        print(f"rollway sandbox: cannot write {path}: {error.strerror}", file=sys.stderr)
+        print(f"rollway sandbox: cannot write {name}: {error.strerror}", file=sys.stderr)
         return
     with os.fdopen(fd, "w") as out:
         out.write(str(code))
@@ -219,7 +224,8 @@ def prepare_namespaces(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="supervisor.py")
-    parser.add_argument("--status", required=True)
+    parser.add_argument("--status", required=True, help="a file name in --workdir-fd")
+    parser.add_argument("--workdir-fd", type=int, required=True, help="the sandbox's folder")
     parser.add_argument("--grace", type=float, default=2.0)
     parser.add_argument("--relay", action="store_true", help="in a new network namespace")
     parser.add_argument("--port", type=int)
@@ -238,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # it alone). Blocked, they also stay pending where this is the namespaces' first process,
     # which would drop a signal it has no handler for.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    os.set_inheritable(args.workdir_fd, False)  # the supervisor's, not the command's
     if args.lifeline is not None:
         watch_lifeline(args.lifeline)
     try:
@@ -246,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"rollway sandbox: cannot isolate: {error}", file=sys.stderr)
         os._exit(125)
     code = supervise(command, args.grace)
-    write_status(args.status, code)
+    write_status(args.workdir_fd, args.status, code)
     sys.stderr.flush()
     os._exit(code if code >= 0 else 128 - code)  # not waiting for the relay's thread
 
