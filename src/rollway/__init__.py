@@ -27,6 +27,7 @@ from rollway.errors import (
     ExperimentInUseError,
     InfrastructureError,
     InvalidFieldsError,
+    JudgeAnswerError,
     MalformedBodyError,
     OverloadedError,
     PayloadTooLargeError,
@@ -43,7 +44,14 @@ from rollway.gateway import ChatResult, Gateway, RemoteGateway, build_gateway, c
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.retry import Backoff, RetryPolicy
-from rollway.rollouts import RolloutLimits, RolloutOptions, Rubric, ServingConfig
+from rollway.rollouts import (
+    Judge,
+    RolloutLimits,
+    RolloutOptions,
+    Rubric,
+    ServingConfig,
+    parse_score,
+)
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.trajectory import Drift, Sample, Trajectory, Turn
@@ -72,6 +80,8 @@ __all__ = [
     "GenerationResult",
     "InfrastructureError",
     "InvalidFieldsError",
+    "Judge",
+    "JudgeAnswerError",
     "KeepLastTurns",
     "LocalExecutor",
     "LocalSandbox",
@@ -117,6 +127,7 @@ __all__ = [
     "engine_from_spec",
     "execute_tool_calls",
     "export_records",
+    "parse_score",
     "store_from_uri",
     "tool",
 ]

@@ -18,6 +18,7 @@ in ``HTTP_STATUS`` below (the only place), to HTTP status codes::
     │   └── EngineConnectError      the engine cannot be reached (an outage) (503)
     ├── AgentError                  the agent failed or is malformed         (500)
     ├── RewardError                 the reward function failed               (500)
+    │   └── JudgeAnswerError        a judge's answer held no score (retried) (500)
     ├── StoredDataError             a stored file or object is unusable      (500)
     │   └── BadRecordError          a rollout's record: unreadable, invalid or misaligned
     └── InfrastructureError         a transient failure; the client retries  (503)
@@ -110,6 +111,11 @@ class RewardError(RollwayError):
     error_type = "reward_error"
 
 
+class JudgeAnswerError(RewardError):
+    """A judge's answer held no score its parser could read: the message quotes the answer.
+    Unlike other reward errors it is tried again (a sampled judge may answer better)."""
+
+
 class StoredDataError(RollwayError):
     """A file or object in a store cannot be used as it is (a lease nobody can read, a record
     that is not one): the message names it and the fix."""
@@ -170,6 +176,7 @@ HTTP_STATUS: dict[type[RollwayError], int] = {
     EngineConnectError: 503,
     AgentError: 500,
     RewardError: 500,
+    JudgeAnswerError: 500,
     StoredDataError: 500,
     BadRecordError: 500,
     InfrastructureError: 503,

@@ -79,13 +79,15 @@ class RewardScored(RolloutEvent):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RolloutFinished(RolloutEvent):
-    """The rollout's one outcome, as its record says (``rollout_id``: its last attempt)."""
+    """The rollout's one outcome, as its record says (``rollout_id``: its last attempt);
+    ``reward_components``: its reward's components (``RolloutRecord.reward_components``)."""
 
     kind: ClassVar[str] = "rollout_finished"
     status: str
     reason: str | None
     reward: float | None
     elapsed_s: float
+    reward_components: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +133,7 @@ def outcome_events(record: RolloutRecord) -> list[RolloutEvent]:
         reason=record.reason,
         reward=record.reward,
         elapsed_s=record.elapsed_s,
+        reward_components=record.reward_components,
     )
     return [*scored, finished]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 from collections.abc import Callable
+from typing import Any
 
 from rollway.agents import AgentLoop, RolloutContext, execute_tool_calls, tool
 from rollway.client import RolloutClient
@@ -21,6 +22,7 @@ from rollway.events import (
     TurnStarted,
 )
 from rollway.results import AgentResult
+from rollway.trajectory import Trajectory
 from tests.outcomes import ENDED
 
 MakeClient = Callable[..., RolloutClient]
@@ -62,6 +64,18 @@ def test_a_batch_tells_each_rollout_in_order_and_turns_match_trajectories(
         assert isinstance(finished, RolloutFinished)
         assert (finished.status, finished.elapsed_s) == (record.status, record.elapsed_s)
     assert all(e.to_dict()["kind"] == e.kind for e in heard)
+
+
+def test_the_finished_event_carries_the_reward_components(make_client: MakeClient) -> None:
+    def checks(task: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+        return {"reward": 1.5, "format": 1.0, "correct": 0.5, "note": "kept, no component"}
+
+    heard: list[RolloutEvent] = []
+    (item,) = make_client(on_event=heard.append, reward=checks).run_batch([{"task_id": "c"}])
+    finished = heard[-1]
+    assert isinstance(finished, RolloutFinished) and finished.reward == 1.5
+    assert finished.reward_components == {"format": 1.0, "correct": 0.5}
+    assert finished.to_dict()["reward_components"] == item.result.reward_components
 
 
 def test_a_retried_rollout_starts_twice_and_finishes_once(make_client: MakeClient) -> None:

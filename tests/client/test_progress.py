@@ -29,6 +29,22 @@ def test_status_lines_report_counts_and_mean_reward(caplog: pytest.LogCaptureFix
     )
 
 
+def test_status_lines_report_each_reward_components_mean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    progress = BatchProgress(3, show=False, status_interval_s=0.0)
+    scored = [
+        record("completed", 1.0).model_copy(update={"reward_info": {"correct": 1.0, "brief": 0.5}}),
+        record("completed", 0.0).model_copy(update={"reward_info": {"correct": 0.0}}),
+    ]
+    with caplog.at_level(logging.INFO, logger="rollway.client"), progress:
+        for one in scored:
+            progress.advance(one)
+    assert caplog.messages[-1].endswith(
+        "completed 2 | mean reward 0.500 | reward/brief 0.500, reward/correct 0.500"
+    )
+
+
 def test_summary_counts_outcomes_and_rewards() -> None:
     summary = summarize(
         [record("completed", 1.0), record("completed", 0.0), record("timeout", None)], 2.0

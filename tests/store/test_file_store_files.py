@@ -126,7 +126,7 @@ def test_an_index_line_carries_what_a_listing_shows(tmp_path: Path) -> None:
         "rollout_id": full.rollout_id, "group_id": full.group_id, "task_index": 0,
         "sample_index": 1, "error_kind": None, "reason": None, "attempts": 1,
         "started_at": full.started_at, "elapsed_s": full.elapsed_s, "turns": 2,
-        "sampled_tokens": 6, "policy_version": None,
+        "sampled_tokens": 6, "policy_version": None, "reward_components": {},
         # The record file as written: a reader tells a file changed since by these.
         "bytes": len(full.stored()), "mtime_ns": written.st_mtime_ns,
     }  # fmt: skip

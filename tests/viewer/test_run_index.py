@@ -343,3 +343,20 @@ def test_a_record_whose_token_lists_do_not_line_up_shows_as_unreadable(tmp_path:
         assert "logprobs for" in reason and "completion ids" in reason
         tokens = client.get(f"/api/rollouts/{good.rollout_key}/tokens")
         assert tokens.status_code == 404 and "does not read" in tokens.text
+
+
+def test_the_listing_sorts_by_each_reward_component(tmp_path) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i, correct in enumerate([0.0, 1.0, None], start=1):
+        info = {} if correct is None else {"correct": correct, "format": 0.5}
+        store.write(small_record(i).model_copy(update={"reward": 1.0, "reward_info": info}))
+    location = open_run(str(store.path))
+    index = RunIndex(location, recheck_s=0.0)
+    listing = index.rollouts(Query(sort="reward/correct", descending=True), 0, 10)
+    assert listing["reward_components"] == ["correct", "format"]
+    assert [r["reward_components"].get("correct") for r in listing["rows"]] == [1.0, 0.0, None]
+    assert index.records_read == 0  # the index line carries the components
+    with TestClient(create_viewer_app(location)) as client:
+        rows = client.get("/api/rollouts?sort=reward/correct").json()["rows"]
+        assert [r["reward_components"].get("correct") for r in rows] == [0.0, 1.0, None]
+        assert client.get("/api/rollouts?sort=reward/").status_code == 422

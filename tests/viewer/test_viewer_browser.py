@@ -110,6 +110,23 @@ def test_the_listing_shows_policy_versions_and_filters_on_one(
     assert [a["data-version"] for a in ones.with_attr("data-version")] == ["1", "1"]
 
 
+def test_the_listing_has_a_sortable_column_per_reward_component(
+    browser: Browser, tmp_path: Path
+) -> None:
+    store = FileStore(tmp_path, "exp")
+    for i, correct in enumerate([0.0, 1.0], start=1):
+        info = {"correct": correct, "format": 0.5}
+        store.write(small_record(i).model_copy(update={"reward": 1.0, "reward_info": info}))
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        dom = Elements(browser.dom(f"{url}/?sort=reward/correct&order=desc"))
+    headers = [a for tag, a in dom.tags if tag == "th" and "data-component" in a]
+    assert [a["data-sort"] for a in headers] == ["reward/correct", "reward/format"]
+    cells = [a["data-component"] for a in dom.with_attr("data-component") if "data-sort" not in a]
+    assert cells == ["correct", "format"] * 2
+    shown = [a["data-key"] for a in dom.with_attr("data-key")]
+    assert shown == [small_record(2).rollout_key, small_record(1).rollout_key]
+
+
 def test_an_unreadable_record_is_listed_apart_and_its_page_says_why(
     browser: Browser, tmp_path: Path
 ) -> None:

@@ -39,6 +39,8 @@ class BatchProgress:
         self.console = Console(stderr=True)
         self.counts: Counter[str] = Counter()
         self.rewards: list[float] = []
+        #: Each reward component's values so far, by name (a rubric's functions, say).
+        self.components: dict[str, list[float]] = {}
         self._interval = status_interval_s
         self._stuck = stuck
         self._outages = outages
@@ -71,6 +73,8 @@ class BatchProgress:
         self.counts[record.status] += 1
         if record.reward is not None:
             self.rewards.append(record.reward)
+        for name, value in record.reward_components.items():
+            self.components.setdefault(name, []).append(value)
         self._progress.update(self._task, advance=1, description=self.describe())
         self.tick()
 
@@ -88,6 +92,9 @@ class BatchProgress:
         done = sum(self.counts.values())
         elapsed = time.monotonic() - self._started
         line = f"batch status: {done}/{self.total} done after {elapsed:.0f} s; {self.describe()}"
+        if self.components:  # the status line only: the bar's text stays short
+            means = (f"{n} {statistics.fmean(v):.3f}" for n, v in sorted(self.components.items()))
+            line += f" | reward/{', reward/'.join(means)}"
         if stuck := self._stuck():
             line += f" | {stuck} stuck"
         for outage in self._outages():

@@ -15,8 +15,10 @@ from typing import Any
 
 from rollway.client.batch import group_stats, outcome_figures
 from rollway.errors import BadRecordError, ConfigError, StoredDataError
+from rollway.gateway.handle import GatewayHandle
 from rollway.results import PastReward, RolloutRecord
 from rollway.rollouts import RewardFn, RolloutLimits
+from rollway.rollouts.judge import judging
 from rollway.rollouts.rewards import reward_identity, score
 from rollway.store.base import OnBadRecord, Store
 
@@ -56,11 +58,13 @@ async def rescore_async(
     concurrency: int = 8,
     on_bad: OnBadRecord | None = None,
     on_progress: OnProgress | None = None,
+    gateway: GatewayHandle | None = None,
 ) -> RescoreReport:
     """Score ``store``'s records again with ``reward_fn`` (``failed_only``: only those whose
     reward failed; ``again``: those this function scored already too), ``concurrency`` at a
     time, each under ``limits``' ``reward_timeout`` and ``reward_retries``. A bad record goes
-    to ``on_bad`` (always counted in the report) and is skipped."""
+    to ``on_bad`` (always counted in the report) and is skipped. A ``Judge`` with no engine of
+    its own asks ``gateway``'s (the client's)."""
     if not callable(reward_fn):
         raise ConfigError("reward must be a callable: a reward function or a Rubric", "reward")
     limits = limits or RolloutLimits()
@@ -79,7 +83,7 @@ async def rescore_async(
 
     async def one(record: RolloutRecord) -> None:
         async with slots:
-            new = await _rescored(record, reward_fn, report.reward_fn, limits)
+            new = await _rescored(record, reward_fn, report.reward_fn, limits, gateway)
             await asyncio.to_thread(store.write, new)
         by_key[new.rollout_key] = new
         report.failed += new.error_kind == "reward"
@@ -104,14 +108,21 @@ def _wanted(record: RolloutRecord, identity: str, failed_only: bool, again: bool
 
 
 async def _rescored(
-    record: RolloutRecord, reward_fn: RewardFn, identity: str, limits: RolloutLimits
+    record: RolloutRecord,
+    reward_fn: RewardFn,
+    identity: str,
+    limits: RolloutLimits,
+    gateway: GatewayHandle | None,
 ) -> RolloutRecord:
     """``record`` with its new score, the one it had kept in its history."""
     assert record.trajectory is not None
-    scored = await score(
-        reward_fn, record.task, record.trajectory, limits.reward_timeout, limits.reward_retries
-    )
+    with judging(gateway, record.rollout_id) as judge_calls:
+        scored = await score(
+            reward_fn, record.task, record.trajectory, limits.reward_timeout, limits.reward_retries
+        )
     info: dict[str, Any] = {**scored.info(), "source": "reward_fn", "reward_fn": identity}
+    if judge_calls:
+        info["judge_calls"] = judge_calls
     if "agent_reward" in record.reward_info:
         info["agent_reward"] = record.reward_info["agent_reward"]
     past = PastReward(

@@ -448,6 +448,8 @@ class RolloutClient:
                 failed_only=failed_only,
                 again=again,
                 limits=self.settings.limits,
+                # A judge of the policy's engine asks it here; Ray workers' gateways are theirs.
+                gateway=self.executor.gateway if isinstance(self.executor, LocalExecutor) else None,
             )
         )
 

@@ -10,6 +10,7 @@ from rollway.rollouts.config import (
     RolloutOptions,
     ServingConfig,
 )
+from rollway.rollouts.judge import Judge, parse_score
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
@@ -18,6 +19,7 @@ from rollway.rollouts.runner import RolloutRunner
 from rollway.rollouts.spec import RolloutSpec, attempt_id, task_key
 
 __all__ = [
+    "Judge",
     "LoopThread",
     "RewardFn",
     "RolloutConfig",
@@ -29,6 +31,7 @@ __all__ = [
     "ServingConfig",
     "attempt_id",
     "make_record",
+    "parse_score",
     "score",
     "task_key",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.errors import RewardError, is_failure
+from rollway.errors import JudgeAnswerError, RewardError, is_failure
 from rollway.retry import Backoff, RetryPolicy
 from rollway.trajectory import Trajectory
 
@@ -37,10 +37,13 @@ class _TryFailed(RewardError):
     function would return it again)."""
 
 
-#: A reward function's tries: one that raised or timed out goes again after 0.5 s, then 1 s,
-#: ... (at most 5 s), up to ``RolloutLimits.reward_retries`` times.
+#: A reward function's tries: one that raised, timed out or got a judge answer it could not
+#: read goes again after 0.5 s, then 1 s, ... (at most 5 s), up to
+#: ``RolloutLimits.reward_retries`` times.
 REWARD_TRIES = RetryPolicy(
-    attempts=3, backoff=Backoff(first_s=0.5, max_s=5.0), retry_on=(_TryFailed,)
+    attempts=3,
+    backoff=Backoff(first_s=0.5, max_s=5.0),
+    retry_on=(_TryFailed, JudgeAnswerError),
 )
 
 

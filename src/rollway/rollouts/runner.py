@@ -29,6 +29,7 @@ from rollway.logs import log_stage
 from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.rollouts.availability import Availability, Outage, OutageWaits
 from rollway.rollouts.config import RolloutConfig
+from rollway.rollouts.judge import judging
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSpec, attempt_id
@@ -334,10 +335,15 @@ class RolloutRunner:
         if self.reward_fn is None:
             return agent_reward, {} if agent_reward is None else {"source": "agent"}, None
         limits = self.settings.limits
-        scored = await score(
-            self.reward_fn, spec.task, trajectory, limits.reward_timeout, limits.reward_retries
-        )
+        # A judge among the reward's functions asks the policy's engine through this gateway,
+        # as rollouts of its own: its calls are noted here, apart from the trajectory.
+        with judging(self.gateway, trajectory.rollout_id) as judge_calls:
+            scored = await score(
+                self.reward_fn, spec.task, trajectory, limits.reward_timeout, limits.reward_retries
+            )
         info: dict[str, Any] = {**scored.info(), "source": "reward_fn"}
+        if judge_calls:
+            info["judge_calls"] = judge_calls
         if agent_reward is not None:
             info["agent_reward"] = agent_reward
         return scored.reward, info, scored.error

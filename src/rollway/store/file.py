@@ -207,6 +207,7 @@ def index_row(record: RolloutRecord) -> dict[str, Any]:
         "turns": turns,
         "sampled_tokens": tokens,
         "policy_version": record.policy_version,
+        "reward_components": record.reward_components,
     }
 
 

@@ -72,6 +72,8 @@ ROLLOUT_COLUMNS = frozenset(
         "policy_version",
     }
 )
+#: A listing sorts by a reward component as ``reward/<name>``.
+COMPONENT_SORT = "reward/"
 GROUP_COLUMNS = frozenset(
     {"group_id", "n", "scored", "mean_reward", "std_reward", "success_rate", "first_task", "flat"}
 )
@@ -159,6 +161,15 @@ class _Snapshot:
     def versions(self) -> list[Row]:
         return version_stats(self.rows)
 
+    @functools.cached_property
+    def component_names(self) -> list[str]:
+        """Every reward component a row has, sorted."""
+        names: set[str] = set()
+        for row in self.rows:
+            components = row.get("reward_components")
+            names.update(components if isinstance(components, dict) else ())
+        return sorted(names)
+
     def with_advantage(self, rows: list[Row]) -> list[Row]:
         """Copies of ``rows`` (index rows stay as read) with their GRPO advantage."""
         return [{**row, "advantage": self.advantages[row["key"]]} for row in rows]
@@ -192,6 +203,8 @@ class RunIndex:
             "offset": offset,
             "limit": limit,
             "rows": snapshot.with_advantage(matched[offset : offset + limit]),
+            # A column each, sortable as ``reward/<name>``.
+            "reward_components": snapshot.component_names,
         }
 
     def group(self, group_id: str, limit: int) -> dict[str, Any] | None:
@@ -353,8 +366,23 @@ def _listable(row: Row) -> bool:
     )
 
 
+def component(row: Row, name: str) -> float | None:
+    """A row's reward component ``name``; None where it has none (or an index line that
+    predates components)."""
+    components = row.get("reward_components")
+    value = components.get(name) if isinstance(components, dict) else None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def _sorted(rows: list[Row], column: str, descending: bool) -> list[Row]:
-    """Stable (ties keep their order), with missing values last in either direction."""
+    """Stable (ties keep their order), with missing values last in either direction;
+    ``reward/<name>`` sorts by that reward component."""
+    if column.startswith(COMPONENT_SORT):
+        name = column.removeprefix(COMPONENT_SORT)
+        keyed = [(component(r, name), r) for r in rows]
+        scored = [(v, r) for v, r in keyed if v is not None]
+        scored.sort(key=lambda pair: pair[0], reverse=descending)
+        return [r for _, r in scored] + [r for v, r in keyed if v is None]
     present = [r for r in rows if r.get(column) is not None]
     missing = [r for r in rows if r.get(column) is None]
     value: Callable[[Row], Any] = lambda r: r[column]  # noqa: E731

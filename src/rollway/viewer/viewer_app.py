@@ -22,7 +22,14 @@ from rollway.ids import is_safe_id
 from rollway.results import RolloutRecord
 from rollway.viewer.record_files import Unreadable
 from rollway.viewer.rollout_page import rollout_detail
-from rollway.viewer.run_index import GROUP_COLUMNS, ROLLOUT_COLUMNS, Query, RunIndex, RunLocation
+from rollway.viewer.run_index import (
+    COMPONENT_SORT,
+    GROUP_COLUMNS,
+    ROLLOUT_COLUMNS,
+    Query,
+    RunIndex,
+    RunLocation,
+)
 from rollway.viewer.token_view import PAGE_TOKENS, TokenTexts, token_page, token_texts
 from rollway.web.handlers import JSONResponse, route_error
 from rollway.web.openapi import Endpoint, Param, routes_and_document
@@ -234,6 +241,8 @@ def create_viewer_app(
 
 
 def _column(name: str, allowed: frozenset[str]) -> str:
+    if allowed is ROLLOUT_COLUMNS and name.startswith(COMPONENT_SORT) and name != COMPONENT_SORT:
+        return name  # a reward component's column: a row without it sorts last
     if name not in allowed:
         raise InvalidFieldsError(f"sort: one of {', '.join(sorted(allowed))}", param="sort")
     return name

@@ -63,11 +63,13 @@ async function loadRollouts() {
   });
   if (state.version !== "") params.set("policy_version", state.version);
   const page = await getJSON(`/api/rollouts?${params}`);
+  componentHeaders(page.reward_components);
   const body = document.querySelector("#rollouts tbody");
   body.replaceChildren(...page.rows.map((row) => el("tr", { "data-key": row.key },
     el("td", {}, el("a", { href: `/rollouts/${encodeURIComponent(row.key)}`, text: row.key })),
     el("td", {}, statusChip(row.status)),
     el("td", { class: "num", text: num(row.reward) }),
+    ...page.reward_components.map((name) => el("td", { class: "num", "data-component": name, text: num((row.reward_components || {})[name]) })),
     el("td", { class: "num", "data-advantage": row.advantage ?? "", text: num(row.advantage, 2) }),
     el("td", {}, el("a", { href: "#", class: "group-link", text: row.group_id, onclick: (e) => { e.preventDefault(); filterGroup(row.group_id); } })),
     el("td", { class: "num", "data-version": row.policy_version ?? "" },
@@ -108,6 +110,24 @@ function pager(id, matched, total, offset, limit, go) {
     el("span", { text: ` ${num(first)}–${num(last)} of ${num(matched)}${filtered} ` }),
     el("button", { type: "button", disabled: offset + limit >= matched, text: "next ›", onclick: () => go(offset + limit) }),
   );
+}
+
+function sortBy(column) {
+  state.order = state.sort === column && state.order === "asc" ? "desc" : "asc";
+  state.sort = column;
+  state.offset = 0;
+  refresh();
+}
+
+// A sortable column per reward component (reward/<name>), after the reward's own.
+function componentHeaders(names) {
+  for (const th of document.querySelectorAll("#rollouts th[data-component]")) th.remove();
+  const after = document.querySelector('#rollouts th[data-sort="reward"]');
+  for (const name of [...names].reverse()) {
+    const th = el("th", { class: "num", "data-sort": `reward/${name}`, "data-component": name, text: `reward/${name}` });
+    th.addEventListener("click", () => sortBy(th.dataset.sort));
+    after.after(th);
+  }
 }
 
 function markSorted(table, sort, order) {
@@ -164,12 +184,7 @@ function wire() {
     refresh();
   });
   for (const th of document.querySelectorAll("#rollouts th[data-sort]")) {
-    th.addEventListener("click", () => {
-      state.order = state.sort === th.dataset.sort && state.order === "asc" ? "desc" : "asc";
-      state.sort = th.dataset.sort;
-      state.offset = 0;
-      refresh();
-    });
+    th.addEventListener("click", () => sortBy(th.dataset.sort));
   }
   for (const th of document.querySelectorAll("#groups th[data-sort]")) {
     th.addEventListener("click", () => {
