@@ -4,6 +4,7 @@ rollout's error; it never loses the record nor breaks the batch around it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import sys
@@ -255,3 +256,106 @@ async def test_cancelling_the_batch_itself_still_cancels_it(make_client: MakeCli
         await task
     record = client.store.get("a.0")
     assert record is not None and record.status == "cancelled"
+
+
+class Unstoppable(AgentLoop):
+    """Misbehaves where the task says once its time is up: ``stop()`` never returns, or
+    ``run`` catches its cancellation and carries on; ``slow`` takes a moment, then ends."""
+
+    name = "unstoppable"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        await ctx.chat([{"role": "user", "content": "hi"}])
+        if ctx.task["how"] == "swallow":
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(1)
+        if ctx.task["how"] == "stop-hangs":
+            await asyncio.Event().wait()
+        if ctx.task["how"] == "slow":
+            await asyncio.sleep(1)
+        return ctx.complete([])
+
+    async def stop(self, ctx: RolloutContext) -> None:
+        if ctx.task["how"] == "stop-hangs":
+            await asyncio.Event().wait()
+
+
+async def self_cancelling_reward(task: dict[str, Any], trajectory: Trajectory) -> float:
+    if task["how"] == "reward-cancels":
+        task_running = asyncio.current_task()
+        assert task_running is not None
+        task_running.cancel()
+        await asyncio.sleep(0)
+    return 1.0
+
+
+@pytest.mark.timeout(60)  # the defect raised CancelledError out of run_batch
+def test_a_reward_that_cancels_its_own_task_is_that_rollouts_reward_error(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(agent=Unstoppable, reward=self_cancelling_reward, reward_retries=0)
+    tasks = [{"task_id": "cancels", "how": "reward-cancels"}, {"task_id": "slow", "how": "slow"}]
+    records = {item.result.task["task_id"]: item.result for item in client.run_batch(tasks)}
+    assert sorted(records) == ["cancels", "slow"]
+    scored = records["cancels"]
+    assert (scored.status, scored.error_kind) == ("error", "reward")
+    assert "reward function cancelled its own task" in (scored.reason or "")
+    assert records["slow"].reward == 1.0
+    stored = client.store.get("cancels.0")
+    assert stored is not None and stored.error_kind == "reward"
+
+
+@pytest.mark.timeout(60)  # the defect waited for stop() for good
+def test_a_stop_that_never_returns_is_bounded_by_the_grace_period(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(agent=Unstoppable, timeout=1.0, stop_grace_s=0.5)
+    (item,) = client.run_batch([{"task_id": "hangs", "how": "stop-hangs"}])
+    record = item.result
+    assert record.status == "timeout"
+    assert "stop: TimeoutError: stop() did not return within 0.5 s" in record.cleanup_errors
+    assert record.elapsed_s < 1.0 + 2 * 0.5 + 5.0  # the timeout, the two graces, slack
+
+
+@pytest.mark.timeout(60)  # the defect waited for the agent's task for good
+def test_an_agent_that_ignores_its_cancellation_is_abandoned_and_its_rollout_recorded(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(agent=Unstoppable, timeout=1.0, stop_grace_s=0.5)
+    tasks = [{"task_id": "swallows", "how": "swallow"}, {"task_id": "fine", "how": "none"}]
+    records = {item.result.task["task_id"]: item.result for item in client.run_batch(tasks)}
+    swallowed = records["swallows"]
+    assert swallowed.status == "timeout"
+    assert swallowed.reason is not None
+    assert swallowed.reason.startswith("timed out after 1 s")
+    assert "the agent ignored its cancellation for 0.5 s" in swallowed.reason
+    assert swallowed.elapsed_s < 1.0 + 2 * 0.5 + 5.0
+    assert records["fine"].status == "completed"
+    warned = [m for m in caplog.messages if "ignored its cancellation" in m]
+    assert len(warned) == 1 and "swallows" in warned[0]
+
+
+@pytest.mark.timeout(60)  # the defect raised CancelledError out of run_batch
+def test_a_cancelled_error_that_slips_out_of_a_rollout_is_recorded_as_its_error(
+    make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stands in for any user code whose own CancelledError would end the rollout's task.
+    client = make_client(agent=Unstoppable)
+    admit = client._admission.run
+
+    async def slipping(spec: Any, settings: Any, cancel: asyncio.Event) -> Any:
+        if spec.task["task_id"] == "stray":
+            raise asyncio.CancelledError("slipped through")
+        return await admit(spec, settings, cancel)
+
+    monkeypatch.setattr(client._admission, "run", slipping)
+    tasks = [{"task_id": "stray", "how": "none"}, {"task_id": "fine", "how": "slow"}]
+    records = {item.result.task["task_id"]: item.result for item in client.run_batch(tasks)}
+    assert sorted(records) == ["fine", "stray"]
+    stray = records["stray"]
+    assert (stray.status, stray.error_kind) == ("error", "agent")
+    assert "raised asyncio.CancelledError though nothing cancelled it" in (stray.reason or "")
+    assert records["fine"].status == "completed"
+    stored = client.store.get("stray.0")
+    assert stored is not None and stored.status == "error"

@@ -6,10 +6,13 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from typing import Any
 
+from rollway.errors import is_failure
 from rollway.results import RolloutRecord
+from rollway.rollouts import RolloutConfig, RolloutSpec
+from rollway.rollouts.records import make_record
 from rollway.store.base import Store
 
 
@@ -46,6 +49,36 @@ class CancelGate:
             return record
         await asyncio.to_thread(_store_cancelled, store, record)
         return _cancelled(record)
+
+
+async def recorded(
+    running: Coroutine[Any, Any, RolloutRecord],
+    spec: RolloutSpec,
+    settings: RolloutConfig,
+    store: Store,
+) -> RolloutRecord:
+    """``running``'s record; a ``CancelledError`` that nothing cancelling raised (user code's
+    own, wherever it slipped through) is that rollout's error, recorded in ``store``: let
+    through, it would cancel the rollout's future and raise out of the whole batch."""
+    started_at = time.time()
+    try:
+        return await running
+    except asyncio.CancelledError as exc:
+        if not is_failure(exc):  # the rollout itself is being cancelled
+            raise
+        reason = "the rollout raised asyncio.CancelledError though nothing cancelled it"
+        record = make_record(
+            spec,
+            settings,
+            "error",
+            "agent",
+            reason,
+            attempts=spec.first_attempt,
+            started_at=started_at,
+            elapsed_s=time.time() - started_at,
+        )
+        await asyncio.to_thread(store.write, record)
+        return record
 
 
 def _cancelled(record: RolloutRecord) -> RolloutRecord:

@@ -20,7 +20,7 @@ from rollway.client.batch_runs import BatchRequest, BatchRuns, cancel_and_wait
 from rollway.client.client_config import ClientConfig, check_pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.fingerprint import fingerprint
-from rollway.client.future import CancelGate, RolloutFuture
+from rollway.client.future import CancelGate, RolloutFuture, recorded
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.client.policy import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
@@ -504,7 +504,8 @@ class RolloutClient:
     async def _run_settled(
         self, spec: RolloutSpec, settings: RolloutConfig, gate: CancelGate
     ) -> RolloutRecord:
-        record = await self._admission.run(spec, settings, gate.event)
+        running = self._admission.run(spec, settings, gate.event)
+        record = await recorded(running, spec, settings, self.store)
         record = await gate.settle(record, self.store)  # a cancel granted meanwhile wins
         self._events.finished(record)
         return record

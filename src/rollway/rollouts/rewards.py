@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +98,7 @@ async def _timed_try(
     note: dict[str, Any] = {}
     tries.append(note)
     try:
-        value = await asyncio.wait_for(call(reward_fn, task, trajectory), limit_s)
+        value = await asyncio.wait_for(_own_task(call(reward_fn, task, trajectory)), limit_s)
         return as_reward(value)
     except TimeoutError:
         note["error"] = f"reward function timed out after {limit_s:g} s"
@@ -125,6 +125,20 @@ async def call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory
         if not is_failure(exc):
             raise
         raise _TryFailed(f"reward function raised {type(exc).__name__}: {exc}") from exc
+
+
+async def _own_task(scoring: Coroutine[Any, Any, Any]) -> Any:
+    """``scoring`` in a task of its own: a function that cancels the task it runs in
+    (``asyncio.current_task().cancel()``) ends that one, a failed try, not the rollout."""
+    scorer = asyncio.ensure_future(scoring)
+    try:
+        return await scorer
+    except asyncio.CancelledError as exc:
+        if not is_failure(exc):  # the rollout (or this try's timeout) is cancelling us
+            raise
+        raise _TryFailed(
+            "reward function cancelled its own task (asyncio.CancelledError)"
+        ) from None
 
 
 def _is_async_callable(fn: Any) -> bool:

@@ -450,7 +450,10 @@ def _with_time_spent(
         return outcome
     finished = sum(turn.finish_reason != "abort" for turn in trajectory.turns)
     said = "no turn finished" if not finished else f"{finished} turn(s) finished"
-    outcome.reason = f"{outcome.reason} ({said}); {waited}"
+    # After the first clause ("timed out after N s"), before what followed it (the agent
+    # ignored its cancellation, say).
+    head, sep, rest = (outcome.reason or "").partition("; ")
+    outcome.reason = f"{head} ({said}); {waited}{sep}{rest}"
     return outcome
 
 
