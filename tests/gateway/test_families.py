@@ -9,6 +9,7 @@ import json
 import logging
 import random
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,10 @@ from transformers import AutoTokenizer
 
 from rollway.engines.scripted import ScriptedEngine
 from rollway.errors import InvalidFieldsError
-from rollway.gateway import Gateway, create_app
+from rollway.gateway import Gateway, build_gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.families import Qwen3Renderer
+from rollway.gateway.render.registry import choose_renderer, load_renderer
 from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing
@@ -335,3 +338,54 @@ def test_qwen3_shapes_that_disagree_on_a_real_turn_are_dropped(
         ids = audited.continuation_ids(completion, new, [ADD_TOOL])
     assert audited._shapes is None and "disagree" in caplog.text
     assert ids == reference.continuation_ids(completion, new, [ADD_TOOL])
+
+
+def test_the_renderer_is_chosen_from_the_model_folder(
+    qwen3_folder: Path, qwen3_tokenizer: Any, renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    """Qwen3's by its config.json architecture, or by its template where the folder has no
+    config.json; SmolLM2's template (no tools, no thinking) gets the Hermes renderer."""
+    chosen = load_renderer(qwen3_tokenizer)
+    assert isinstance(chosen, Qwen3Renderer) and chosen.name == "qwen3"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3_folder / name, tmp_path / name)
+    assert choose_renderer(AutoTokenizer.from_pretrained(tmp_path)) == "qwen3"
+    assert choose_renderer(renderer.tokenizer) == "hermes"
+    assert load_renderer(renderer.tokenizer).name == "hermes"
+
+
+def test_the_gateway_takes_a_renderer_by_name(qwen3_folder: Path, qwen3_tokenizer: Any) -> None:
+    """``rollway gateway --renderer NAME`` (``build_gateway(renderer=...)``) over the folder's
+    choice; a name not in the registry is refused naming the choices."""
+    engine = ScriptedEngine(FIRST, qwen3_tokenizer)
+    assert build_gateway(engine, model=str(qwen3_folder)).renderer.name == "qwen3"
+    named = build_gateway(engine, model=str(qwen3_folder), renderer="hermes")
+    assert type(named.renderer) is ChatRenderer and named.renderer.name == "hermes"
+    with pytest.raises(InvalidFieldsError, match="'llama9' is not known; choose one of hermes"):
+        build_gateway(engine, model=str(qwen3_folder), renderer="llama9")
+
+
+def test_a_rollout_names_its_own_renderer(
+    qwen3_tokenizer: Any, qwen3_renderer: ChatRenderer, renderer: ChatRenderer
+) -> None:
+    """Registration's ``renderer`` over the gateway's: the rollout's turns are rendered and
+    parsed by it (a Qwen3 tool loop under the gateway's Hermes renderer, picked back by the
+    rollout, is one sample); a family whose template the model lacks is refused, naming it."""
+    hermes = ChatRenderer(qwen3_tokenizer)
+    gateway, engine = qwen3_gateway(qwen3_tokenizer, hermes)
+    gateway.register("q1", {"max_tokens": 256, "renderer": "qwen3"})
+    assert isinstance(gateway.renderer_named("qwen3"), Qwen3Renderer)
+    assert gateway.renderer_named("qwen3") is gateway.renderer_named("qwen3")
+
+    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"messages": messages, "tools": [ADD_TOOL]}
+        return dict(asyncio.run(gateway.chat("q1", body)).message)
+
+    check_answers(agent_loop(ask, with_reasoning_dropped))
+    check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
+    smol = Gateway(ScriptedEngine([], renderer.tokenizer), renderer, model_name="smol")
+    with pytest.raises(InvalidFieldsError, match="is not Qwen3's") as refused:
+        smol.register("s1", {"renderer": "qwen3"})
+    assert refused.value.param == "renderer"
+    with pytest.raises(InvalidFieldsError, match="choose one of hermes, qwen3"):
+        smol.register("s2", {"renderer": "llama9"})

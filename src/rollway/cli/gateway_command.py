@@ -36,10 +36,20 @@ def serve(
             help="Seconds a rollout may sit unused before it is dropped (0: never).",
         ),
     ] = 3600.0,
+    renderer: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ROLLWAY_RENDERER",
+            help="The model family's renderer (hermes, qwen3); default: chosen from the "
+            "model folder (its architecture, its chat template).",
+        ),
+    ] = None,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
-    gateway = build_gateway(engine, model=model, rollout_ttl_s=rollout_ttl or None)
+    gateway = build_gateway(
+        engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
+    )
     app = create_app(gateway, admin_key=admin_key)
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:

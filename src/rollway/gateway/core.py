@@ -29,6 +29,7 @@ from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.registry import renderer_class
 from rollway.gateway.render.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.request_messages import ChatCompletionAsSent, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
@@ -87,6 +88,8 @@ class Gateway:
             if isinstance(engine, ChatEngine)
             else TokenTurns(engine, renderer, calls, self.metrics, context_length)
         )
+        #: Renderers by name, made on a rollout's first asking (registration's ``renderer``).
+        self._renderers: dict[str, ChatRenderer] = {renderer.name: renderer}
         self._rollouts: dict[str, RolloutState] = {}
         self._decoy_key = _new_key()
         #: Which client holds each experiment here (clients sharing this gateway).
@@ -108,6 +111,7 @@ class Gateway:
             request = parse_model(RegisterRequest, request, strict=False)
         check_id(rollout_id, "rollout_id")
         self._check_stop_ids(request.stop_token_ids)
+        renderer = None if request.renderer is None else self.renderer_named(request.renderer)
         self.leases.check_register(rollout_id, client)
         if rollout_id in self._rollouts:
             if reuse:
@@ -122,6 +126,7 @@ class Gateway:
             max_turns=request.max_turns,
             max_seq_len=request.max_seq_len,
             history=request.history,
+            renderer=renderer,
             metadata=request.metadata,
             has_token_ids=not isinstance(self.engine, ChatEngine),
             trace_parent=tracing.current_context(),
@@ -129,6 +134,14 @@ class Gateway:
         self._rollouts[rollout_id] = state
         self.metrics.rollouts_active.inc()
         return Registration(rollout_id, state.api_key)
+
+    def renderer_named(self, name: str) -> ChatRenderer:
+        """The renderer ``name`` over this gateway's tokenizer, made once."""
+        renderer = self._renderers.get(name)
+        if renderer is None:
+            renderer = renderer_class(name)(self.renderer.tokenizer)
+            self._renderers[name] = renderer
+        return renderer
 
     def authorize(self, rollout_id: str, api_key: str | None) -> None:
         """The key is checked before the rollout is looked up, and an unknown rollout costs
@@ -247,8 +260,9 @@ class Gateway:
     async def trajectory(self, rollout_id: str) -> Trajectory:
         """The rollout's record, built in a worker thread from a snapshot: the drift figure
         re-renders and tokenizes the whole conversation, which grows with the rollout."""
-        state = self._get(rollout_id)
-        return await asyncio.to_thread(build_trajectory, state.snapshot(), self.renderer)
+        snapshot = self._get(rollout_id).snapshot()
+        renderer = snapshot.renderer or self.renderer
+        return await asyncio.to_thread(build_trajectory, snapshot, renderer)
 
     async def cancel(self, rollout_id: str) -> None:
         state = self._get(rollout_id)

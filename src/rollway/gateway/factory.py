@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollway.engines.base import ChatEngine, Engine, ModelInfo
 from rollway.engines.factory import engine_from_spec
 from rollway.gateway.core import Gateway
-from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.registry import load_renderer
 from rollway.model_folders import DEFAULT_MODEL_NAME, resolve_model_path
 
 
@@ -14,10 +14,12 @@ def build_gateway(
     *,
     model: str | None = None,
     rollout_ttl_s: float | None = 3600.0,
+    renderer: str | None = None,
 ) -> Gateway:
     """A gateway over ``engine`` (a spec or an engine object), templating with ``model``'s
     tokenizer (default: SmolLM2-135M-Instruct). An embedded engine's own tokenizer is reused,
-    and its context bounds prompts; a server enforces its own."""
+    and its context bounds prompts; a server enforces its own. ``renderer`` names the model
+    family's renderer (``render.registry``); by default it is chosen from the model folder."""
     if isinstance(engine, str):
         engine = engine_from_spec(engine, model=model)
     info = engine if isinstance(engine, ModelInfo) else None
@@ -31,7 +33,7 @@ def build_gateway(
     )
     return Gateway(
         engine,
-        ChatRenderer(tokenizer),
+        load_renderer(tokenizer, renderer),
         model_name=name,
         context_length=info.context_length if info else None,
         rollout_ttl_s=rollout_ttl_s,

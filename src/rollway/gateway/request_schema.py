@@ -148,6 +148,11 @@ class RegisterRequest(SamplingFields):
         "messages follow (Qwen3 drops their thinking at a new question): as_sampled keeps "
         "the sampled ids (one sample), as_template renders as the template does (a new segment).",
     )
+    renderer: str | None = Field(
+        default=None,
+        description="The model family's renderer for this rollout (hermes, qwen3); "
+        "default: the gateway's.",
+    )
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(**self.sampling_overrides())

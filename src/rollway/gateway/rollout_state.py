@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.gateway.render.chat_template import content_text
+from rollway.gateway.render.chat_template import ChatRenderer, content_text
 from rollway.gateway.render.reasoning import without_reasoning
 from rollway.generation import Message, SamplingParams
 from rollway.trajectory import Turn
@@ -108,6 +108,8 @@ class RolloutState:
     #: Where the template renders earlier answers differently once more messages follow:
     #: ``as_sampled`` extends the sampled ids (one sample), ``as_template`` starts a segment.
     history: str = "as_sampled"
+    #: The rollout's own renderer (registration's ``renderer``); None: the gateway's.
+    renderer: ChatRenderer | None = None
     turns: list[Turn] = field(default_factory=list)
     #: The last request's messages plus the reply the gateway gave, as sent over the wire.
     messages: list[Message] = field(default_factory=list)

@@ -5,7 +5,6 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +16,9 @@ from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
+from rollway.gateway.render.base import Renderer
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
-from rollway.gateway.render.tool_calls import ParsedToolCalls, parse_tool_calls
+from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.gateway.render.turn_stream import (
     ContentDelta,
     ReasoningDelta,
@@ -62,7 +62,7 @@ class TokenTurns:
         self.calls = calls
         self.metrics = metrics
         self.context_length = context_length
-        self._special_ids = frozenset(renderer.tokenizer.all_special_ids)
+        self._special_ids = renderer.stop_ids
         #: Ids past it name no token of this model (added tokens included).
         self.vocab_size = len(renderer.tokenizer)
 
@@ -108,12 +108,9 @@ class TokenTurns:
             for piece in closing_pieces(turn):
                 yield piece
             return
+        renderer = state.renderer or self.renderer
         text = TurnText(
-            self.renderer,
-            turn.sampling.stop,
-            turn.use_tools,
-            self._special_ids,
-            self.renderer.thinking,
+            renderer, turn.sampling.stop, turn.use_tools, self._special_ids, renderer.thinking
         )
         sampled = None
         chunks = self.calls.sample_stream(
@@ -146,9 +143,9 @@ class TokenTurns:
     ) -> _PlannedTurn | ChatResult:
         """The turn's prompt and sampling, or the answer made without the engine."""
         try:
-            plan = await plan_prompt(
-                self.renderer, state, conversation, tools, self._prompt_budget(state)
-            )
+            renderer = state.renderer or self.renderer
+            budget = self._prompt_budget(state)
+            plan = await plan_prompt(renderer, state, conversation, tools, budget)
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
         try:
@@ -172,7 +169,9 @@ class TokenTurns:
             and prompt_tokens + len(result.output_ids) >= state.max_seq_len
         ):
             self.truncate(state, "max_seq_len")
-        parsed, stop, specials = self._parse(result, turn.sampling, turn.use_tools)
+        parsed, stop, specials = self._parse(
+            state.renderer or self.renderer, result, turn.sampling, turn.use_tools
+        )
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
         state.close_turn(turn.conversation, message, turn.tools)
@@ -221,7 +220,11 @@ class TokenTurns:
         )
 
     def _parse(
-        self, result: GenerationResult, sampling: SamplingParams, use_tools: bool
+        self,
+        renderer: Renderer,
+        result: GenerationResult,
+        sampling: SamplingParams,
+        use_tools: bool,
     ) -> tuple[ParsedToolCalls, str | None, list[int]]:
         """The answer's text, cut at the first stop string, that stop string (if any), and
         where the model sampled special tokens inside its answer: they are not text (a
@@ -233,17 +236,13 @@ class TokenTurns:
         specials = [at for at, token in enumerate(ids) if token in self._special_ids]
         if specials:
             ids = [token for token in ids if token not in self._special_ids]
-        text = self.renderer.decode(ids)
+        text = renderer.decode(ids)
         cut = first_stop(text, sampling.stop)
         stop = None
         if cut is not None:
             at, stop = cut
             text = text[:at]
-        reasoning = None
-        if self.renderer.thinking is not None:
-            reasoning, text = self.renderer.thinking.split(text)
-        parsed = parse_tool_calls(text) if use_tools else ParsedToolCalls(text)
-        return dataclasses.replace(parsed, reasoning=reasoning), stop, specials
+        return renderer.parse(text, use_tools), stop, specials
 
     @staticmethod
     def _record(

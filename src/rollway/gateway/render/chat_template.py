@@ -16,6 +16,7 @@ after the sentinel answer's content and its closing glue, which no earlier messa
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,6 +30,9 @@ from rollway.gateway.render.reasoning import think_tags
 from rollway.gateway.render.token_bound import TokenBound
 from rollway.gateway.render.token_bytes import token_bytes
 from rollway.gateway.render.tool_calls import (
+    OPEN_TAG,
+    ParsedToolCalls,
+    parse_tool_calls,
     render_tool_calls,
     render_tool_result,
     tool_system_prompt,
@@ -68,12 +72,22 @@ class TokenBudgetExceeded(Exception):
 
 class ChatRenderer:
     """Renders and tokenizes conversations for one HF tokenizer. Methods that take
-    ``max_tokens`` raise ``TokenBudgetExceeded`` past it, before tokenizing where they can."""
+    ``max_tokens`` raise ``TokenBudgetExceeded`` past it, before tokenizing where they can.
+
+    The ``hermes`` renderer (``base.Renderer``): the template as it is, tools it has no place
+    for shown by the Hermes tool prompt, and calls parsed as Hermes ``<tool_call>`` blocks.
+    A family whose calls are written otherwise overrides the ``tool_*`` and ``parse`` hooks."""
+
+    name = "hermes"
+    #: Text where a tool call begins: a stream holds it back (``turn_stream``).
+    tool_call_open = OPEN_TAG
 
     def __init__(self, tokenizer: Any) -> None:
         if not tokenizer.chat_template:
             raise InvalidFieldsError("the model's tokenizer has no chat template")
         self.tokenizer = tokenizer
+        #: Special tokens: the sampled ones end a turn or are left out of its text.
+        self.stop_ids = frozenset(int(i) for i in tokenizer.all_special_ids)
         self.bound = TokenBound(tokenizer)
         self.native_tools = "tools" in tokenizer.chat_template
         self.eos_text: str = tokenizer.eos_token or ""
@@ -100,6 +114,29 @@ class ChatRenderer:
         #: New messages rendered by their shape, per tools block and history choice: where
         #: the pieces do not fit the template (Qwen3's).
         self._shapes: OrderedDict[tuple[str, bool], MessageShapes] | None = OrderedDict()
+
+    def parse(self, text: str, use_tools: bool) -> ParsedToolCalls:
+        """An answer's text (special tokens and stop strings already cut) as reasoning,
+        content and tool calls; a malformed call leaves the text whole with ``error`` set."""
+        reasoning = None
+        if self.thinking is not None:
+            reasoning, text = self.thinking.split(text)
+        parsed = self.parse_tool_calls(text) if use_tools else ParsedToolCalls(text)
+        return dataclasses.replace(parsed, reasoning=reasoning)
+
+    def parse_tool_calls(self, text: str) -> ParsedToolCalls:
+        return parse_tool_calls(text)
+
+    def tool_prompt(self, tools: list[dict[str, Any]]) -> str:
+        """The system prompt's text that shows ``tools``, where the template has none."""
+        return tool_system_prompt(tools)
+
+    def tool_calls_text(self, content: str, tool_calls: list[dict[str, Any]]) -> str:
+        """An earlier answer's calls written back, where the template does not write them."""
+        return render_tool_calls(content, tool_calls)
+
+    def tool_result_text(self, content: str) -> str:
+        return render_tool_result(content)
 
     def encode(self, text: str, max_tokens: int | None = None) -> list[int]:
         if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
@@ -305,7 +342,7 @@ class ChatRenderer:
     ) -> list[Message]:
         prepared = [self._prepare_one(m) for m in messages]
         if tools and not self.native_tools:
-            prompt = tool_system_prompt(tools)
+            prompt = self.tool_prompt(tools)
             if prepared and prepared[0]["role"] == "system":
                 prepared[0] = {"role": "system", "content": f"{prepared[0]['content']}\n\n{prompt}"}
             else:
@@ -326,9 +363,9 @@ class ChatRenderer:
                 out["tool_call_id"] = message["tool_call_id"]
             return out
         if role == "assistant" and tool_calls:
-            content = render_tool_calls(content, tool_calls)
+            content = self.tool_calls_text(content, tool_calls)
         elif role == "tool":
-            content = render_tool_result(content)
+            content = self.tool_result_text(content)
         return {"role": role, "content": content}
 
 

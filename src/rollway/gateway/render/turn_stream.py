@@ -3,13 +3,14 @@
 ``TurnText`` decodes tokens incrementally and holds back what the recorded turn might not keep:
 an incomplete character, any special token (``TokenTurns._parse`` leaves them out of the text:
 they are not text), text that could begin a stop string, and, when tools are offered,
-everything from where a ``<tool_call>`` tag could begin plus the whitespace before it (the
-parse trims the content's end). Tool calls are handed out once the whole answer is parsed: a
-later bad block makes the parse keep the text whole, so a call sent earlier could turn out not
-to exist. At the end, ``rest`` gives what the recorded content adds to what was sent, so the
-deltas always add up to it. Where the template writes reasoning (``reasoning.ThinkTags``), the
-content waits until the reasoning closes, and the reasoning streams apart (``ReasoningDelta``),
-held back where the closing tag or the newlines the parse strips might begin.
+everything from where the renderer's tool-call tag (``<tool_call>``) could begin plus the
+whitespace before it (the parse trims the content's end). Tool calls are handed out once the
+whole answer is parsed: a later bad block makes the parse keep the text whole, so a call sent
+earlier could turn out not to exist. At the end, ``rest`` gives what the recorded content adds
+to what was sent, so the deltas always add up to it. Where the template writes reasoning
+(``reasoning.ThinkTags``), the content waits until the reasoning closes, and the reasoning
+streams apart (``ReasoningDelta``), held back where the closing tag or the newlines the parse
+strips might begin.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 from rollway.engines.whole_text import WholeText
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.reasoning import ThinkTags
-from rollway.gateway.render.tool_calls import OPEN_TAG
 from rollway.generation import ChatResult
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class TurnText:
         special_ids: frozenset[int],
         thinking: ThinkTags | None = None,
     ) -> None:
-        self._holds = [s for s in stop if s] + ([OPEN_TAG] if tools else [])
+        self._holds = [s for s in stop if s] + ([renderer.tool_call_open] if tools else [])
         self._tools = tools
         self._special_ids = special_ids
         # The content starts after the reasoning: nothing is shown before (``ThinkTags.shown``).
