@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
@@ -211,3 +213,32 @@ def test_run_writes_every_event_as_a_json_line(tmp_path: Path) -> None:
         turns = [e for e in lines if e["rollout_id"] == rollout_id and e["kind"] == "turn_finished"]
         assert len(turns) == len(record["trajectory"]["turns"])
     assert lines[0]["kind"] == "rollout_started" and all(e["at"] > 0 for e in lines)
+
+
+def test_sandbox_writable_lets_a_namespaced_program_write_only_the_folders_named(
+    tmp_path: Path,
+) -> None:
+    """`--sandbox-writable` is `SandboxLimits.writable_paths` on the command line."""
+    host = Path(tempfile.mkdtemp(dir=Path.home(), prefix="rollway-host-"))
+    try:
+        shared = host / "shared"
+        shared.mkdir()
+        program = host / "prog.py"  # the namespace sandbox hides the host's /tmp
+        program.write_text(
+            "import sys\n"
+            "for path in sys.argv[1:]:\n"
+            "    try:\n"
+            "        open(path, 'w').write('x')\n"
+            "    except OSError as exc:\n"
+            "        print(path, exc.strerror, file=sys.stderr)\n"
+        )
+        args = ["run", "--cmd", f"{sys.executable} {program} {shared}/out {host}/out",
+                "--tasks", str(TASKS), "--limit", "1", "--engine", "sim", "--sandbox",
+                "namespace", "--out", str(tmp_path / "runs")]  # fmt: skip
+        assert rollway(*args, cwd=tmp_path).returncode == 0
+        assert not (shared / "out").exists() and not (host / "out").exists()
+        again = rollway(*args, "--no-resume", "--sandbox-writable", str(shared), cwd=tmp_path)
+        assert again.returncode == 0, again.stderr
+        assert (shared / "out").read_text() == "x" and not (host / "out").exists()
+    finally:
+        shutil.rmtree(host)

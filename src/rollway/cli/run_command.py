@@ -29,7 +29,7 @@ from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.ids import id_from
 from rollway.rollouts.config import DEFAULT_TIMEOUT_S, RolloutLimits, ServingConfig
 from rollway.rollouts.rewards import RewardFn
-from rollway.sandbox import sandbox_factory
+from rollway.sandbox import SandboxLimits, sandbox_factory
 
 
 def run(
@@ -38,6 +38,7 @@ def run(
     agent: o.AgentArgument = None,
     cmd: o.CmdOption = None,
     sandbox: o.SandboxOption = "local",
+    sandbox_writable: o.SandboxWritableOption = None,
     group_size: o.GroupSizeOption = 1,
     limit: o.LimitOption = None,
     concurrency: o.ConcurrencyOption = 16,
@@ -94,7 +95,7 @@ def _run_settings(s: dict[str, Any]) -> None:
     rows = _read_tasks(Path(s["tasks"]), s["limit"])
     if (s["agent"] is None) == (s["cmd"] is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
-    chosen = _agent(s["agent"], s["cmd"], s["agent_key"], s["sandbox"])
+    chosen = _agent(s["agent"], s["cmd"], s["agent_key"], s["sandbox"], s["sandbox_writable"])
     exp = s["exp_id"] or id_from(f"{chosen.name}-{Path(s['tasks']).stem}")
     with (
         _event_log(Path(s["events"]) if s["events"] else None) as on_event,
@@ -184,9 +185,16 @@ def _executor(name: str, ray_address: str | None, workers: int | None) -> str | 
     return RayExecutor(address=ray_address, num_workers=workers)
 
 
-def _agent(agent: str | None, cmd: str | None, agent_key: str | None, sandbox: str) -> AgentLoop:
+def _agent(
+    agent: str | None,
+    cmd: str | None,
+    agent_key: str | None,
+    sandbox: str,
+    writable: list[str] | None,
+) -> AgentLoop:
     if cmd:
-        return ProgramAgent(cmd, sandbox=sandbox_factory(sandbox))
+        limits = SandboxLimits(writable_paths=tuple(writable or ()))
+        return ProgramAgent(cmd, limits=limits, sandbox=sandbox_factory(sandbox))
     assert agent is not None
     return resolve_agent(agent, agent_key)
 

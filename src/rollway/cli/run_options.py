@@ -39,6 +39,13 @@ CmdOption = Annotated[
 SandboxOption = Annotated[
     str, typer.Option(help="For --cmd: local | namespace (no network but the gateway).")
 ]
+SandboxWritableOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="For --cmd --sandbox namespace: a host folder (absolute, existing) the program may "
+        "write; repeat for more. The rest of the host's file system is read-only to it."
+    ),
+]
 GroupSizeOption = Annotated[int, typer.Option(min=1, help="Rollouts per task.")]
 LimitOption = Annotated[int | None, typer.Option(min=1, help="Use the first N tasks.")]
 ConcurrencyOption = Annotated[int, typer.Option(min=1, help="Rollouts at once.")]
