@@ -13,7 +13,8 @@ latency, ``--answer`` tokens per answer): every turn appends a tool observation 
 
 Then ``--in-flight`` rollouts are held open at once for ``--flight-turns`` turns and what the
 gateway holds (traced allocations) is set against their final contexts' ids as Python lists
-(goal: at most 2x).
+(goal: at most 2x), and what its ids and logprobs take (the tip's and the turns' containers)
+against the final contexts' ids as int32 (goal: at most 1.3x).
 
 Usage: python benchmarks/long_horizon.py [--turns 10,40,100,200] [--in-flight 256]
 It runs on the previous release too (``PYTHONPATH=<its checkout>/src``), for the before figures.
@@ -154,12 +155,47 @@ def prompt_len(turn: Any) -> int:
     return turn.prompt_len if hasattr(turn, "prompt_len") else len(turn.prompt_ids)
 
 
+def id_bytes(gateway: Gateway, rollout_ids: list[str]) -> int:
+    """The bytes the gateway's ids and logprobs of ``rollout_ids`` take: the tip's and each
+    turn's containers (list or array) and, in a list, each int or float object once (a small
+    int Python caches costs nothing; an object two lists share counts once)."""
+    seen: set[int] = set()
+    total = 0
+    for rollout_id in rollout_ids:
+        state = gateway._rollouts[rollout_id]
+        held = [state.tip.ids] if getattr(state, "tip", None) is not None else []
+        for turn in state.turns:
+            held += [getattr(turn, "new_prompt_ids", None), turn.completion_ids, turn.logprobs]
+        for values in held:
+            if values is None or id(values) in seen:
+                continue
+            seen.add(id(values))
+            total += sys.getsizeof(values)
+            if isinstance(values, list):
+                for value in values:
+                    if id(value) not in seen and not (isinstance(value, int) and value < 257):
+                        seen.add(id(value))
+                        total += sys.getsizeof(value)
+    return total
+
+
+@dataclass
+class InFlight:
+    held: int  # bytes traced by tracemalloc
+    id_bytes: int  # of these, the ids and logprobs (``id_bytes``)
+    ids: int  # the final contexts' ids
+
+    @property
+    def list_bytes(self) -> int:
+        """The final contexts' ids as Python lists (an int object and a pointer a token)."""
+        return self.ids * (sys.getsizeof(10_000) + 8)
+
+
 async def in_flight_growth(
     rollouts: int, turns: int, observation_tokens: int, answer_tokens: int
-) -> tuple[int, int]:
-    """What the gateway holds (bytes traced by ``tracemalloc``) with ``rollouts`` open at once
-    after ``turns`` turns each, and their final contexts' ids as Python lists (an int object
-    and a pointer a token)."""
+) -> InFlight:
+    """What the gateway holds with ``rollouts`` open at once after ``turns`` turns each, of that
+    its ids and logprobs, and how many ids their final contexts have."""
     gateway = build_gateway(f"sim://?latency_s=0&output_len={answer_tokens}")
     await run_agent(gateway, "warm-up", 2, observation_tokens, seed=0)
     await gateway.unregister("warm-up")
@@ -173,11 +209,12 @@ async def in_flight_growth(
     gc.collect()
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
+    held_ids = id_bytes(gateway, [f"r{i}" for i in range(rollouts)])
     ids = 0
     for i in range(rollouts):
         last = (await gateway.trajectory(f"r{i}")).turns[-1]
         ids += prompt_len(last) + len(last.completion_ids)
-    return held, ids * (sys.getsizeof(10_000) + 8)
+    return InFlight(held, held_ids, ids)
 
 
 async def main_async(args: argparse.Namespace) -> list[Measured]:
@@ -197,13 +234,13 @@ async def main_async(args: argparse.Namespace) -> list[Measured]:
             f"{m.first_turns_ms:>14.3f} {m.last_turns_ms:>6.3f} {m.cpu_ratio:>5.2f}x"
         )
     if args.in_flight:
-        grown, ids = await in_flight_growth(
-            args.in_flight, args.flight_turns, args.observation, args.answer
-        )
+        f = await in_flight_growth(args.in_flight, args.flight_turns, args.observation, args.answer)
         print(
-            f"{args.in_flight} rollouts of {args.flight_turns} turns in flight: the gateway "
-            f"holds {grown / 2**20:,.0f} MiB; their final contexts' ids as lists "
-            f"{ids / 2**20:,.0f} MiB ({grown / ids:.2f}x; goal <= 2x)"
+            f"{args.in_flight} rollouts of {args.flight_turns} turns in flight, {f.ids:,} ids: "
+            f"the gateway holds {f.held / 2**20:,.0f} MiB ({f.held / f.ids:.1f} bytes an id), "
+            f"{f.held / f.list_bytes:.2f}x their ids as lists (goal <= 2x); its ids and "
+            f"logprobs {f.id_bytes / 2**20:,.0f} MiB, {f.id_bytes / f.ids:.2f} bytes an id, "
+            f"{f.id_bytes / (4 * f.ids):.2f}x the ids as int32 (goal <= 1.3x)"
         )
     return rows
 

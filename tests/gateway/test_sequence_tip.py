@@ -139,3 +139,30 @@ async def test_a_rollout_holds_its_context_once(renderer: ChatRenderer) -> None:
     stored = sum(len(t.new_prompt_ids) + len(t.completion_ids) for t in trajectory.turns)
     assert stored == len(sample.prompt_ids) + len(sample.response_ids)
     assert sum(t.prompt_len for t in trajectory.turns) > 15 * stored  # what format 1 stored
+
+
+async def test_ids_in_flight_are_int32_arrays_and_the_record_is_exactly_the_engines(
+    renderer: ChatRenderer,
+) -> None:
+    """A rollout in flight holds its ids as int32 and its logprobs as float64 arrays (4 and 8
+    bytes, not a list's 36); the record gets lists again, the engine's values exactly."""
+    gateway = Gateway(SimEngine(SimConfig(output_len=16)), renderer, model_name="sim")
+    gateway.register("r", {})
+    messages: list[Message] = [{"role": "user", "content": "Start."}]
+    answers = []
+    for step in range(3):
+        answer = await gateway.chat("r", {"messages": messages})
+        answers.append(answer)
+        messages += [answer.message, {"role": "user", "content": f"Step {step}."}]
+    state = gateway._rollouts["r"]
+    assert state.tip is not None and state.tip.ids.typecode == "i"
+    for turn in state.turns:
+        assert turn.new_prompt_ids.typecode == turn.completion_ids.typecode == "i"  # type: ignore[attr-defined]
+        assert turn.logprobs.typecode == "d"  # type: ignore[attr-defined]
+    trajectory = await gateway.trajectory("r")
+    for turn, answer in zip(trajectory.turns, answers, strict=True):
+        assert type(turn.completion_ids) is list and turn.completion_ids == answer.completion_ids
+        assert type(turn.logprobs) is list and turn.logprobs == answer.logprobs
+    text = trajectory.model_dump_json()
+    assert Trajectory.model_validate_json(text).model_dump_json() == text
+    exact(trajectory)

@@ -4,6 +4,7 @@ render that starts a new segment; within a token budget, and off the event loop 
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -23,7 +24,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True, slots=True)
 class PromptPlan:
-    prompt_ids: list[int]
+    #: int32, as the rollout holds them (``SequenceTip``); a list for the engine.
+    prompt_ids: array[int]
     #: The segment and turn this prompt extends; None for a fresh render.
     segment: int | None
     parent: int | None
@@ -69,7 +71,7 @@ async def plan_prompt(
                 keys[known:],
                 tools,
                 extend,
-                last.completion_ids,
+                list(last.completion_ids),
                 messages[known:],
                 tools,
                 room,
@@ -82,9 +84,9 @@ async def plan_prompt(
             # have moved it on (a tip only grows past ``base``, so its head is still ours).
             if state.tip is tip and tip.turn == last.index and not tip.claimed:
                 return PromptPlan(tip.claim(tail), last.segment, last.index, base, tip)
-            return PromptPlan(tip.ids[:base] + tail, last.segment, last.index, base)
+            return PromptPlan(tip.ids[:base] + array("i", tail), last.segment, last.index, base)
     ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
-    return PromptPlan(ids, None, None)
+    return PromptPlan(array("i", ids), None, None)
 
 
 async def _render(

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +14,6 @@ from rollway.gateway.render.chat_template import ChatRenderer, content_text
 from rollway.gateway.render.reasoning import without_reasoning
 from rollway.generation import Message, SamplingParams
 from rollway.trajectory import Turn
-from rollway.trajectory_format import int32_bytes
 
 MessageKey = tuple[Any, ...]
 
@@ -28,23 +28,23 @@ class SequenceHashes:
     def __init__(self) -> None:
         self._by_turn: dict[int, tuple[int, Any]] = {}
 
-    def prompt_hash(self, ids: list[int], parent: int | None) -> tuple[str, Any]:
+    def prompt_hash(self, ids: array[int], parent: int | None) -> tuple[str, Any]:
         """``prompt_hash(ids)`` and the hash state after ``ids``; ``parent`` is the turn whose
         sequence ``ids`` starts with (None: a fresh prompt)."""
         known = self._by_turn.get(parent) if parent is not None else None
         if known is not None and known[0] <= len(ids):
             state = known[1].copy()
-            state.update(int32_bytes(ids[known[0] :]))
+            state.update(ids[known[0] :].tobytes())
         else:
-            state = hashlib.sha256(int32_bytes(ids))
+            state = hashlib.sha256(ids.tobytes())
         return state.hexdigest()[:16], state
 
     def remember(
-        self, turn: int, prompt_state: Any, prompt_len: int, completion: list[int]
+        self, turn: int, prompt_state: Any, prompt_len: int, completion: array[int]
     ) -> None:
         """Keep the hash state of turn ``turn``'s whole sequence, for a turn that extends it."""
         state = prompt_state.copy()
-        state.update(int32_bytes(completion))
+        state.update(completion.tobytes())
         self._by_turn[turn] = (prompt_len + len(completion), state)
         if len(self._by_turn) > self.KEPT:
             del self._by_turn[next(iter(self._by_turn))]
@@ -58,21 +58,23 @@ class SequenceTip:
 
     One call at a time extends it (``claimed``); a call planned while another is in flight
     copies the head it needs. ``length`` is the last turn's sequence: ids past it belong to the
-    call in flight, and go again if it fails (``release``)."""
+    call in flight, and go again if it fails (``release``). The ids are an ``array("i")``, as
+    are a turn's in flight (``Turn.as_recorded``): 4 bytes an id, where a list takes 8 for the
+    pointer and, past the small ints Python caches, 32 for the int."""
 
     turn: int
-    ids: list[int]
+    ids: array[int]
     length: int
     claimed: bool = False
 
-    def claim(self, tail: list[int]) -> list[int]:
+    def claim(self, tail: list[int]) -> array[int]:
         """This sequence extended in place by ``tail``: the prompt of the claiming call, which
         must ``record`` or ``release`` it."""
         self.ids.extend(tail)
         self.claimed = True
         return self.ids
 
-    def record(self, turn: int, completion: list[int]) -> None:
+    def record(self, turn: int, completion: array[int]) -> None:
         """The claiming call's turn was recorded: the sequence is now that turn's."""
         self.ids.extend(completion)
         self.turn, self.length, self.claimed = turn, len(self.ids), False

@@ -12,7 +12,9 @@ def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRend
     """Compare the last segment's ids with a fresh render of the final messages."""
     last = samples[-1]
     last_turn = state.last_in_segment(last.segment)
-    closing = renderer.encode(renderer.closing_glue(last_turn.completion_ids)) if last_turn else []
+    # In flight a turn's ids are an array (``Turn.as_recorded``): the tokenizer takes a list.
+    glue = renderer.closing_glue(list(last_turn.completion_ids)) if last_turn else None
+    closing = renderer.encode(glue) if glue is not None else []
     recorded = last.prompt_ids + last.response_ids + closing
     fresh = renderer.transcript_ids(state.messages, state.tools)
     return compare_ids(recorded, fresh)
@@ -37,8 +39,9 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
     """The rollout's record, with its one truncation truth (``trajectory.truncation_reason``:
     a gateway limit, or its last turn cut)."""
     # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
-    last = max((turn.segment for turn in state.turns), default=None)
-    tail = [turn for turn in state.turns if turn.segment == last]
+    turns = [turn.as_recorded() for turn in state.turns]
+    last = max((turn.segment for turn in turns), default=None)
+    tail = [turn for turn in turns if turn.segment == last]
     samples = build_samples(tail) if state.has_token_ids and tail else []
     truncated = truncation_reason(state.turns, state.truncation_reason)
     return Trajectory(
@@ -49,7 +52,7 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         max_seq_len=state.max_seq_len,
         messages=state.messages,
         tools=state.tools,
-        turns=state.turns,
+        turns=turns,
         is_truncated=truncated is not None,
         truncation_reason=truncated,
         is_cancelled=state.cut_by_cancel,

@@ -5,6 +5,7 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
+from array import array
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,7 @@ class TokenTurns:
             return turn
         try:
             sampled = await self.calls.sample(
-                self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
+                self.engine, state, turn.request_id, turn.plan.prompt_ids.tolist(), turn.sampling
             )
             return self._finish(state, turn, sampled)
         finally:
@@ -114,7 +115,7 @@ class TokenTurns:
         )
         sampled = None
         chunks = self.calls.sample_stream(
-            self.engine, state, turn.request_id, turn.plan.prompt_ids, turn.sampling
+            self.engine, state, turn.request_id, turn.plan.prompt_ids.tolist(), turn.sampling
         )
         try:
             async with contextlib.aclosing(chunks):
@@ -263,6 +264,8 @@ class TokenTurns:
         hashes = state.sequence_hashes
         digest, hashed = hashes.prompt_hash(plan.prompt_ids, plan.parent)
         prompt = plan.prompt_ids
+        # Held in flight as arrays (``Turn.as_recorded``); float64 logprobs: what is recorded.
+        completion, logprobs = array("i", result.output_ids), array("d", result.logprobs)
         # Built from values the gateway made itself: validating them again would cost more
         # than the rest of the record (the prompt ids alone are thousands of ints).
         turn = Turn.model_construct(
@@ -270,10 +273,10 @@ class TokenTurns:
             segment=segment,
             request_id=sampled.request_id,
             prompt_len=len(prompt),
-            # A tip's list grows on: the turn keeps a copy of what it needs.
-            new_prompt_ids=prompt[plan.start :] if extends else list(prompt),
-            completion_ids=result.output_ids,
-            logprobs=result.logprobs,
+            # A tip's ids grow on: the turn keeps a copy (a slice) of what it needs.
+            new_prompt_ids=prompt[plan.start :] if extends else prompt[:],
+            completion_ids=completion,
+            logprobs=logprobs,
             finish_reason=result.finish_reason,
             content=parsed.content,
             tool_calls=parsed.tool_calls,
@@ -290,13 +293,11 @@ class TokenTurns:
             special_tokens_at=specials,
         )
         state.turns.append(turn)
-        hashes.remember(turn.index, hashed, len(prompt), result.output_ids)
+        hashes.remember(turn.index, hashed, len(prompt), completion)
         if plan.tip is not None and state.tip is plan.tip:
-            plan.tip.record(turn.index, result.output_ids)
+            plan.tip.record(turn.index, completion)
         else:
-            state.tip = SequenceTip(
-                turn.index, prompt + result.output_ids, len(prompt) + len(result.output_ids)
-            )
+            state.tip = SequenceTip(turn.index, prompt + completion, len(prompt) + len(completion))
         return turn
 
 
