@@ -255,6 +255,21 @@ def test_a_restarted_trainer_continues_the_task_stream_where_the_store_says(
 
 
 @pytest.mark.timeout(60)
+def test_with_prefetch_the_next_steps_groups_start_at_the_hand_over(
+    make_client: MakeClient,
+) -> None:
+    # Every group of the cap was ready at the hand-over: none in flight, so no completion
+    # would start the next ones; the hand-over itself must, or nothing overlaps training.
+    client = make_client()
+    tasks = [{"task_id": "t0"}, *({"task_id": f"t{i}", "wait": 0.5} for i in (1, 2))]
+    with client.step_source(tasks, group_size=2, groups_per_step=1, prefetch=True) as source:
+        first = source.next_batch()
+        assert first.metrics.carried_over == 0
+        assert source.in_flight == 1  # the next step's group runs while the trainer trains
+        assert task_ids(source.next_batch()) == ["t1"]
+
+
+@pytest.mark.timeout(60)
 def test_epochs_pass_over_the_tasks_again_and_the_async_form_iterates(
     make_client: MakeClient,
 ) -> None:

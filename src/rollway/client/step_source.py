@@ -107,6 +107,7 @@ class StepSource:
             finally:
                 self._asking = False
             batch = self._hand_over(groups, time.monotonic() - started)
+            self._top_up()  # with prefetch, the next step's groups start while this one trains
             position = {"step": self._step, **self._stream.settled.to_dict()}
         self._hooks.store.write_summary(POSITION, position)
         log.info(batch.metrics.line(), extra={"stage": "step"})
