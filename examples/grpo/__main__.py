@@ -29,6 +29,11 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
     p.add_argument("--kl-coef", type=float, default=d.kl_coef, help="0: no KL term")
     p.add_argument("--async", dest="async_rollouts", action="store_true",
                    help="sample step k+1 while step k trains (max_staleness=1)")  # fmt: skip
+    p.add_argument("--over-sample", type=float, default=d.over_sample,
+                   help="keep (1 + this) x --prompts groups going, carry the rest over "
+                   "(default 0.5 with --async, else 0)")  # fmt: skip
+    p.add_argument("--no-dynamic-sampling", dest="dynamic_sampling", action="store_false",
+                   help="keep groups whose rewards all agree")  # fmt: skip
     p.add_argument("--update-mode", choices=["abort", "drain", "keep"], default=d.update_mode)
     p.add_argument("--engine", default=d.engine,
                    help="embedded, or vllm://HOST:PORT?logprobs_mode=processed_logprobs (a "

@@ -31,8 +31,14 @@ class GRPOConfig:
     kl_coef: float = 0.0
     #: Rollouts of step k+1 run while step k trains (``max_staleness=1``).
     async_rollouts: bool = False
-    #: What an update does to turns in flight (only async mode has any).
+    #: What an update does to turns in flight (async mode, or groups carried over).
     update_mode: UpdateMode = "drain"
+    #: Keep ``prompts_per_step * (1 + over_sample)`` groups going; the batch is the first
+    #: ``prompts_per_step`` done, the rest are carried into the next step. None: 0.5 with
+    #: ``async_rollouts``, else 0 (every token on-policy).
+    over_sample: float | None = None
+    #: Set aside groups whose rewards all agree (no advantage) and run new tasks instead.
+    dynamic_sampling: bool = True
     #: Where rollouts are sampled: the embedded engine (weights pushed in memory), or a vLLM
     #: server on this machine (``vllm://HOST:PORT?logprobs_mode=processed_logprobs``: weights
     #: pushed as a checkpoint folder under ``out_dir/weights``, which the server reloads).

@@ -1,23 +1,25 @@
 """The GRPO loop: rollouts through rollway (the embedded engine, or a vLLM server), one update,
 new weights back.
 
-A step: a batch of grouped rollouts (``collect``); the trainer's forward pass over the
-recorded ids, whose ratios to the recorded logprobs must be 1 on on-policy tokens (the
-mismatch to them is logged: ``split_mismatch``), then the clipped GRPO loss and one AdamW
-step (``train_step``); the new weights pushed to the engine as the next version
-(``push_weights``). With ``async_rollouts`` the next batch is already running while a step
-trains (``RolloutFeed``), so part of it was sampled by the previous version: those tokens are
-corrected by their recorded (behaviour) logprobs.
+A step: a batch of whole groups from the client's step source (``open_source``: the first
+``prompts_per_step`` groups done, flat groups set aside and replaced, the rest carried into the
+next step); the trainer's forward pass over the recorded ids, whose ratios to the recorded
+logprobs must be 1 on on-policy tokens (the mismatch of those and of the stale, carried ones is
+logged apart: ``split_mismatch``), then the clipped GRPO loss and one AdamW step
+(``train_step``); the new weights pushed to the engine as the next version (``push_weights``).
+With ``async_rollouts`` the source keeps groups running while a step trains (``prefetch``), so
+part of the next batch was sampled by the previous version: those tokens are corrected by their
+recorded (behaviour) logprobs.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import shutil
 import statistics
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +36,7 @@ from examples.grpo.objective import (
     token_logprobs,
 )
 from examples.grpo.tasks import TaskSet, load_task_set
-from rollway.client import RolloutClient
+from rollway.client import RolloutClient, StepBatch, StepSource
 from rollway.model_folders import resolve_model_path
 from rollway.results import RolloutRecord
 from rollway.trainers.mismatch import mismatch_metrics
@@ -67,27 +69,65 @@ def frozen_embeddings(config: GRPOConfig) -> bool:
     return not config.engine.startswith("embedded")
 
 
+def over_sample(config: GRPOConfig) -> float:
+    """The share of extra groups kept going: the config's, else 0.5 in async mode (the long
+    tail is carried over) and 0 in sync mode (every token on-policy)."""
+    if config.over_sample is not None:
+        return config.over_sample
+    return 0.5 if config.async_rollouts else 0.0
+
+
 def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
     """A client on ``config.engine``, sampling at ``config.temperature``: the recorded
     logprobs are that distribution's, the behaviour policy the trainer recomputes."""
+    groups = math.ceil(config.prompts_per_step * (1 + over_sample(config)))
     return RolloutClient(
         task_set.agent,
         config.engine,
         store=str(config.out_dir / "rollouts"),
         exp_id=f"grpo-{config.task}",
-        max_concurrent=config.prompts_per_step * config.group_size,
+        max_concurrent=groups * config.group_size,
         max_staleness=1 if config.async_rollouts else None,
         temperature=config.temperature,
         max_tokens=config.max_tokens or task_set.max_tokens,
     )
 
 
-def collect(
-    client: RolloutClient, task_set: TaskSet, step: int, config: GRPOConfig
-) -> list[RolloutRecord]:
-    """Step ``step``'s rollouts: ``prompts_per_step`` tasks x ``group_size``."""
-    tasks = task_set.for_step(step, config.prompts_per_step)
-    return [item.result for item in client.run_batch(tasks, config.group_size, resume=False)]
+def open_source(client: RolloutClient, task_set: TaskSet, config: GRPOConfig) -> StepSource:
+    """The run's batches: ``prompts_per_step`` whole groups of ``group_size`` a step. A group
+    more than one version behind when it is handed over runs again (``stale="restart"``); in
+    async mode groups start while the trainer trains (``prefetch``). A run trains fresh
+    weights, so the task stream starts afresh too (``resume=False``)."""
+    return client.step_source(
+        task_set.stream(),
+        group_size=config.group_size,
+        groups_per_step=config.prompts_per_step,
+        over_sample=over_sample(config),
+        dynamic_sampling=config.dynamic_sampling,
+        max_staleness=1,
+        prefetch=config.async_rollouts,
+        resume=False,
+    )
+
+
+def next_batch(source: StepSource, step: int) -> StepBatch:
+    """Step ``step``'s batch. The tasks never run out, so a source that stops had every group
+    of a step set aside as flat past its cap on extra groups."""
+    batch = next(source, None)
+    if batch is None or not batch.groups:
+        raise RuntimeError(
+            f"step {step}: every group's rewards agreed (no advantage) up to the cap on extra "
+            "groups; raise --max-tokens or --group-size, or run with --no-dynamic-sampling"
+        )
+    return batch
+
+
+def source_metrics(batch: StepBatch) -> dict[str, Any]:
+    """The step source's figures for ``batch`` (``StepMetrics``: groups used and lacking, set
+    aside, refilled, carried over, stale, tokens by versions behind, the trainer's wait)."""
+    figures = batch.metrics.to_dict()
+    del figures["step"]  # the loop's own
+    return figures
 
 
 def train_step(
@@ -191,25 +231,28 @@ def save_checkpoint(trainer: Trainer, root: Path, version: int) -> Path:
     return folder
 
 
-class RolloutFeed:
-    """Step k's rollouts, on demand. Ahead (async): handing out batch k starts batch k+1 on
-    a worker thread, so it samples while step k trains (and across its weight update)."""
-
-    def __init__(
-        self, client: RolloutClient, task_set: TaskSet, config: GRPOConfig, pool: ThreadPoolExecutor
-    ) -> None:
-        self.client, self.task_set, self.config, self.pool = client, task_set, config, pool
-        self.next: Future[list[RolloutRecord]] | None = None
-
-    def take(self, step: int) -> list[RolloutRecord]:
-        if not self.config.async_rollouts:
-            return collect(self.client, self.task_set, step, self.config)
-        records = (self.next or self._start(step)).result()
-        self.next = self._start(step + 1) if step + 1 < self.config.steps else None
-        return records
-
-    def _start(self, step: int) -> Future[list[RolloutRecord]]:
-        return self.pool.submit(collect, self.client, self.task_set, step, self.config)
+def run_step(
+    client: RolloutClient, trainer: Trainer, source: StepSource, step: int, config: GRPOConfig
+) -> dict[str, Any]:
+    """One step: take the batch, train on it, push the weights; the step's metrics."""
+    started = time.perf_counter()
+    batch = next_batch(source, step)
+    collected = time.perf_counter()
+    metrics = train_step(trainer, batch.records, config)
+    trained = time.perf_counter()
+    update = push_weights(client, trainer, config)
+    synced = time.perf_counter()
+    metrics.update(
+        step=step,
+        rollout_s=collected - started,
+        train_s=trained - collected,
+        sync_s=synced - trained,
+        step_s=synced - started,
+        stale_restarts=update["stale_restarts"],
+        ratio_tol=config.ratio_tol,
+        **source_metrics(batch),
+    )
+    return metrics
 
 
 def run(config: GRPOConfig) -> list[dict[str, Any]]:
@@ -219,34 +262,19 @@ def run(config: GRPOConfig) -> list[dict[str, Any]]:
         check_plotting()
     task_set = load_task_set(config.task)
     log = MetricsLog(config.out_dir / "metrics.jsonl")
-    # The client closes first (cancelling a batch still running), then the pool's thread ends.
-    with ThreadPoolExecutor(1) as pool, make_client(config, task_set) as client:
+    with make_client(config, task_set) as client:
         trainer = Trainer(config, client.policy_version or 0)
         if not config.engine.startswith("embedded"):
             # A server may hold an earlier run's weights (it outlives the run): it gets this
             # trainer's start weights first, so step 0 samples the model it trains.
             push_weights(client, trainer, config)
-        feed = RolloutFeed(client, task_set, config, pool)
-        for step in range(config.steps):
-            started = time.perf_counter()
-            records = feed.take(step)
-            collected = time.perf_counter()
-            metrics = train_step(trainer, records, config)
-            trained = time.perf_counter()
-            update = push_weights(client, trainer, config)
-            synced = time.perf_counter()
-            metrics.update(
-                step=step,
-                rollout_s=collected - started,
-                train_s=trained - collected,
-                sync_s=synced - trained,
-                step_s=synced - started,
-                stale_restarts=update["stale_restarts"],
-                ratio_tol=config.ratio_tol,
-            )
-            log.write(metrics)
-            if config.verbose:
-                print(step_line(metrics), flush=True)
+        # Closing the source cancels the groups still running (the run is over).
+        with open_source(client, task_set, config) as source:
+            for step in range(config.steps):
+                metrics = run_step(client, trainer, source, step, config)
+                log.write(metrics)
+                if config.verbose:
+                    print(step_line(metrics), flush=True)
     if config.plot:
         mode = "async" if config.async_rollouts else "sync"
         plot(log.steps, config.out_dir / "metrics.png", f"GRPO on {config.task} ({mode})")

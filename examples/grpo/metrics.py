@@ -33,8 +33,18 @@ def step_line(m: dict[str, Any]) -> str:
     mismatch = " | ".join(_mismatch(m, part) for part in parts)
     return (
         f"step {m['step']:>3} v{m['policy_version']} | reward {m['reward_mean']:.3f} "
-        f"± {m['reward_std']:.3f} | {mismatch} | "
+        f"± {m['reward_std']:.3f} | {_groups(m)} | {mismatch} | "
         f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.1f}s"
+    )
+
+
+def _groups(m: dict[str, Any]) -> str:
+    """The step source's account: groups used (and lacking), set aside, refilled, carried."""
+    lacking = f" (lacking {m['lacking']})" if m["lacking"] else ""
+    refilled = sum(m["refilled"].values())
+    return (
+        f"groups {m['groups_used']}{lacking}, set aside {m['set_aside_flat']} flat"
+        f" {m['set_aside_failed']} failed, {refilled} refilled, {m['carried_over']} carried"
     )
 
 
@@ -58,15 +68,16 @@ def check_plotting() -> None:
 
 
 def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Reward, reply length, the step's time split and the mismatch panels, as a PNG."""
+    """Reward, reply length, the step's time split, the step source's groups and tokens by
+    versions behind, and the mismatch panels, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     x = [m["step"] for m in steps]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7), constrained_layout=True)
-    reward, length, timing, ratio, diff, outside = axes.flat
+    fig, axes = plt.subplots(2, 4, figsize=(20, 7), constrained_layout=True)
+    reward, length, timing, groups, ratio, diff, outside, staleness = axes.flat
     mean = [m["reward_mean"] for m in steps]
     std = [m["reward_std"] for m in steps]
     reward.plot(x, mean, marker="o")
@@ -86,11 +97,36 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
         bottom = [a + b for a, b in zip(bottom, values, strict=True)]
     timing.set(title="step time (s)", xlabel="step")
     timing.legend()
+    plot_source(steps, groups, staleness)
     plot_mismatch(steps, ratio, diff, outside)
     fig.suptitle(title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_source(steps: Sequence[dict[str, Any]], groups: Axes, staleness: Axes) -> None:
+    """The step source per step: groups used, set aside and carried over; the handed tokens
+    by how many versions behind the trainer's weights they were sampled."""
+    x = [m["step"] for m in steps]
+    bottom = [0] * len(steps)
+    for key, label in (("groups_used", "used"), ("set_aside_flat", "set aside (flat)"),
+                       ("set_aside_failed", "set aside (failed)")):  # fmt: skip
+        values = [m[key] for m in steps]
+        groups.bar(x, values, bottom=bottom, label=label)
+        bottom = [a + b for a, b in zip(bottom, values, strict=True)]
+    groups.plot(x, [m["carried_over"] for m in steps], "ko-", label="carried over")
+    groups.set(title="groups per step", xlabel="step")
+    groups.legend()
+    lags = sorted({int(k) for m in steps for k in m["staleness"]})
+    bottom = [0] * len(steps)
+    for lag in lags:
+        values = [m["staleness"].get(str(lag), 0) for m in steps]
+        staleness.bar(x, values, bottom=bottom, label=f"{lag} behind")
+        bottom = [a + b for a, b in zip(bottom, values, strict=True)]
+    staleness.set(title="tokens handed over, by versions behind", xlabel="step")
+    if lags:
+        staleness.legend()
 
 
 def plot_mismatch(steps: Sequence[dict[str, Any]], ratio: Axes, diff: Axes, outside: Axes) -> None:

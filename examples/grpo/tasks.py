@@ -14,8 +14,10 @@ which is what the ratio check must get right on multi-turn data.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,17 +94,16 @@ class OneWordAgent(AgentLoop):
 
 @dataclass(frozen=True)
 class TaskSet:
-    """An agent, its task rows (cycled through, step by step), and its token cap per call."""
+    """An agent, its task rows (cycled through), and its token cap per call."""
 
     agent: type[AgentLoop]
     rows: tuple[dict[str, Any], ...]
     max_tokens: int
 
-    def for_step(self, step: int, count: int) -> list[dict[str, Any]]:
-        """``count`` rows for ``step``; ids carry the step, so steps never share a record."""
-        start = step * count
-        picked = [self.rows[(start + i) % len(self.rows)] for i in range(count)]
-        return [{**row, "task_id": f"s{step}-{row['task_id']}"} for row in picked]
+    def stream(self) -> Iterator[dict[str, Any]]:
+        """The rows over and over (the step source takes as many as the run needs; each
+        is a group at its own position, so passes never share a record)."""
+        return itertools.cycle(self.rows)
 
 
 def load_task_set(name: str) -> TaskSet:

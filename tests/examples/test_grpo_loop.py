@@ -1,30 +1,33 @@
-"""Two GRPO steps on the embedded model, from the loop's own functions: the trainer's forward
-pass reproduces the recorded logprobs before the first update, the update reaches the engine
-as a new version, and the next batch is sampled (and recorded) by exactly the new weights."""
+"""GRPO steps on the embedded model, from the loop's own functions: the trainer's forward pass
+reproduces the recorded logprobs before the first update, the update reaches the engine as a
+new version, the next batch is sampled (and recorded) by exactly the new weights, and the step
+source's figures land in ``metrics.jsonl`` beside the ratio check's."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from examples.grpo.config import GRPOConfig
 from examples.grpo.loop import (
-    RolloutFeed,
     Trainer,
-    collect,
     make_client,
+    next_batch,
+    open_source,
     push_weights,
+    run_step,
     train_step,
 )
+from examples.grpo.metrics import MetricsLog
 from examples.grpo.objective import RatioCheckError, pack, token_logprobs
 from examples.grpo.tasks import QUESTIONS, TaskSet
 
 from rollway.agents import AgentLoop, RolloutContext
-from rollway.client import RolloutClient
+from rollway.client import RolloutClient, StepSource
 from rollway.results import AgentResult, RolloutRecord
 
 
@@ -76,9 +79,22 @@ def sampled_versions(records: list[RolloutRecord]) -> set[int]:
 @pytest.mark.timeout(120)
 def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig: Rig) -> None:
     client, trainer, config, task_set = rig
+    with open_source(client, task_set, config) as source:
+        batch = next_batch(source, 0)
+        assert [len(group) for group in batch.groups] == [3, 3] and batch.lacking == 0
+        first = batch.records
+        two_steps_on_policy(client, trainer, config, source, first)
+
+
+def two_steps_on_policy(
+    client: RolloutClient,
+    trainer: Trainer,
+    config: GRPOConfig,
+    source: StepSource,
+    first: list[RolloutRecord],
+) -> None:
     engine = client.gateway.gateway.engine
     start = trainer.version
-    first = collect(client, task_set, 0, config)
     assert {r.policy_version for r in first} == sampled_versions(first) == {start}
     before = train_step(trainer, first, config)
     assert before["ratio_dev_on_policy"] < 1e-3 and before["stale_tokens"] == 0
@@ -97,7 +113,8 @@ def test_two_steps_train_on_policy_and_the_next_batch_is_the_updated_models(rig:
     push_weights(client, trainer, config)
     assert trainer.version == client.policy_version == engine.policy_version == start + 1
 
-    second = collect(client, task_set, 1, config)
+    # Sync mode: nothing ran while the step trained, so the next batch is the new weights'.
+    second = next_batch(source, 1).records
     assert {r.policy_version for r in second} == sampled_versions(second) == {start + 1}
     batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
     with torch.no_grad():
@@ -120,14 +137,13 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
     config = dataclasses.replace(config, async_rollouts=True, steps=2)
     start = trainer.version
     previous = copy.deepcopy(trainer.model)  # the weights batch 1 starts sampling with
-    with ThreadPoolExecutor(1) as pool:
-        feed = RolloutFeed(client, task_set, config, pool)
-        first = feed.take(0)
-        assert feed.next is not None  # batch 1 runs while step 0 trains
-        train_step(trainer, first, config)
+    with open_source(client, task_set, config) as source:
+        first = next_batch(source, 0)
+        assert source.in_flight >= 1  # batch 1's groups run while step 0 trains
+        train_step(trainer, first.records, config)
         push_weights(client, trainer, config)
-        second = feed.take(1)
-        assert feed.next is None
+        handed = next_batch(source, 1)
+        second = handed.records
     batch = pack([(s, 0.0) for r in second for s in r.trajectory.samples])
     old = batch.versions == start
     with torch.no_grad():
@@ -138,6 +154,7 @@ def test_async_samples_the_next_batch_during_a_step_and_its_stale_tokens_are_exa
     assert sampled_versions(second) <= {start, start + 1}
     assert metrics["stale_tokens"] == int(old.sum()) > 0
     assert metrics["on_policy_tokens"] == metrics["tokens"] - int(old.sum())
+    assert handed.metrics.staleness.get(1) == metrics["stale_tokens"]  # the source's count
     # Stale tokens are exactly the previous weights' (the behaviour policy the loss corrects
     # with), and the update moved them: they are importance-weighted, not checked.
     assert float((sampler - batch.behaviour_logprobs)[old].abs().max()) < 1e-3
@@ -157,7 +174,8 @@ def test_a_recorded_logprob_the_model_does_not_give_fails_the_step_before_the_up
     rig: Rig,
 ) -> None:
     client, trainer, config, task_set = rig
-    records = collect(client, task_set, 9, config)
+    with open_source(client, task_set, config) as source:
+        records = next_batch(source, 0).records
     record = records[0]
     # The first sampled token of the first sample: its samples are made from the turns.
     segment = record.trajectory.samples[0].segment
@@ -177,3 +195,29 @@ def test_a_recorded_logprob_the_model_does_not_give_fails_the_step_before_the_up
     with pytest.raises(RatioCheckError, match=r"max \|ratio - 1\| = 9\.9\d+e-03 > 0\.001"):
         train_step(trainer, [forged, *records[1:]], config)
     assert torch.equal(weight, kept)  # no update was made
+
+
+@pytest.mark.timeout(180)
+def test_the_step_sources_figures_are_written_with_the_ratio_check_passing(
+    rig: Rig, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Over-sampled: a group still running at the hand-over is carried into the next step.
+    client, trainer, config, task_set = rig
+    config = dataclasses.replace(config, over_sample=1.0)
+    log = MetricsLog(tmp_path_factory.mktemp("log") / "metrics.jsonl")
+    with open_source(client, task_set, config) as source:
+        for step in range(2):
+            log.write(run_step(client, trainer, source, step, config))
+    written = [json.loads(line) for line in log.path.read_text().splitlines()]
+    assert written == log.steps and [m["step"] for m in written] == [0, 1]
+    for m in written:
+        assert m["ratio_dev_on_policy"] < config.ratio_tol == m["ratio_tol"]
+        assert m["groups_used"] == 2 and m["lacking"] == 0 and m["set_aside_failed"] == 0
+        assert m["set_aside_flat"] >= 0 and m["refilled"] == {} and m["failures"] == []
+        assert 0 <= m["carried_over"] <= 2 and m["wait_s"] >= 0
+        # Every handed token, by versions behind the trainer's weights: 0 (checked) or 1
+        # (importance-corrected, its mismatch logged apart).
+        behind = {int(k): v for k, v in m["staleness"].items() if v}
+        assert sum(behind.values()) == m["tokens"] and set(behind) <= {0, 1}
+        assert behind.get(0, 0) == m["on_policy_tokens"] and behind.get(1, 0) == m["stale_tokens"]
+    assert written[0]["staleness"] == {"0": written[0]["tokens"]}
