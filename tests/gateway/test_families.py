@@ -24,7 +24,7 @@ from rollway.errors import InvalidFieldsError
 from rollway.gateway import Gateway, build_gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.families import Qwen3Renderer
-from rollway.gateway.render.registry import choose_renderer, load_renderer
+from rollway.gateway.render.renderers import choose_renderer, load_renderer
 from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing

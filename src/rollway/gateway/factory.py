@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollway.engines.base import ChatEngine, Engine, ModelInfo
 from rollway.engines.factory import engine_from_spec
 from rollway.gateway.core import Gateway
-from rollway.gateway.render.registry import load_renderer
+from rollway.gateway.render.renderers import load_renderer
 from rollway.model_folders import DEFAULT_MODEL_NAME, resolve_model_path
 
 
@@ -19,7 +19,7 @@ def build_gateway(
     """A gateway over ``engine`` (a spec or an engine object), templating with ``model``'s
     tokenizer (default: SmolLM2-135M-Instruct). An embedded engine's own tokenizer is reused,
     and its context bounds prompts; a server enforces its own. ``renderer`` names the model
-    family's renderer (``render.registry``); by default it is chosen from the model folder."""
+    family's renderer (``render.renderers``); by default it is chosen from the model folder."""
     if isinstance(engine, str):
         engine = engine_from_spec(engine, model=model)
     info = engine if isinstance(engine, ModelInfo) else None
