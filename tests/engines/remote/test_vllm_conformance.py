@@ -218,6 +218,7 @@ async def assert_logprobs_match(
 
 
 SEEDED = SamplingParams(max_tokens=24, seed=7)
+EARLY = SamplingParams(max_tokens=120, seed=3)  # a turn in flight while an update comes
 
 
 async def test_an_uncapped_turn_is_not_cut_at_vllms_default(leg: Leg, engine: VLLMEngine) -> None:
@@ -292,10 +293,12 @@ async def test_an_abort_stops_decoding_on_the_server(leg: Leg, engine: VLLMEngin
     await leg.running(False, 1.0)  # the server stops decoding it within a second
 
 
-async def turn(engine: VLLMEngine, prompt: list[int], rid: str) -> GenerationResult:
+async def turn(
+    engine: VLLMEngine, prompt: list[int], rid: str, sampling: SamplingParams = SEEDED
+) -> GenerationResult:
     """A turn as the gateway runs it: one the update aborted goes again under a new id."""
     for attempt in range(5):
-        result = await engine.generate(prompt, SEEDED, f"{rid}-{attempt}")
+        result = await engine.generate(prompt, sampling, f"{rid}-{attempt}")
         if result.finish_reason != "abort":
             return result
     raise AssertionError(f"{rid} aborted 5 times")
@@ -305,9 +308,11 @@ async def turn(engine: VLLMEngine, prompt: list[int], rid: str) -> GenerationRes
 async def test_an_update_stamps_versions_and_samples_with_the_new_weights(
     leg: Leg, engine: VLLMEngine, tmp_path: Path, mode: PauseMode
 ) -> None:
-    prompt = tokenizer_prompt(SHORT)
+    prompt, long_prompt = tokenizer_prompt(SHORT), tokenizer_prompt(LONG)
     with weights(leg, tmp_path, "v1", 1.25) as new:
-        early = asyncio.create_task(turn(engine, prompt, "early"))
+        # Long enough to be seen decoding: a 24-token turn can end between two polls of
+        # vLLM's gauge, and then the wait below never sees it running (CI, stop 42).
+        early = asyncio.create_task(turn(engine, long_prompt, "early", EARLY))
         await leg.running(True, 60.0)
         await engine.pause(mode)
         late = asyncio.create_task(turn(engine, prompt, "late"))
@@ -319,7 +324,7 @@ async def test_an_update_stamps_versions_and_samples_with_the_new_weights(
             done_early, done_late = await early, await late
             await assert_logprobs_match(leg, prompt, SEEDED, done_late, new)
             old_or_new = leg.folder if mode == "drain" else new
-            await assert_logprobs_match(leg, prompt, SEEDED, done_early, old_or_new)
+            await assert_logprobs_match(leg, long_prompt, EARLY, done_early, old_or_new)
         finally:  # the served weights back for the tests that follow
             await engine.update_weights(leg.folder, 2)
     assert done_late.policy_versions == [1] * len(done_late.output_ids)
