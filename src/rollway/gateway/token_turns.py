@@ -171,7 +171,7 @@ class TokenTurns:
         ):
             self.truncate(state, "max_seq_len")
         parsed, stop, specials = self._parse(
-            state.renderer or self.renderer, result, turn.sampling, turn.use_tools
+            state.renderer or self.renderer, result, turn.sampling, turn.use_tools, turn.tools
         )
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
@@ -226,6 +226,7 @@ class TokenTurns:
         result: GenerationResult,
         sampling: SamplingParams,
         use_tools: bool,
+        tools: list[dict[str, Any]] | None,
     ) -> tuple[ParsedToolCalls, str | None, list[int]]:
         """The answer's text, cut at the first stop string, that stop string (if any), and
         where the model sampled special tokens inside its answer: they are not text (a
@@ -243,7 +244,7 @@ class TokenTurns:
         if cut is not None:
             at, stop = cut
             text = text[:at]
-        return renderer.parse(text, use_tools), stop, specials
+        return renderer.parse(text, use_tools, tools), stop, specials
 
     @staticmethod
     def _record(

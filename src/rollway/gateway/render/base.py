@@ -49,7 +49,10 @@ class Renderer(Protocol):
         """A completion's ids as text, special tokens included (the caller drops them)."""
         ...
 
-    def parse(self, text: str, use_tools: bool) -> ParsedToolCalls:
+    def parse(
+        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+    ) -> ParsedToolCalls:
         """A completion's text as reasoning, content and tool calls; a malformed call keeps
-        the text whole and says why in ``error``."""
+        the text whole and says why in ``error``. ``tools``: the request's, whose schemas
+        type the arguments where a family writes them as text (Qwen3-Coder's XML calls)."""
         ...

@@ -115,9 +115,12 @@ class ChatRenderer:
         #: the pieces do not fit the template (Qwen3's).
         self._shapes: OrderedDict[tuple[str, bool], MessageShapes] | None = OrderedDict()
 
-    def parse(self, text: str, use_tools: bool) -> ParsedToolCalls:
+    def parse(
+        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+    ) -> ParsedToolCalls:
         """An answer's text (special tokens and stop strings already cut) as reasoning,
-        content and tool calls; a malformed call leaves the text whole with ``error`` set."""
+        content and tool calls; a malformed call leaves the text whole with ``error`` set.
+        ``tools`` (the request's) type the arguments of families that write them as text."""
         reasoning = None
         if self.thinking is not None:
             reasoning, text = self.thinking.split(text)

@@ -19,6 +19,7 @@ from rollway.gateway.render.chat_template import ChatRenderer
 RENDERERS: dict[str, str] = {
     "hermes": "rollway.gateway.render.chat_template:ChatRenderer",
     "qwen3": "rollway.gateway.render.families:Qwen3Renderer",
+    "qwen3_coder": "rollway.gateway.render.qwen_xml:QwenXmlRenderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
@@ -41,13 +42,16 @@ def renderer_class(name: str) -> type[ChatRenderer]:
 
 
 def choose_renderer(tokenizer: Any) -> str:
-    """The family of the tokenizer's model folder: its architecture where ``config.json``
-    names one with a renderer, else Qwen3 where the template writes tools as Qwen3's does,
-    else ``hermes`` (the template as it is, Hermes tool calls)."""
+    """The family of the tokenizer's model folder: Qwen3-Coder where the template writes
+    calls as XML (its architecture is Qwen3's MoE), else its architecture where
+    ``config.json`` names one with a renderer, else Qwen3 where the template writes tools as
+    Qwen3's does, else ``hermes`` (the template as it is, Hermes tool calls)."""
+    template = str(tokenizer.chat_template or "")
+    if "<function=" in template and "<think>" not in template:
+        return "qwen3_coder"
     for architecture in _architectures(Path(str(getattr(tokenizer, "name_or_path", "")))):
         if architecture in ARCHITECTURES:
             return ARCHITECTURES[architecture]
-    template = str(tokenizer.chat_template or "")
     if all(mark in template for mark in ("<tool_call>", "<think>", "tools", "<|im_start|>")):
         return "qwen3"
     return "hermes"

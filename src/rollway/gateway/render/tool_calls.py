@@ -97,12 +97,13 @@ def _parse_block(body: str) -> tuple[dict[str, Any], str | None]:
             return {}, "tool call arguments are not JSON"
     if not isinstance(arguments, dict):
         return {}, "tool call arguments are not an object"
-    call = {
+    return new_call(payload["name"], arguments), None
+
+
+def new_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A parsed call as OpenAI's API answers it, with an id of its own."""
+    return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {
-            "name": payload["name"],
-            "arguments": json.dumps(arguments, ensure_ascii=False),
-        },
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
     }
-    return call, None
