@@ -348,14 +348,41 @@ def test_a_malformed_call_comes_back_as_text_and_is_recorded(
     assert turn.tool_call_parse_error is not None and "not JSON" in turn.tool_call_parse_error
 
 
+def test_a_malformed_call_streams_as_text(
+    ds_tokenizer: Any, ds_renderer: DeepSeekV3Renderer, closing: Closing
+) -> None:
+    """The stream holds the text back from the calls' marker; once the call fails to parse,
+    the rest comes as content: the deltas add up to the whole text, and no call is sent."""
+    text = "Adding. " + MALFORMED["arguments not JSON"][0]
+    gateway = Gateway(ScriptedEngine([text + EOS], ds_tokenizer), ds_renderer, model_name="ds")
+    registered = gateway.register("d1", {"max_tokens": 256})
+    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
+        client = closing(
+            openai.OpenAI(base_url=f"{url}/v1/rollouts/d1", api_key=registered.api_key)
+        )
+        chunks = client.chat.completions.create(
+            model="ds",
+            messages=[{"role": "user", "content": "1 + 2?"}],
+            tools=[ADD_TOOL],
+            stream=True,
+        )
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+    contents = [d.content for d in deltas if d.content]
+    assert "".join(contents) == text and not any(d.tool_calls for d in deltas)
+    assert CALLS_BEGIN not in "".join(contents[:-1])  # sent only at the end, with the rest
+
+
 # -- the tool loop through the gateway ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("history", ["as_sampled", "as_template"])
 def test_deepseek_tool_loop_in_process_is_one_sample(
-    ds_tokenizer: Any, ds_renderer: DeepSeekV3Renderer
+    ds_tokenizer: Any, ds_renderer: DeepSeekV3Renderer, history: str
 ) -> None:
+    """Under either history choice: the format never rewrites an earlier message, so even
+    rendering as the template does extends the sample at the second question."""
     gateway, engine = ds_gateway(ds_tokenizer, ds_renderer)
-    gateway.register("d1", {"max_tokens": 256})
+    gateway.register("d1", {"max_tokens": 256, "history": history})
 
     def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
         body = {"messages": messages, "tools": [ADD_TOOL]}
