@@ -87,6 +87,12 @@ def qwen3_folder() -> Path:
 
 
 @pytest.fixture(scope="session")
+def deepseek_v3_folder() -> Path:
+    """DeepSeek V3's tokenizer and template (no config.json: the template names the family)."""
+    return family_folder("deepseek_v3")
+
+
+@pytest.fixture(scope="session")
 def engine() -> Iterator[EmbeddedEngine]:
     loaded = EmbeddedEngine.from_pretrained()
     yield loaded

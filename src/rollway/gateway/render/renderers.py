@@ -15,16 +15,18 @@ from typing import Any
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
 
-#: name -> "module:class" of its renderer.
+#: name -> "module:class" of its renderer (an unknown name is refused naming these, in order).
 RENDERERS: dict[str, str] = {
     "hermes": "rollway.gateway.render.chat_template:ChatRenderer",
     "qwen3": "rollway.gateway.render.families:Qwen3Renderer",
     "qwen3_coder": "rollway.gateway.render.qwen_xml:QwenXmlRenderer",
+    "deepseek_v3": "rollway.gateway.render.deepseek:DeepSeekV3Renderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 
 
@@ -33,7 +35,7 @@ def renderer_class(name: str) -> type[ChatRenderer]:
     target = RENDERERS.get(name)
     if target is None:
         raise InvalidFieldsError(
-            f"renderer {name!r} is not known; choose one of {', '.join(sorted(RENDERERS))}",
+            f"renderer {name!r} is not known; choose one of {', '.join(RENDERERS)}",
             param="renderer",
         )
     module, _, attribute = target.partition(":")
@@ -45,7 +47,8 @@ def choose_renderer(tokenizer: Any) -> str:
     """The family of the tokenizer's model folder: Qwen3-Coder where the template writes
     calls as XML (its architecture is Qwen3's MoE), else its architecture where
     ``config.json`` names one with a renderer, else Qwen3 where the template writes tools as
-    Qwen3's does, else ``hermes`` (the template as it is, Hermes tool calls)."""
+    Qwen3's does, DeepSeek V3 where it writes calls in DeepSeek's markers and no reasoning,
+    else ``hermes`` (the template as it is, Hermes tool calls)."""
     template = str(tokenizer.chat_template or "")
     if "<function=" in template and "<think>" not in template:
         return "qwen3_coder"
@@ -54,6 +57,8 @@ def choose_renderer(tokenizer: Any) -> str:
             return ARCHITECTURES[architecture]
     if all(mark in template for mark in ("<tool_call>", "<think>", "tools", "<|im_start|>")):
         return "qwen3"
+    if "<｜tool▁calls▁begin｜>" in template and "<think>" not in template:
+        return "deepseek_v3"
     return "hermes"
 
 
