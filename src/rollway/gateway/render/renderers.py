@@ -19,11 +19,24 @@ from rollway.gateway.render.chat_template import ChatRenderer
 RENDERERS: dict[str, str] = {
     "hermes": "rollway.gateway.render.chat_template:ChatRenderer",
     "qwen3": "rollway.gateway.render.families:Qwen3Renderer",
+    "llama3": "rollway.gateway.render.llama3:Llama3Renderer",
+    "gemma3": "rollway.gateway.render.gemma3:Gemma3Renderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
+    "LlamaForCausalLM": "llama3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+}
+#: What a family's template writes: its architecture chooses it only where the template has
+#: these (SmolLM2 is a LlamaForCausalLM with a ChatML template: ``hermes``), and a folder
+#: without config.json by them alone.
+TEMPLATE_MARKS: dict[str, tuple[str, ...]] = {
+    "qwen3": ("<tool_call>", "<think>", "tools", "<|im_start|>"),
+    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    "gemma3": ("<start_of_turn>", "<end_of_turn>", "model"),
 }
 
 
@@ -42,15 +55,17 @@ def renderer_class(name: str) -> type[ChatRenderer]:
 
 def choose_renderer(tokenizer: Any) -> str:
     """The family of the tokenizer's model folder: its architecture where ``config.json``
-    names one with a renderer, else Qwen3 where the template writes tools as Qwen3's does,
-    else ``hermes`` (the template as it is, Hermes tool calls)."""
-    for architecture in _architectures(Path(str(getattr(tokenizer, "name_or_path", "")))):
-        if architecture in ARCHITECTURES:
-            return ARCHITECTURES[architecture]
+    names one with a renderer and the template is that family's, else the family whose
+    template marks it has, else ``hermes`` (the template as it is, Hermes tool calls)."""
     template = str(tokenizer.chat_template or "")
-    if all(mark in template for mark in ("<tool_call>", "<think>", "tools", "<|im_start|>")):
-        return "qwen3"
-    return "hermes"
+
+    def fits(name: str) -> bool:
+        return all(mark in template for mark in TEMPLATE_MARKS.get(name, ()))
+
+    for architecture in _architectures(Path(str(getattr(tokenizer, "name_or_path", "")))):
+        if architecture in ARCHITECTURES and fits(ARCHITECTURES[architecture]):
+            return ARCHITECTURES[architecture]
+    return next((name for name in TEMPLATE_MARKS if fits(name)), "hermes")
 
 
 def load_renderer(tokenizer: Any, name: str | None = None) -> ChatRenderer:
