@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import openai
@@ -124,15 +124,16 @@ def test_gemma3_refuses_tools_with_a_clear_error(
 def test_gemma3_is_chosen_from_the_model_folder_and_by_name(
     gemma_folder: Path, gemma_tokenizer: Any, renderer: ChatRenderer, tmp_path: Path
 ) -> None:
+    """By its template (the folder as fetched has no config.json), by config.json's
+    architecture where the template is Gemma's, and by name."""
     assert choose_renderer(gemma_tokenizer) == "gemma3"
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(gemma_folder / name, tmp_path / name)
     config = {"architectures": ["Gemma3ForConditionalGeneration"]}
     (tmp_path / "config.json").write_text(json.dumps(config))
-    assert isinstance(load_renderer(AutoTokenizer.from_pretrained(tmp_path)), Gemma3Renderer)
+    for template, chosen in ((gemma_tokenizer.chat_template, "gemma3"), ("{{ x }}", "hermes")):
+        folder = SimpleNamespace(name_or_path=str(tmp_path), chat_template=template)
+        assert choose_renderer(folder) == chosen
     engine = ScriptedEngine(SCRIPT, gemma_tokenizer)
     assert build_gateway(engine, model=str(gemma_folder)).renderer.name == "gemma3"
-    named = build_gateway(engine, model=str(gemma_folder), renderer="hermes").renderer
-    assert type(named) is ChatRenderer
+    assert isinstance(load_renderer(gemma_tokenizer, "gemma3"), Gemma3Renderer)
     with pytest.raises(InvalidFieldsError, match="is not Gemma's"):
         Gemma3Renderer(renderer.tokenizer)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -140,6 +141,27 @@ def test_llama3_without_tools_renders_as_its_template(
         )
         assert llama_renderer.prompt_ids(messages, None) == llama_renderer.encode(expected)
     assert llama_renderer._written, "new messages are written by the module, not by Jinja"
+
+
+def test_llama3_new_messages_written_here_are_the_templates_ids(llama_tokenizer: Any) -> None:
+    """A turn's new messages, written by string concatenation, give the ids of a Jinja run
+    of the template over the conversation, whatever the contents."""
+    written, by_template = Llama3Renderer(llama_tokenizer), Llama3Renderer(llama_tokenizer)
+    by_template._written = False
+    draw = random.Random(37)
+    words = ["42", " spaced ", "\n", "{{x}}", '{"name": 1}', "é", "", "<|eot_id|>", '"q"']
+    for _ in range(100):
+        new: list[dict[str, Any]] = []
+        for _ in range(draw.randint(1, 3)):
+            role = draw.choice(["tool", "tool", "user", "system", "developer"])
+            text = "".join(draw.choice(words) for _ in range(draw.randint(0, 5)))
+            new.append(
+                {"role": role, "content": text} | ({"tool_call_id": "c1"} if role == "tool" else {})
+            )
+        completion = llama_tokenizer.encode(draw.choice(FIRST + SECOND), add_special_tokens=False)
+        tools = [ADD_TOOL] if draw.random() < 0.5 else None
+        expected = by_template.continuation_ids(completion, new, tools)
+        assert written.continuation_ids(completion, new, tools) == expected, new
 
 
 def test_llama3_tools_need_a_first_user_message(llama_renderer: Llama3Renderer) -> None:

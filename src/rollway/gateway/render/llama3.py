@@ -40,6 +40,8 @@ TOOLS_INTRO = (
     'Respond in the format {"name": function name, "parameters": dictionary of argument name '
     "and its value}.Do not use variables.\n\n"
 )
+#: The roles of new messages written here (an answer's, or anything else, go to the template).
+_WRITTEN = frozenset({"user", "system", "developer", "tool", "ipython"})
 _PROBES = ("  spaced\n", "{{ x }} {% raw %} 'q' \"d\" <|eot_id|>", "", "émoji ✓\n\nlines")
 
 
@@ -120,11 +122,11 @@ class Llama3Renderer(ChatRenderer):
     ) -> list[int] | None:
         """The new messages' text after the sampled ids: the template renders the history
         as it was (append-stable), so the history choice changes nothing here."""
-        if not self._written:
+        if not self._written or any(m["role"] not in _WRITTEN for m in new_messages):
             return super().continuation_ids(
                 completion_ids, new_messages, tools, max_tokens, keep_sampled
             )
-        text = "".join(self._message_text(self._prepare_one(m)) for m in new_messages)
+        text = "".join(self._new_text(m) for m in new_messages)
         glue = self.closing_glue(completion_ids)
         return self.encode(glue + text + header("assistant"), max_tokens)
 
@@ -163,9 +165,15 @@ class Llama3Renderer(ChatRenderer):
 
     def _prepare_one(self, message: Message) -> Message:
         if not self.native_tools and message["role"] in ("tool", "ipython"):
-            text = content_text(message.get("content"))
-            return {"role": "ipython", "content": json.dumps(text, ensure_ascii=False)}
+            return _result(message)
         return super()._prepare_one(message)
+
+    def _new_text(self, message: Message) -> str:
+        """A message after an answer as the template writes it: a result in the ``ipython``
+        role (a template with tools writes it so too)."""
+        if message["role"] in ("tool", "ipython"):
+            return self._message_text(_result(message))
+        return self._message_text(self._prepare_one(message))
 
     def _message_text(self, message: Message) -> str:
         """A prepared message as the template writes it (a result's JSON is not trimmed)."""
@@ -184,9 +192,16 @@ class Llama3Renderer(ChatRenderer):
                 expected = self._template_tail([message], None, True)
             except Exception:  # a template that refuses the role: its own path says so
                 return False
-            if expected != self._message_text(self._prepare_one(message)) + header("assistant"):
+            if expected != self._new_text(message) + header("assistant"):
                 return False
         return True
+
+
+def _result(message: Message) -> Message:
+    """A tool result as the ``ipython`` role's message: its text JSON-quoted, as the 3.1
+    template's ``tojson`` writes a string (text parts are joined first)."""
+    text = content_text(message.get("content"))
+    return {"role": "ipython", "content": json.dumps(text, ensure_ascii=False)}
 
 
 def _token_id(tokenizer: Any, token: str) -> int | None:
