@@ -501,8 +501,9 @@ def test_deepseek_is_chosen_from_its_folder(
     deepseek_v3_folder: Path, qwen3_folder: Path, ds_tokenizer: Any, tmp_path: Path
 ) -> None:
     """By its template's shape (the fetched folder has no config.json), and by a config.json
-    architecture, which comes first: over a template not DeepSeek's, the renderer is refused
-    naming what it lacks, never rendered as another family."""
+    architecture where the template is DeepSeek's; over a template that is not, the template
+    chooses (a folder's architecture alone never renders one family's template as another's),
+    and the renderer named over it is refused, naming what it lacks."""
     chosen = load_renderer(ds_tokenizer)
     assert isinstance(chosen, DeepSeekV3Renderer) and chosen.name == "deepseek_v3"
     config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
@@ -513,9 +514,9 @@ def test_deepseek_is_chosen_from_its_folder(
         (folder / "config.json").write_text(json.dumps(config))
     assert choose_renderer(AutoTokenizer.from_pretrained(tmp_path / "ds")) == "deepseek_v3"
     impostor = AutoTokenizer.from_pretrained(tmp_path / "qwen")
-    assert choose_renderer(impostor) == "deepseek_v3"
+    assert choose_renderer(impostor) == "qwen3"
     with pytest.raises(InvalidFieldsError, match="are not DeepSeek V3's") as refused:
-        load_renderer(impostor)
+        load_renderer(impostor, "deepseek_v3")
     assert refused.value.param == "renderer"
 
 

@@ -40,8 +40,8 @@ def serve(
         str | None,
         typer.Option(
             envvar="ROLLWAY_RENDERER",
-            help="The model family's renderer (hermes, qwen3); default: chosen from the "
-            "model folder (its architecture, its chat template).",
+            help="The model family's renderer (hermes, qwen3, llama3, gemma3); default: "
+            "chosen from the model folder (its architecture, its chat template).",
         ),
     ] = None,
 ) -> None:

@@ -150,8 +150,8 @@ class RegisterRequest(SamplingFields):
     )
     renderer: str | None = Field(
         default=None,
-        description="The model family's renderer for this rollout (hermes, qwen3); "
-        "default: the gateway's.",
+        description="The model family's renderer for this rollout (hermes, qwen3, llama3, "
+        "gemma3); default: the gateway's.",
     )
 
     def sampling(self) -> SamplingParams:

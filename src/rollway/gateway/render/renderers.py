@@ -21,12 +21,33 @@ RENDERERS: dict[str, str] = {
     "qwen3": "rollway.gateway.render.families:Qwen3Renderer",
     "qwen3_coder": "rollway.gateway.render.qwen_xml:QwenXmlRenderer",
     "deepseek_v3": "rollway.gateway.render.deepseek:DeepSeekV3Renderer",
+    "llama3": "rollway.gateway.render.llama3:Llama3Renderer",
+    "gemma3": "rollway.gateway.render.gemma3:Gemma3Renderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "LlamaForCausalLM": "llama3",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+}
+#: What a family's template writes: its architecture chooses it only where the template has
+#: these (SmolLM2 is a LlamaForCausalLM with a ChatML template: ``hermes``), and a folder
+#: without config.json by them alone, tried in this order.
+TEMPLATE_MARKS: dict[str, tuple[str, ...]] = {
+    "qwen3_coder": ("<tool_call>", "<function=", "<|im_start|>"),
+    "qwen3": ("<tool_call>", "<think>", "tools", "<|im_start|>"),
+    "deepseek_v3": ("<｜tool▁calls▁begin｜>",),
+    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    "gemma3": ("<start_of_turn>", "<end_of_turn>", "model"),
+}
+#: What a family's template never writes: Qwen3-Coder's and DeepSeek V3's do not think (a
+#: template that writes XML calls and thinks is Qwen3.5's, DeepSeek's that thinks R1's).
+TEMPLATE_LACKS: dict[str, tuple[str, ...]] = {
+    "qwen3_coder": ("<think>",),
+    "deepseek_v3": ("<think>",),
 }
 
 
@@ -44,22 +65,20 @@ def renderer_class(name: str) -> type[ChatRenderer]:
 
 
 def choose_renderer(tokenizer: Any) -> str:
-    """The family of the tokenizer's model folder: Qwen3-Coder where the template writes
-    calls as XML (its architecture is Qwen3's MoE), else its architecture where
-    ``config.json`` names one with a renderer, else Qwen3 where the template writes tools as
-    Qwen3's does, DeepSeek V3 where it writes calls in DeepSeek's markers and no reasoning,
-    else ``hermes`` (the template as it is, Hermes tool calls)."""
+    """The family of the tokenizer's model folder: its architecture where ``config.json``
+    names one with a renderer and the template is that family's, else the family whose
+    template marks it has, else ``hermes`` (the template as it is, Hermes tool calls)."""
     template = str(tokenizer.chat_template or "")
-    if "<function=" in template and "<think>" not in template:
-        return "qwen3_coder"
+
+    def fits(name: str) -> bool:
+        return all(mark in template for mark in TEMPLATE_MARKS.get(name, ())) and not any(
+            mark in template for mark in TEMPLATE_LACKS.get(name, ())
+        )
+
     for architecture in _architectures(Path(str(getattr(tokenizer, "name_or_path", "")))):
-        if architecture in ARCHITECTURES:
+        if architecture in ARCHITECTURES and fits(ARCHITECTURES[architecture]):
             return ARCHITECTURES[architecture]
-    if all(mark in template for mark in ("<tool_call>", "<think>", "tools", "<|im_start|>")):
-        return "qwen3"
-    if "<｜tool▁calls▁begin｜>" in template and "<think>" not in template:
-        return "deepseek_v3"
-    return "hermes"
+    return next((name for name in TEMPLATE_MARKS if fits(name)), "hermes")
 
 
 def load_renderer(tokenizer: Any, name: str | None = None) -> ChatRenderer:
