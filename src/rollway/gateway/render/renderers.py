@@ -19,11 +19,13 @@ from rollway.gateway.render.chat_template import ChatRenderer
 RENDERERS: dict[str, str] = {
     "hermes": "rollway.gateway.render.chat_template:ChatRenderer",
     "qwen3": "rollway.gateway.render.families:Qwen3Renderer",
+    "gpt_oss": "rollway.gateway.render.harmony:GptOssRenderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 
@@ -50,6 +52,8 @@ def choose_renderer(tokenizer: Any) -> str:
     template = str(tokenizer.chat_template or "")
     if all(mark in template for mark in ("<tool_call>", "<think>", "tools", "<|im_start|>")):
         return "qwen3"
+    if all(mark in template for mark in ("<|channel|>", "<|start|>", "<|message|>")):
+        return "gpt_oss"
     return "hermes"
 
 
