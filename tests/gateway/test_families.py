@@ -361,7 +361,7 @@ def test_the_gateway_takes_a_renderer_by_name(qwen3_folder: Path, qwen3_tokenize
     assert build_gateway(engine, model=str(qwen3_folder)).renderer.name == "qwen3"
     named = build_gateway(engine, model=str(qwen3_folder), renderer="hermes")
     assert type(named.renderer) is ChatRenderer and named.renderer.name == "hermes"
-    with pytest.raises(InvalidFieldsError, match="'llama9' is not known; choose one of hermes"):
+    with pytest.raises(InvalidFieldsError, match="'llama9' is not known; choose one of .*hermes"):
         build_gateway(engine, model=str(qwen3_folder), renderer="llama9")
 
 
@@ -387,5 +387,5 @@ def test_a_rollout_names_its_own_renderer(
     with pytest.raises(InvalidFieldsError, match="is not Qwen3's") as refused:
         smol.register("s1", {"renderer": "qwen3"})
     assert refused.value.param == "renderer"
-    with pytest.raises(InvalidFieldsError, match="choose one of hermes, qwen3"):
+    with pytest.raises(InvalidFieldsError, match="choose one of .*hermes, .*qwen3"):
         smol.register("s2", {"renderer": "llama9"})

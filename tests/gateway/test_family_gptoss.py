@@ -494,3 +494,20 @@ def test_the_gptoss_renderer_is_chosen_from_the_model_folder_and_by_name(
     assert isinstance(named.renderer, GptOssRenderer)
     with pytest.raises(InvalidFieldsError, match="is not GPT-OSS's harmony template"):
         load_renderer(renderer.tokenizer, "gpt_oss")
+
+
+def test_a_rollout_names_the_gptoss_renderer_over_the_gateways(
+    gptoss_tokenizer: Any, gptoss_renderer: GptOssRenderer
+) -> None:
+    """Registration's ``renderer``: the rollout's turns are parsed with its stop ids too (the
+    Hermes renderer takes every special token for one that ends a turn; harmony's structure is
+    made of them), so its tool loop is one sample under a gateway rendering Hermes."""
+    gateway, engine = gptoss_gateway(gptoss_tokenizer, ChatRenderer(gptoss_tokenizer))
+    gateway.register("g1", {"max_tokens": 256, "renderer": "gpt_oss"})
+
+    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"messages": messages, "tools": [ADD_TOOL]}
+        return dict(asyncio.run(gateway.chat("g1", body)).message)
+
+    check_answers(agent_loop(ask, with_reasoning_dropped))
+    check_one_exact_sample(asyncio.run(gateway.trajectory("g1")), engine, gptoss_tokenizer)
