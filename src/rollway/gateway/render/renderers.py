@@ -23,12 +23,14 @@ RENDERERS: dict[str, str] = {
     "deepseek_v3": "rollway.gateway.render.deepseek:DeepSeekV3Renderer",
     "llama3": "rollway.gateway.render.llama3:Llama3Renderer",
     "gemma3": "rollway.gateway.render.gemma3:Gemma3Renderer",
+    "gpt_oss": "rollway.gateway.render.harmony:GptOssRenderer",
 }
 #: ``config.json`` architectures whose family has a renderer of its own.
 ARCHITECTURES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "GptOssForCausalLM": "gpt_oss",
     "LlamaForCausalLM": "llama3",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
@@ -42,6 +44,7 @@ TEMPLATE_MARKS: dict[str, tuple[str, ...]] = {
     "deepseek_v3": ("<｜tool▁calls▁begin｜>",),
     "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
     "gemma3": ("<start_of_turn>", "<end_of_turn>", "model"),
+    "gpt_oss": ("<|channel|>", "<|start|>", "<|message|>"),
 }
 #: What a family's template never writes: Qwen3-Coder's and DeepSeek V3's do not think (a
 #: template that writes XML calls and thinks is Qwen3.5's, DeepSeek's that thinks R1's).
