@@ -234,3 +234,23 @@ def test_qwen3_tool_loop_through_the_openai_agents_sdk_is_one_sample(
     assert echoed == REASONING[:-1]
     trajectory = asyncio.run(gateway.trajectory("q1"))
     check_one_exact_sample(trajectory, engine, gateway.renderer.tokenizer)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_cut_inside_its_thinking_is_a_reasoning_item_alone(
+    served_qwen3: Served, closing: Closing, stream: bool
+) -> None:
+    url, gateway, _ = served_qwen3
+    registered = gateway.register("q1", {"max_tokens": 256})
+    client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/q1", api_key=registered.api_key))
+    asked: dict[str, Any] = {"model": "qwen3", "input": "What is 1 + 2?", "max_output_tokens": 6}
+    if stream:
+        with client.responses.stream(**asked) as events:
+            reply = events.get_final_response()
+    else:
+        reply = client.responses.create(**asked)
+    assert reply.status == "incomplete" and [item.type for item in reply.output] == ["reasoning"]
+    (item,) = reply.output
+    assert item.type == "reasoning" and item.content is not None
+    text = item.content[0].text
+    assert text and REASONING[0].startswith(text) and text != REASONING[0]

@@ -199,7 +199,7 @@ def _append_item(messages: list[Message], item: Item, answer: int | None) -> int
         return len(messages) - 1
     if isinstance(item, MessageItem):
         text = _text(item.content)
-        if item.role == "assistant" and answer is not None and not messages[answer]["content"]:
+        if item.role == "assistant" and answer is not None and not messages[answer].get("content"):
             messages[answer] = {**messages[answer], "content": text}
             return answer
         messages.append({"role": item.role, "content": text})
