@@ -39,6 +39,9 @@ def parse_config(argv: list[str] | None = None) -> GRPOConfig:
                    help="embedded, or vllm://HOST:PORT?logprobs_mode=processed_logprobs (a "
                    "vLLM server on this machine, started with --logprobs-mode "
                    "processed_logprobs: scripts/rl_vllm.sh)")  # fmt: skip
+    p.add_argument("--model", default=d.model,
+                   help="a local HF model folder to train (e.g. Qwen3-0.6B's; default "
+                   "SmolLM2-135M-Instruct)")  # fmt: skip
     p.add_argument("--freeze-embeddings", action=argparse.BooleanOptionalAction,
                    default=d.freeze_embeddings,
                    help="train all but the tied embedding (default: on vLLM only)")  # fmt: skip

@@ -43,6 +43,9 @@ class GRPOConfig:
     #: server on this machine (``vllm://HOST:PORT?logprobs_mode=processed_logprobs``: weights
     #: pushed as a checkpoint folder under ``out_dir/weights``, which the server reloads).
     engine: str = "embedded"
+    #: The policy: a local HF model folder (a Qwen3 one gets the ``qwen3`` renderer), which the
+    #: embedded engine samples and the trainer trains; None: SmolLM2-135M-Instruct.
+    model: str | None = None
     #: Train all weights but the (tied) token embedding. None: only on a vLLM server, whose CPU
     #: build (0.32) keeps a stale packed copy of a tied output layer after ``reload_weights``:
     #: its logprobs would then be up to 1e-2 off the trainer's (docs/engines.md).

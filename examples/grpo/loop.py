@@ -50,10 +50,11 @@ class Trainer:
     def __init__(self, config: GRPOConfig, version: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        path = resolve_model_path(None)
+        path = resolve_model_path(config.model)
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        # eval() for the whole run: SmolLM2 has no dropout, so train() would compute the same
-        # numbers, and eval() guarantees the loss's forward pass is the engine's function.
+        # eval() for the whole run: SmolLM2 and Qwen3 train without dropout, so train() would
+        # compute the same numbers, and eval() guarantees the loss's forward pass is the
+        # engine's function.
         self.model.eval()
         if frozen_embeddings(config):
             self.model.get_input_embeddings().weight.requires_grad_(False)
@@ -84,6 +85,7 @@ def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
     return RolloutClient(
         task_set.agent,
         config.engine,
+        model=config.model,
         store=str(config.out_dir / "rollouts"),
         exp_id=f"grpo-{config.task}",
         max_concurrent=groups * config.group_size,

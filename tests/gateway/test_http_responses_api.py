@@ -97,7 +97,9 @@ def test_unknown_previous_response_and_bad_items_are_422(served: Served, closing
     with pytest.raises(openai.UnprocessableEntityError, match="previous_response_id"):
         client.responses.create(model="m", input="hi", previous_response_id="resp_nope")
     with pytest.raises(openai.UnprocessableEntityError, match="not supported"):
-        client.responses.create(model="m", input=[{"type": "reasoning", "summary": []}])
+        client.responses.create(
+            model="m", input=[{"type": "web_search_call", "id": "ws_1", "status": "completed"}]
+        )
 
 
 def test_a_call_item_after_the_history_leaves_the_recorded_answer_as_it_was() -> None:

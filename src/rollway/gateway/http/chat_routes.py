@@ -23,8 +23,8 @@ from rollway.gateway.http.messages_api import MessagesRequest, message_body
 from rollway.gateway.http.messages_api import error_event as anthropic_error_event
 from rollway.gateway.http.messages_api import sse_events as anthropic_sse_events
 from rollway.gateway.http.responses_api import ResponsesRequest, response_body
-from rollway.gateway.http.responses_api import error_event as responses_error_event
-from rollway.gateway.http.responses_api import sse_events as responses_sse
+from rollway.gateway.http.responses_stream import error_event as responses_error_event
+from rollway.gateway.http.responses_stream import sse_events as responses_sse
 from rollway.gateway.http.sse_response import EventStream, first_awaited
 from rollway.gateway.render.turn_stream import TurnPiece
 from rollway.gateway.request_messages import ChatCompletionAsSent

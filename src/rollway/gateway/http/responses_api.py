@@ -1,23 +1,21 @@
 """The OpenAI Responses API (the subset agent frameworks use) over the same recording core:
-``input`` items (messages, ``function_call``, ``function_call_output``) and ``instructions``
-become chat messages, ``previous_response_id`` continues a response this rollout gave, and the
-answer comes back as output items (JSON, or the SSE events the openai SDK reads)."""
+``input`` items (messages, ``reasoning``, ``function_call``, ``function_call_output``) and
+``instructions`` become chat messages, ``previous_response_id`` continues a response this
+rollout gave, and the answer comes back as output items: a ``reasoning`` item (the thinking, as
+``reasoning_text`` content, as vLLM answers it), the message, the function calls (JSON here, the
+SSE events in ``responses_stream``)."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from rollway.errors import RollwayError
-from rollway.gateway.render.turn_stream import ContentDelta, TurnPiece
 from rollway.generation import MAX_TOP_LOGPROBS, ChatResult, Message
-from rollway.web.handlers import error_body
 
 
 class _Lenient(BaseModel):
@@ -34,6 +32,21 @@ class MessageItem(_Lenient):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[InputText]
+
+
+class ReasoningText(_Lenient):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Lenient):
+    """An answer's reasoning sent back before its message and calls: kept as the answer's
+    ``reasoning_content`` (the answer is recognised with or without it). Only ``content`` is
+    the reasoning; a ``summary`` is not what was sampled, and is not used."""
+
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
 
 
 class FunctionCallItem(_Lenient):
@@ -59,13 +72,14 @@ def _item_type(item: Any) -> str | None:
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("message")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
     Discriminator(
         _item_type,
         custom_error_type="unsupported_item",
         custom_error_message="this input item is not supported "
-        "(only message, function_call and function_call_output)",
+        "(only message, reasoning, function_call and function_call_output)",
     ),
 ]
 
@@ -136,8 +150,9 @@ class ResponsesRequest(BaseModel):
             if isinstance(self.input, str)
             else self.input
         )
+        answer: int | None = None  # where the answer the items are sending back is
         for item in items:
-            _append_item(messages, item)
+            answer = _append_item(messages, item, answer)
         chat: dict[str, Any] = {"messages": messages}
         if self.tools:
             chat["tools"] = [_chat_tool(t) for t in self.tools]
@@ -168,25 +183,47 @@ def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _append_item(
-    messages: list[Message], item: MessageItem | FunctionCallItem | FunctionCallOutputItem
-) -> None:
+#: An input item, as ``ResponsesRequest.input`` reads it.
+Item = MessageItem | ReasoningItem | FunctionCallItem | FunctionCallOutputItem
+
+
+def _append_item(messages: list[Message], item: Item, answer: int | None) -> int | None:
+    """Add ``item`` to ``messages``. One answer's output items (reasoning, message, function
+    calls, in that order) make one assistant message, as it was recorded; ``answer`` is the
+    index of the one the items before built (None: they built none). Returns the new one."""
+    if isinstance(item, ReasoningItem):
+        message: Message = {"role": "assistant", "content": None}
+        if item.content is not None:
+            message["reasoning_content"] = "".join(part.text for part in item.content)
+        messages.append(message)
+        return len(messages) - 1
     if isinstance(item, MessageItem):
-        messages.append({"role": item.role, "content": _text(item.content)})
-    elif isinstance(item, FunctionCallItem):
+        text = _text(item.content)
+        if item.role == "assistant" and answer is not None and not messages[answer].get("content"):
+            messages[answer] = {**messages[answer], "content": text}
+            return answer
+        messages.append({"role": item.role, "content": text})
+        return len(messages) - 1 if item.role == "assistant" else None
+    if isinstance(item, FunctionCallItem):
         function = {"name": item.name, "arguments": item.arguments}
         call = {"id": item.call_id, "type": "function", "function": function}
         last = messages[-1] if messages else None
-        if last is not None and last["role"] == "assistant" and not last.get("content"):
-            # Parallel calls share one turn. A new dict: ``last`` may be the rollout's own record
-            # of an earlier answer (the history of ``previous_response_id``).
-            messages[-1] = {**last, "tool_calls": [*(last.get("tool_calls") or []), call]}
-        else:
-            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-    else:
-        output = item.output
-        text = output if isinstance(output, str) else json.dumps(output)
-        messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+        if answer is not None or (
+            last is not None and last["role"] == "assistant" and not last.get("content")
+        ):
+            # Parallel calls share one turn, and join the text before them. A new dict: the
+            # turn may be the rollout's own record of an earlier answer (the history of
+            # ``previous_response_id``).
+            at = len(messages) - 1 if answer is None else answer
+            turn = messages[at]
+            messages[at] = {**turn, "tool_calls": [*(turn.get("tool_calls") or []), call]}
+            return at
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        return len(messages) - 1
+    output = item.output
+    text = output if isinstance(output, str) else json.dumps(output)
+    messages.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
+    return None
 
 
 def _text(content: str | list[InputText]) -> str:
@@ -199,9 +236,14 @@ def response_body(
     response_id: str,
     request: ResponsesRequest,
     logprobs: TextLogprobs,
-    message_id: str | None = None,
+    item_ids: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
+    """The response: its output items in the order the answer wrote them, each reasoning or
+    message item under ``item_ids``' id for its type where given (a stream named them)."""
+    ids = item_ids or {}
     output: list[dict[str, Any]] = []
+    if reasoning := result.message.get("reasoning_content"):
+        output.append(reasoning_item(ids.get("reasoning") or item_id("reasoning"), reasoning))
     if result.message.get("content"):
         text = {
             "type": "output_text",
@@ -212,7 +254,7 @@ def response_body(
         output.append(
             {
                 "type": "message",
-                "id": message_id or f"msg_{uuid.uuid4().hex}",
+                "id": ids.get("message") or item_id("message"),
                 "status": "completed",
                 "role": "assistant",
                 "content": [text],
@@ -222,7 +264,7 @@ def response_body(
         output.append(
             {
                 "type": "function_call",
-                "id": f"fc_{uuid.uuid4().hex}",
+                "id": item_id("function_call"),
                 "call_id": call["id"],
                 "name": call["function"]["name"],
                 "arguments": call["function"]["arguments"],
@@ -237,7 +279,7 @@ def response_body(
         "input_tokens_details": {"cached_tokens": 0},
         "output_tokens_details": {"reasoning_tokens": 0},
     }
-    return _pending(model, response_id, request) | {
+    return pending(model, response_id, request) | {
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output,
@@ -245,7 +287,23 @@ def response_body(
     }
 
 
-def _pending(model: str, response_id: str, request: ResponsesRequest) -> dict[str, Any]:
+_ID_PREFIX = {"reasoning": "rs", "message": "msg", "function_call": "fc"}
+
+
+def item_id(kind: str) -> str:
+    """A new id for an output item of type ``kind``, prefixed as OpenAI's."""
+    return f"{_ID_PREFIX[kind]}_{uuid.uuid4().hex}"
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """The answer's thinking as OpenAI's ``ResponseReasoningItem``: the text as sampled in
+    ``content`` (``reasoning_text``, as vLLM and open models answer it), no summary (the model
+    wrote none)."""
+    content = [{"type": "reasoning_text", "text": text}]
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
+
+
+def pending(model: str, response_id: str, request: ResponsesRequest) -> dict[str, Any]:
     """The response before its answer: what the request alone says."""
     return {
         "id": response_id,
@@ -266,79 +324,3 @@ def _pending(model: str, response_id: str, request: ResponsesRequest) -> dict[st
         "metadata": request.metadata or {},
         "usage": None,
     }
-
-
-async def sse_events(
-    pieces: AsyncIterator[TurnPiece],
-    model: str,
-    response_id: str,
-    request: ResponsesRequest,
-    logprobs: TextLogprobs,
-) -> AsyncGenerator[bytes, None]:
-    """A streamed turn as Responses API events, in the order the openai SDK expects: the
-    message item's text deltas as the tokens come, then each function call item. Asked
-    logprobs come whole with the text's ``done`` event (a delta's text is not cut at token
-    boundaries)."""
-    sequence = iter(range(1 << 30))
-
-    def event(kind: str, **data: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": next(sequence), **data}
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-    pending = _pending(model, response_id, request)
-    yield event("response.created", response=pending)
-    yield event("response.in_progress", response=pending)
-    message_id = f"msg_{uuid.uuid4().hex}"
-    where = {"item_id": message_id, "output_index": 0, "content_index": 0}
-    opened = False
-    async for piece in pieces:
-        if isinstance(piece, ChatResult):
-            result = piece
-        elif isinstance(piece, ContentDelta):
-            if not opened:
-                item = {
-                    "type": "message",
-                    "id": message_id,
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                yield event("response.output_item.added", output_index=0, item=item)
-                part = {"type": "output_text", "text": "", "annotations": []}
-                yield event("response.content_part.added", **where, part=part)
-                opened = True
-            yield event("response.output_text.delta", **where, delta=piece.text, logprobs=[])
-    body = response_body(result, model, response_id, request, logprobs, message_id)
-    for index, item in enumerate(body["output"]):
-        if item["type"] == "message":
-            part = item["content"][0]
-            text, answered = part["text"], part["logprobs"]
-            yield event("response.output_text.done", **where, text=text, logprobs=answered)
-            yield event("response.content_part.done", **where, part=part)
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item=item | {"status": "in_progress", "arguments": ""},
-            )
-            at = {"item_id": item["id"], "output_index": index}
-            yield event("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            yield event(
-                "response.function_call_arguments.done",
-                **at,
-                arguments=item["arguments"],
-                name=item["name"],
-            )
-        yield event("response.output_item.done", output_index=index, item=item)
-    yield event("response.completed", response=body)
-
-
-def error_event(error: RollwayError) -> bytes:
-    """An error after the stream began, as the openai SDK raises it."""
-    payload = {
-        "type": "error",
-        "code": type(error).__name__,
-        "message": error.message,
-        "param": error.param,
-    } | error_body(error)
-    return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
