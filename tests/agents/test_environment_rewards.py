@@ -180,3 +180,25 @@ def test_a_sandbox_runs_further_commands_in_its_folder_under_its_limits() -> Non
     assert read.stdout == "hi\n" and read.exit_code == 0
     assert slow.timed_out and slow.wall_s < 5  # the sandbox's 1 s, not the 60 asked
     assert again.exit_code == 0 and not again.timed_out
+
+
+def test_a_sync_try_that_timed_out_leaves_the_sandbox_to_the_next_try(
+    renderer: ChatRenderer, tmp_path: Path
+) -> None:
+    """Its thread cannot be stopped, but its command is ended: the next try runs at once."""
+    tries: list[float] = []
+
+    @uses_environment
+    def slow_then_quick(
+        task: dict[str, Any], trajectory: Trajectory, environment: RolloutEnvironment
+    ) -> float:
+        tries.append(time.monotonic())
+        command = ["sleep", "60"] if len(tries) == 1 else ["true"]
+        return float(environment.run_sync(command).exit_code == 0)
+
+    started = time.monotonic()
+    limits = {"reward_timeout": 2.0, "reward_retries": 1}
+    (record,) = run(renderer, tmp_path, [RIGHT], slow_then_quick, limits=limits)
+    assert record.reward == 1.0, record.reason
+    assert "timed out after 2 s" in record.reward_info["tries"][0]["error"]
+    assert time.monotonic() - started < 30  # not the first command's 60 s

@@ -114,6 +114,8 @@ async def _timed_try(
         value = await asyncio.wait_for(_own_task(scoring), limit_s)
         return as_reward(value)
     except TimeoutError:
+        if environment is not None:
+            environment.end_abandoned()  # a sync try's thread goes on; its command must not
         note["error"] = f"reward function timed out after {limit_s:g} s"
         raise _TryFailed(note["error"]) from None
     except RewardError as exc:

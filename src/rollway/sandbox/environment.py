@@ -10,6 +10,7 @@ with such a reward is refused (``needs_environment``)."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import shlex
 from collections.abc import Callable, Sequence
@@ -73,6 +74,9 @@ class RolloutEnvironment:
         self._turn = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._closed = False
+        #: ``run_sync`` calls in flight: a sync try that timed out leaves its thread behind,
+        #: and ``end_abandoned`` ends their commands so that the next try has the sandbox.
+        self._sync_runs: set[concurrent.futures.Future[SandboxResult]] = set()
 
     async def run(
         self,
@@ -106,12 +110,21 @@ class RolloutEnvironment:
         env: dict[str, str] | None = None,
     ) -> SandboxResult:
         """``run`` for a sync reward (it runs on a worker thread): waits for the command. A try
-        that times out abandons its thread, not the command: that one ends at its own time
-        (``timeout_s``, the sandbox's wall clock) or when the rollout is scored."""
+        that times out abandons its thread; its command is ended then (``end_abandoned``)."""
         if _on_loop(self._loop):
             raise RuntimeError("run_sync is for sync rewards; an async one awaits run(...)")
         call = self.run(command, timeout_s=timeout_s, stdin=stdin, env=env)
-        return asyncio.run_coroutine_threadsafe(call, self._loop).result()
+        running = asyncio.run_coroutine_threadsafe(call, self._loop)
+        self._sync_runs.add(running)
+        try:
+            return running.result()
+        finally:
+            self._sync_runs.discard(running)
+
+    def end_abandoned(self) -> None:
+        """End the commands of sync tries that timed out (their threads cannot be stopped)."""
+        for running in list(self._sync_runs):
+            running.cancel()  # cancels its task on the loop: the command's tree is ended
 
     async def close(self) -> None:
         """Tear the sandbox down (after the last try): what runs ends, the folder goes."""
