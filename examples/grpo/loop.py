@@ -92,6 +92,7 @@ def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
         max_staleness=1 if config.async_rollouts else None,
         temperature=config.temperature,
         max_tokens=config.max_tokens or task_set.max_tokens,
+        reward=task_set.reward,
     )
 
 
@@ -170,6 +171,7 @@ def train_step(
         "policy_version": trainer.version,
         "reward_mean": statistics.fmean(rewards_R),
         "reward_std": statistics.pstdev(rewards_R),
+        "reward_components": component_means(scored),
         "rollouts": len(scored),
         "failed": len(records) - len(scored),
         "tokens": tokens,
@@ -183,6 +185,16 @@ def train_step(
         "grad_norm": float(grad_norm),
         **stats,
     }
+
+
+def component_means(records: Sequence[RolloutRecord]) -> dict[str, float]:
+    """Each reward component's mean over the records that have it ({} for a reward without
+    components): what the reward is made of, as TRL's ``rewards/<func>/mean``."""
+    values: dict[str, list[float]] = {}
+    for record in records:
+        for name, value in record.reward_components.items():
+            values.setdefault(name, []).append(value)
+    return {name: statistics.fmean(found) for name, found in sorted(values.items())}
 
 
 def refuse_raw_logprobs(records: Sequence[RolloutRecord], temperature: float) -> None:

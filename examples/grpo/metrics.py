@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,9 +34,16 @@ def step_line(m: dict[str, Any]) -> str:
     mismatch = " | ".join(_mismatch(m, part) for part in parts)
     return (
         f"step {m['step']:>3} v{m['policy_version']} | reward {m['reward_mean']:.3f} "
-        f"± {m['reward_std']:.3f} | {_groups(m)} | {mismatch} | "
+        f"± {m['reward_std']:.3f}{_components(m)} | {_groups(m)} | {mismatch} | "
         f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.1f}s"
     )
+
+
+def _components(m: dict[str, Any]) -> str:
+    """The reward's components' means, when it has any: `` (form 0.412, truth 0.250)``."""
+    components = m.get("reward_components") or {}
+    shown = ", ".join(f"{name} {value:.3f}" for name, value in components.items())
+    return f" ({shown})" if shown else ""
 
 
 def _groups(m: dict[str, Any]) -> str:
@@ -68,8 +76,8 @@ def check_plotting() -> None:
 
 
 def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
-    """Reward, reply length, the step's time split, the step source's groups and tokens by
-    versions behind, and the mismatch panels, as a PNG."""
+    """Reward (and its components), reply length, the step's time split, the step source's
+    groups and tokens by versions behind, and the mismatch panels, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,6 +96,7 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
         alpha=0.2,
     )
     reward.set(title="reward (mean ± std over rollouts)", xlabel="step")
+    plot_components(steps, reward)
     length.plot(x, [m["response_tokens_mean"] for m in steps], marker="o")
     length.set(title="sampled tokens per rollout (mean)", xlabel="step")
     bottom = [0.0] * len(steps)
@@ -103,6 +112,18 @@ def plot(steps: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_components(steps: Sequence[dict[str, Any]], reward: Axes) -> None:
+    """Each reward component's mean per step, dashed beside the reward (a step without a
+    component leaves a gap); nothing for a reward without components."""
+    names = sorted({name for m in steps for name in m.get("reward_components") or {}})
+    x = [m["step"] for m in steps]
+    for name in names:
+        values = [(m.get("reward_components") or {}).get(name, math.nan) for m in steps]
+        reward.plot(x, values, marker=".", linestyle="--", label=f"reward/{name} (mean)")
+    if names:
+        reward.legend()
 
 
 def plot_source(steps: Sequence[dict[str, Any]], groups: Axes, staleness: Axes) -> None:

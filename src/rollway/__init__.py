@@ -53,6 +53,7 @@ from rollway.rollouts import (
     parse_score,
 )
 from rollway.sandbox import LocalSandbox, Sandbox, SandboxLimits, SandboxResult
+from rollway.sandbox.environment import RolloutEnvironment, uses_environment
 from rollway.store import FileStore, Store, export_records, store_from_uri
 from rollway.trajectory import Drift, Sample, Trajectory, Turn
 
@@ -98,6 +99,7 @@ __all__ = [
     "RolloutClient",
     "RolloutClosedError",
     "RolloutContext",
+    "RolloutEnvironment",
     "RolloutFuture",
     "RolloutLimits",
     "RolloutMetrics",
@@ -130,6 +132,7 @@ __all__ = [
     "parse_score",
     "store_from_uri",
     "tool",
+    "uses_environment",
 ]
 
 #: Names renamed in this release, importable under the old ones (with a DeprecationWarning)

@@ -1,8 +1,19 @@
-"""The GRPO loop's one-line step summary, on fixed metrics."""
+"""The GRPO loop's one-line step summary and its reward components, on fixed metrics."""
 
 from __future__ import annotations
 
-from examples.grpo.metrics import step_line
+import asyncio
+import math
+
+import pytest
+from examples.grpo.loop import component_means
+from examples.grpo.metrics import plot_components, step_line
+from examples.grpo.tasks import ONE_WORD_RUBRIC, load_task_set, one_word_reward
+
+from rollway.results import RolloutRecord
+from rollway.trajectory import Trajectory
+from tests.viewer.test_listing_scale import small_record
+from tests.viewer.test_token_view import trajectory
 
 STEP = {
     "step": 3,
@@ -61,3 +72,59 @@ def test_a_step_short_of_groups_says_how_many_it_lacks() -> None:
     assert "| groups 6 (lacking 2), set aside 10 flat" in step_line(
         STEP | {"groups_used": 6, "lacking": 2, "set_aside_flat": 10}
     )
+
+
+def test_a_step_line_shows_the_rewards_components_when_it_has_some() -> None:
+    components = {"reward_components": {"form": 0.4121, "truth": 0.25}}
+    assert "| reward 0.529 ± 0.250 (form 0.412, truth 0.250) | groups 8" in step_line(
+        STEP | components
+    )
+    assert "reward 0.529 ± 0.250 | groups" in step_line(STEP | {"reward_components": {}})
+
+
+def test_the_plot_draws_each_components_mean_beside_the_reward() -> None:
+    # The ``rl`` extra's (``make rl`` installs it).
+    matplotlib = pytest.importorskip("matplotlib", reason="the plot needs the rl extra")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [
+        {"step": 0, "reward_components": {"form": 0.2, "truth": 0.1}},
+        {"step": 1, "reward_components": {"form": 0.5}},
+    ]
+    fig, (with_components, without) = plt.subplots(1, 2)
+    plot_components(steps, with_components)
+    plot_components([{"step": 0}, {"step": 1, "reward_components": {}}], without)
+    lines = {line.get_label(): list(line.get_ydata()) for line in with_components.get_lines()}
+    plt.close(fig)
+    assert lines["reward/form (mean)"] == [0.2, 0.5]
+    assert lines["reward/truth (mean)"][0] == 0.1 and math.isnan(lines["reward/truth (mean)"][1])
+    assert without.get_lines() == []
+
+
+def test_the_one_word_rubric_is_the_one_word_reward_in_two_components() -> None:
+    answers = frozenset({"paris"})
+    for text, finish in (("Paris", "stop"), ("It is Paris.", "stop"), ("Rome", "stop"),
+                         ("", "stop"), ("Paris Paris", "length")):  # fmt: skip
+        trajectory = one_turn(text, finish)
+        scored = asyncio.run(ONE_WORD_RUBRIC({"answers": ["paris"]}, trajectory))
+        assert scored["reward"] == one_word_reward(text, finish, answers)
+        assert set(scored) == {"reward", "form", "truth"}
+    scored = asyncio.run(ONE_WORD_RUBRIC({"answers": ["paris"]}, one_turn("It is Paris.", "stop")))
+    assert (scored["form"], scored["truth"]) == (1 / 3, 1.0)
+    assert load_task_set("one-word").reward is ONE_WORD_RUBRIC
+
+
+def test_a_steps_component_means_are_over_the_records_that_have_each() -> None:
+    def record(i: int, info: dict[str, float]) -> RolloutRecord:
+        return small_record(i).model_copy(update={"reward": 1.0, "reward_info": info})
+
+    records = [record(1, {"form": 1.0, "truth": 0.0}), record(2, {"form": 0.5}), record(3, {})]
+    assert component_means(records) == {"form": 0.75, "truth": 0.0}
+    assert component_means([record(3, {})]) == {}
+
+
+def one_turn(text: str, finish_reason: str) -> Trajectory:
+    base = trajectory(None)
+    last = base.turns[0].model_copy(update={"content": text, "finish_reason": finish_reason})
+    return base.model_copy(update={"turns": [last]})

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import boto3
+import httpx
 import orjson
 import pytest
 from starlette.testclient import TestClient
@@ -17,6 +18,7 @@ from rollway.errors import ConfigError
 from rollway.model_folders import resolve_model_path
 from rollway.store import FileStore, index_row, store_from_uri
 from rollway.viewer import Query, RunIndex, create_viewer_app, open_run
+from rollway.web.background_server import BackgroundServer
 from tests.viewer.test_listing_scale import small_record
 
 
@@ -360,3 +362,29 @@ def test_the_listing_sorts_by_each_reward_component(tmp_path) -> None:
         rows = client.get("/api/rollouts?sort=reward/correct").json()["rows"]
         assert [r["reward_components"].get("correct") for r in rows] == [0.0, 1.0, None]
         assert client.get("/api/rollouts?sort=reward/").status_code == 422
+
+
+def test_groups_have_each_components_mean_and_sort_by_it(tmp_path: Path) -> None:
+    """Over a real HTTP server: a group's row has each component's mean over its scored
+    rollouts, ``/api/groups`` names the components and sorts by one as ``reward/<name>``, and
+    a group's detail (the rollout page's group) names those its rollouts have."""
+    store = FileStore(tmp_path, "exp")
+    values = {1: 0.0, 2: 1.0, 8: 1.0, 9: 1.0, 16: None}  # groups t00000, t00001, t00002
+    for i, correct in values.items():
+        info = {"format": 0.5} if correct is None else {"correct": correct, "format": 0.25}
+        store.write(small_record(i).model_copy(update={"reward": 1.0, "reward_info": info}))
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        page = httpx.get(f"{url}/api/groups?sort=reward/correct&order=desc").json()
+        ascending = httpx.get(f"{url}/api/groups?sort=reward/correct").json()
+        detail = httpx.get(f"{url}/api/rollouts/{small_record(16).rollout_key}").json()
+        assert httpx.get(f"{url}/api/groups?sort=reward/").status_code == 422
+    assert page["reward_components"] == ["correct", "format"]
+    means = [(g["group_id"], g["reward_components"]) for g in page["rows"]]
+    assert means == [
+        ("exp:t00001", {"correct": 1.0, "format": 0.25}),
+        ("exp:t00000", {"correct": 0.5, "format": 0.25}),
+        ("exp:t00002", {"format": 0.5}),  # no value of it: last either way
+    ]
+    assert [g["group_id"] for g in ascending["rows"]] == ["exp:t00000", "exp:t00001", "exp:t00002"]
+    assert detail["group"]["reward_components"] == ["format"]
+    assert detail["group"]["rollouts"][0]["reward_components"] == {"format": 0.5}

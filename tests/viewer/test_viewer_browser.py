@@ -120,9 +120,10 @@ def test_the_listing_has_a_sortable_column_per_reward_component(
     with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
         dom = Elements(browser.dom(f"{url}/?sort=reward/correct&order=desc"))
     headers = [a for tag, a in dom.tags if tag == "th" and "data-component" in a]
-    assert [a["data-sort"] for a in headers] == ["reward/correct", "reward/format"]
+    # The rollouts' columns, then the groups' (test_the_group_views_...).
+    assert [a["data-sort"] for a in headers] == ["reward/correct", "reward/format"] * 2
     cells = [a["data-component"] for a in dom.with_attr("data-component") if "data-sort" not in a]
-    assert cells == ["correct", "format"] * 2
+    assert cells == ["correct", "format"] * 3  # two rollouts, their group
     shown = [a["data-key"] for a in dom.with_attr("data-key")]
     assert shown == [small_record(2).rollout_key, small_record(1).rollout_key]
 
@@ -162,3 +163,35 @@ def test_a_truncated_rollouts_page_says_why_beside_its_status(
     assert "<b>truncated</b> max_tokens" in before and "<b>truncated</b> yes" not in before
     assert 'status-truncated">truncated' in now and "<b>finish</b> length" in now
     assert "<b>truncated</b> max_tokens" in now
+
+
+#: A component name is user code's: shown as text, never markup.
+HOSTILE = '<img src=x onerror="document.body.dataset.owned=1">'
+
+
+def test_the_group_views_have_a_sortable_column_per_reward_component(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The listing's groups (each component's mean, sorted by the server) and a rollout's
+    group (each sibling's components, sorted on the page by a click); a component named
+    with markup shows as its text."""
+    store = FileStore(tmp_path, "exp")
+    for i, correct in {1: 0.0, 2: 1.0, 8: 1.0, 9: 1.0}.items():
+        info = {"correct": correct, HOSTILE: 0.5}
+        store.write(small_record(i).model_copy(update={"reward": 1.0, "reward_info": info}))
+    with BackgroundServer(create_viewer_app(open_run(str(store.path)))) as url:
+        listing_html = browser.dom(f"{url}/?gSort=reward/correct&gOrder=desc")
+        page_html = browser.dom(f"{url}/rollouts/{small_record(1).rollout_key}")
+    listing, page = Elements(listing_html), Elements(page_html)
+    assert not [tag for tag, _ in listing.tags + page.tags if tag == "img"]
+    assert "data-owned" not in listing_html + page_html
+    headers = [a for tag, a in listing.tags if tag == "th" and a.get("data-component")]
+    group_headers = headers[-2:]  # after the rollouts' own
+    assert [a["data-sort"] for a in group_headers] == [f"reward/{HOSTILE}", "reward/correct"]
+    groups = [a["data-group"] for a in listing.with_attr("data-group")]
+    assert groups == ["exp:t00001", "exp:t00000"]
+    assert "0.500" in listing_html  # t00000's mean of correct
+    siblings = [a for tag, a in page.tags if tag == "th" and a.get("data-component")]
+    assert [a["data-sort"] for a in siblings] == [f"reward/{HOSTILE}", "reward/correct"]
+    cells = [a["data-component"] for a in page.with_attr("data-component") if "data-sort" not in a]
+    assert cells == [HOSTILE, "correct"] * 2

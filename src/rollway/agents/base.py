@@ -30,6 +30,9 @@ class AgentLoop(ABC):
     #: A rollout left open on a shared gateway by a client that died is picked up again by
     #: its id rather than run anew (the agent's work lives elsewhere and may be running).
     reattaches: ClassVar[bool] = False
+    #: The agent lends its environment (a sandbox) to a reward that uses it
+    #: (``@uses_environment``): set ``ctx.environment`` when ``ctx.keep_environment`` asks.
+    lends_environment: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

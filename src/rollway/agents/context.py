@@ -15,6 +15,7 @@ from rollway.events import EventBus, ToolCalled
 from rollway.generation import ChatResult
 from rollway.logs import log_stage
 from rollway.results import AgentResult, RolloutMetrics
+from rollway.sandbox.environment import RolloutEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,11 @@ class RolloutContext:
     settings: InitFields | None = None
     #: Where the rollout's events go (the client's listeners; empty when nobody listens).
     events: EventBus | None = None
+    #: The reward uses the rollout's environment (``@uses_environment``): an agent that has one
+    #: (a program agent's sandbox) lends it (``environment``) instead of tearing it down, and
+    #: the runner tears it down once the rollout is scored.
+    keep_environment: bool = False
+    environment: RolloutEnvironment | None = None
 
     async def chat(self, messages: list[dict[str, Any]], **sampling: Any) -> ChatResult:
         """Ask the model; ``sampling`` takes chat-completions fields (max_tokens, stop, ...).

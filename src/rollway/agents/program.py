@@ -12,8 +12,10 @@ keys ignored) is an agent error saying what is wrong. The record's final message
 gateway's recorded conversation, and its metrics count the turns the gateway recorded. A
 non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
 path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
-``cleanup_errors`` and leaves the program's outcome as it was. With tracing on
-(``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
+``cleanup_errors`` and leaves the program's outcome as it was. A reward that uses the
+environment (``@uses_environment``) gets the sandbox of a program that ended first: lent to it
+(``RolloutEnvironment``: the folder, commands run in it) and torn down once it scored. With
+tracing on (``rollway.tracing``) it also gets ``TRACEPARENT`` and the ``OTEL_*`` settings.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from rollway.checks import is_number
 from rollway.errors import AgentError
 from rollway.results import AgentResult
 from rollway.sandbox.base import Sandbox, SandboxLimits
+from rollway.sandbox.environment import RolloutEnvironment, reward_env
 from rollway.sandbox.local_sandbox import LocalSandbox
 
 _STDERR_TAIL = 2000
@@ -45,6 +48,7 @@ class ProgramAgent(AgentLoop):
     name = "program"
     #: The client serves its gateway over HTTP for agents that say they need it.
     needs_http = True
+    lends_environment = True
 
     def __init__(
         self,
@@ -67,6 +71,7 @@ class ProgramAgent(AgentLoop):
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
         ctx.log_event("create_sandbox", sandbox=type(self).__name__)
         box = self.make_sandbox(self.limits)
+        lent = False
         try:
             task_file = box.workdir / "task.json"
             result_file = box.workdir / _RESULT_FILE
@@ -80,8 +85,12 @@ class ProgramAgent(AgentLoop):
             ctx.log_event("wait", exit_code=outcome.exit_code, timed_out=outcome.timed_out)
             # In a thread, so that the rollout's timeout holds whatever the file turns out to be.
             written = await asyncio.to_thread(_read_result, box, self.limits.result_bytes)
+            if ctx.keep_environment:  # the reward runs in it; the runner tears it down
+                ctx.environment = RolloutEnvironment(box, reward_env(box.workdir))
+                lent = True
         finally:
-            await _tear_down(box, ctx)
+            if not lent:
+                await _tear_down(box, ctx)
         if outcome.timed_out:
             return ctx.error(f"program exceeded its {self.limits.wall_timeout_s} s wall clock")
         if outcome.exit_code != 0:

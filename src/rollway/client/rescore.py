@@ -20,6 +20,7 @@ from rollway.results import PastReward, RolloutRecord
 from rollway.rollouts import RewardFn, RolloutLimits
 from rollway.rollouts.judge import judging
 from rollway.rollouts.rewards import reward_identity, score
+from rollway.sandbox.environment import refuse_rescoring
 from rollway.store.base import OnBadRecord, Store
 
 #: Told after each record is scored (or fails to be), with how many are done and of how many.
@@ -67,6 +68,7 @@ async def rescore_async(
     its own asks ``gateway``'s (the client's)."""
     if not callable(reward_fn):
         raise ConfigError("reward must be a callable: a reward function or a Rubric", "reward")
+    refuse_rescoring(reward_fn)
     limits = limits or RolloutLimits()
     report = RescoreReport(reward_identity(reward_fn))
 

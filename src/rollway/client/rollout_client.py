@@ -49,6 +49,7 @@ from rollway.rollouts import (
 from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import remove_leftovers
+from rollway.sandbox.environment import check_environment
 from rollway.store.base import Store
 from rollway.store.factory import store_from_uri
 
@@ -136,6 +137,7 @@ class RolloutClient:
         self.store = store if isinstance(store, Store) else store_from_uri(store, self.exp_id)
         remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
         self.reward_fn = reward
+        check_environment(reward, self.agent)
         self.show_progress = show_progress
         self.status_interval = status_interval
         self._live: set[RolloutFuture] = set()

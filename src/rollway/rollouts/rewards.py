@@ -16,6 +16,7 @@ from typing import Any
 
 from rollway.errors import JudgeAnswerError, RewardError, is_failure
 from rollway.retry import Backoff, RetryPolicy
+from rollway.sandbox.environment import RolloutEnvironment, needs_environment
 from rollway.trajectory import Trajectory
 
 RewardFn = Callable[[dict[str, Any], Trajectory], Any]
@@ -30,6 +31,14 @@ def reward_identity(reward: Any) -> str:
     module = getattr(reward, "__module__", None) or "?"
     name = getattr(reward, "__qualname__", None) or type(reward).__qualname__
     return f"{module}:{name}"
+
+
+#: Why a reward that uses the environment got none (not retried: it would get none again).
+NO_ENVIRONMENT = (
+    "reward function {name} uses the rollout's environment (@uses_environment), and this "
+    "rollout has none: only a program agent's sandbox is lent to its reward, before teardown; "
+    "a recorded rollout's is gone"
+)
 
 
 class _TryFailed(RewardError):
@@ -70,16 +79,18 @@ async def score(
     limit_s: float,
     retries: int = 0,
     policy: RetryPolicy = REWARD_TRIES,
+    environment: RolloutEnvironment | None = None,
 ) -> Scored:
     """The reward of ``trajectory``: each try has ``limit_s`` seconds, and one that raised or
-    timed out goes again up to ``retries`` times, after ``policy``'s backoff."""
+    timed out goes again up to ``retries`` times, after ``policy``'s backoff. A function that
+    uses the environment gets ``environment`` (the same one on every try)."""
     scored = Scored()
     tries = dataclasses.replace(policy, attempts=retries + 1).retrying()
     try:
         async for attempt in tries:
             with attempt:
                 scored.reward, scored.extras = await _timed_try(
-                    reward_fn, task, trajectory, limit_s, scored.tries
+                    reward_fn, task, trajectory, limit_s, scored.tries, environment
                 )
     except RewardError as exc:
         scored.error = str(exc) if len(scored.tries) < 2 else f"{exc} ({len(scored.tries)} tries)"
@@ -92,15 +103,19 @@ async def _timed_try(
     trajectory: Trajectory,
     limit_s: float,
     tries: list[dict[str, Any]],
+    environment: RolloutEnvironment | None,
 ) -> tuple[float, dict[str, Any]]:
     """One try, noted in ``tries`` (its error and how long it took)."""
     start = time.monotonic()
     note: dict[str, Any] = {}
     tries.append(note)
     try:
-        value = await asyncio.wait_for(_own_task(call(reward_fn, task, trajectory)), limit_s)
+        scoring = call(reward_fn, task, trajectory, environment)
+        value = await asyncio.wait_for(_own_task(scoring), limit_s)
         return as_reward(value)
     except TimeoutError:
+        if environment is not None:
+            environment.end_abandoned()  # a sync try's thread goes on; its command must not
         note["error"] = f"reward function timed out after {limit_s:g} s"
         raise _TryFailed(note["error"]) from None
     except RewardError as exc:
@@ -110,15 +125,26 @@ async def _timed_try(
         note["elapsed_s"] = round(time.monotonic() - start, 6)
 
 
-async def call(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
-    """What the function (sync or async) returns. What it raises, ``sys.exit()`` included, becomes a
-    ``RewardError`` here, inside the task ``wait_for`` runs this in: a ``SystemExit`` that
-    left a task would stop the event loop of every rollout."""
+async def call(
+    reward_fn: RewardFn,
+    task: dict[str, Any],
+    trajectory: Trajectory,
+    environment: RolloutEnvironment | None = None,
+) -> Any:
+    """What the function (sync or async) returns: called with ``(task, trajectory)``, and
+    ``environment`` third when it uses the environment (``@uses_environment``). What it raises,
+    ``sys.exit()`` included, becomes a ``RewardError`` here, inside the task ``wait_for`` runs
+    this in: a ``SystemExit`` that left a task would stop the event loop of every rollout."""
+    args: tuple[Any, ...] = (task, trajectory)
+    if needs_environment(reward_fn):
+        if environment is None:
+            raise RewardError(NO_ENVIRONMENT.format(name=reward_identity(reward_fn)))
+        args = (task, trajectory, environment)
     try:
         if inspect.iscoroutinefunction(reward_fn) or _is_async_callable(reward_fn):
-            return await reward_fn(task, trajectory)
+            return await reward_fn(*args)
         # A sync scorer runs on a worker thread; on timeout it is abandoned, not killed.
-        return await asyncio.to_thread(_on_worker, reward_fn, task, trajectory)
+        return await asyncio.to_thread(_on_worker, reward_fn, *args)
     except RewardError:
         raise
     except BaseException as exc:
@@ -146,9 +172,9 @@ def _is_async_callable(fn: Any) -> bool:
     return inspect.iscoroutinefunction(type(fn).__call__)
 
 
-def _on_worker(reward_fn: RewardFn, task: dict[str, Any], trajectory: Trajectory) -> Any:
+def _on_worker(reward_fn: Callable[..., Any], *args: Any) -> Any:
     try:
-        return reward_fn(task, trajectory)
+        return reward_fn(*args)
     except KeyboardInterrupt as exc:  # no Ctrl-C lands on a worker thread: the scorer's own
         raise _TryFailed(f"reward function raised KeyboardInterrupt: {exc}") from exc
 

@@ -14,6 +14,7 @@ from rollway.checks import is_number
 from rollway.errors import ConfigError, RewardError
 from rollway.results import RESERVED_INFO
 from rollway.rollouts.rewards import RewardFn, as_reward, call, reward_identity
+from rollway.sandbox.environment import MARK, RolloutEnvironment, needs_environment
 from rollway.trajectory import Trajectory
 
 #: Makes the reward of a rollout from its components (by name).
@@ -26,7 +27,8 @@ class Rubric:
     and whose other numbers are kept as ``<name>.<key>``), run concurrently. The reward is
     ``combine(components)`` when given, else the sum of each component times its weight
     (``weights``, by name; 1.0 where none is given). What it returns is a reward dict:
-    ``{"reward": total, **components}``."""
+    ``{"reward": total, **components}``. A function marked ``@uses_environment`` gets the
+    rollout's environment third (and the rubric then uses the environment)."""
 
     def __init__(
         self,
@@ -39,11 +41,18 @@ class Rubric:
         self.weights = {name: 1.0 for name in self.functions} | dict(weights or {})
         self.combine = combine
         _check(self.functions, self.weights)
+        # Its functions that use the rollout's environment get it: the rubric asks for it.
+        setattr(self, MARK, any(needs_environment(fn) for fn in self.functions.values()))
 
-    async def __call__(self, task: dict[str, Any], trajectory: Trajectory) -> dict[str, Any]:
+    async def __call__(
+        self,
+        task: dict[str, Any],
+        trajectory: Trajectory,
+        environment: RolloutEnvironment | None = None,
+    ) -> dict[str, Any]:
         names = list(self.functions)
         values = await asyncio.gather(
-            *(call(self.functions[name], task, trajectory) for name in names)
+            *(call(self.functions[name], task, trajectory, environment) for name in names)
         )
         components: dict[str, Any] = {}
         for name, value in zip(names, values, strict=True):

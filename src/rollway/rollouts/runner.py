@@ -34,6 +34,7 @@ from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.rollouts.time_spent import where_time_went
+from rollway.sandbox.environment import RolloutEnvironment, needs_environment
 from rollway.store.base import Store
 from rollway.trajectory import Trajectory
 
@@ -194,7 +195,14 @@ class RolloutRunner:
                 cleanup_errors = [*ctx.cleanup_errors, *cleanup_errors]
             outcome = _as_recorded(outcome, trajectory, cleanup_errors)
             outcome = _with_time_spent(outcome, trajectory, waited)
-        outcome, reward, reward_info = await self._scored(spec, outcome, trajectory)
+        try:
+            environment = ctx.environment if ctx is not None else None
+            outcome, reward, reward_info = await self._scored(
+                spec, outcome, trajectory, environment
+            )
+        finally:
+            if ctx is not None and ctx.environment is not None:
+                cleanup_errors = [*cleanup_errors, *await _tear_down(ctx.environment)]
         return make_record(
             spec,
             self.settings,
@@ -245,7 +253,11 @@ class RolloutRunner:
         return ctx, outcome, waited[0] if waited and outcome.status == "timeout" else None
 
     async def _scored(
-        self, spec: RolloutSpec, outcome: AgentOutcome, trajectory: Trajectory | None
+        self,
+        spec: RolloutSpec,
+        outcome: AgentOutcome,
+        trajectory: Trajectory | None,
+        environment: RolloutEnvironment | None,
     ) -> tuple[AgentOutcome, float | None, dict[str, Any]]:
         """The outcome of a completed attempt with its reward (truncated when its trajectory
         is: a gateway limit ended it or its last turn was cut; an error when the reward
@@ -254,7 +266,9 @@ class RolloutRunner:
             return outcome, None, {}
         if trajectory.is_truncated:
             outcome.status = "truncated"
-        reward, reward_info, error = await self._reward(spec, outcome.result, trajectory)
+        reward, reward_info, error = await self._reward(
+            spec, outcome.result, trajectory, environment
+        )
         if error is not None:  # the trajectory stays in the record: ``rollway rescore``
             return AgentOutcome("error", "reward", error), None, reward_info
         return outcome, reward, reward_info
@@ -306,6 +320,8 @@ class RolloutRunner:
             gateway_socket=self.gateway.socket_path,
             settings=self.settings,
             events=self.events,
+            # The reward runs in the agent's sandbox: it is lent, not torn down, at the end.
+            keep_environment=needs_environment(self.reward_fn),
         )
 
     async def _clean_up(self, rollout_id: str) -> tuple[Trajectory | None, list[str]]:
@@ -325,7 +341,11 @@ class RolloutRunner:
         return trajectory, errors
 
     async def _reward(
-        self, spec: RolloutSpec, result: AgentResult | None, trajectory: Trajectory
+        self,
+        spec: RolloutSpec,
+        result: AgentResult | None,
+        trajectory: Trajectory,
+        environment: RolloutEnvironment | None,
     ) -> tuple[float | None, dict[str, Any], str | None]:
         """The reward function's score when the client was given one (it was asked for
         explicitly: ``--reward``, ``reward=``), with the agent's own reward, if it set one, kept
@@ -339,7 +359,12 @@ class RolloutRunner:
         # as rollouts of its own: its calls are noted here, apart from the trajectory.
         with judging(self.gateway, trajectory.rollout_id) as judge_calls:
             scored = await score(
-                self.reward_fn, spec.task, trajectory, limits.reward_timeout, limits.reward_retries
+                self.reward_fn,
+                spec.task,
+                trajectory,
+                limits.reward_timeout,
+                limits.reward_retries,
+                environment=environment,
             )
         info: dict[str, Any] = {**scored.info(), "source": "reward_fn"}
         if judge_calls:
@@ -368,6 +393,16 @@ def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
     )
     if record.status == "error":
         span.fail(record.reason or "error")
+
+
+async def _tear_down(environment: RolloutEnvironment) -> list[str]:
+    """The environment lent to the reward, torn down once the rollout is scored (on every
+    path); what failed, as cleanup errors."""
+    try:
+        await environment.close()
+    except Exception as exc:
+        return [f"teardown: {type(exc).__name__}: {exc}"]
+    return []
 
 
 def _cleanup_error(stage: str, rollout_id: str, exc: Exception) -> str:

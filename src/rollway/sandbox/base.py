@@ -1,5 +1,5 @@
 """The sandbox seam: run a command in the background, wait or poll, read its output and the
-files it left in its working directory, destroy.
+files it left in its working directory, run further commands there, destroy.
 
 ``destroy`` is always safe to call (any number of times, whatever state the sandbox is in) and
 must leave nothing behind; callers call it on every path, and record what it raises instead of
@@ -75,6 +75,20 @@ class Sandbox(ABC):
         """The file ``name`` the command left in its working directory, read as
         ``rollway.sandbox.readback.read_back`` reads (None if there is none): in the folder the
         sandbox made, even if the command renamed it or put a link in its place."""
+
+    async def run(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        """Run a further ``command`` once the first has ended, in the same working directory
+        (the files it left there) under the same limits, its wall clock the shorter of
+        ``wall_timeout_s`` and ``timeout_s``, and wait for it; cancelled, it ends the command's
+        whole tree. What a reward that needs the environment runs (``RolloutEnvironment``)."""
+        raise NotImplementedError(f"{type(self).__name__} runs no further command")
 
     @abstractmethod
     async def destroy(self) -> None:

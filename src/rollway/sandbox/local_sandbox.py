@@ -75,12 +75,13 @@ class LocalSandbox(Sandbox):
         self._started = 0.0
         self._result: SandboxResult | None = None
         self._timed_out = False
+        self._wall_s = self.limits.wall_timeout_s
 
     async def start(
         self, command: Sequence[str], env: Mapping[str, str], stdin: bytes = b""
     ) -> None:
         if self._process is not None or self._workdir_fd is None:
-            raise RuntimeError("a sandbox runs one command, before it is destroyed")
+            raise RuntimeError("a sandbox starts one command, before it is destroyed (run more)")
         self._cgroup = PidsCgroup.create(self.limits.processes)
         if self._cgroup is None and self.limits.processes is not None and os.geteuid() == 0:
             _warn_process_limit_does_not_bind()
@@ -134,7 +135,7 @@ class LocalSandbox(Sandbox):
         if self._process is None:
             raise RuntimeError("nothing was started")
         try:
-            await asyncio.wait_for(self._process.wait(), self.limits.wall_timeout_s)
+            await asyncio.wait_for(self._process.wait(), self._wall_s)
         except TimeoutError:
             self._timed_out = True
         await self._end_processes()
@@ -146,6 +147,45 @@ class LocalSandbox(Sandbox):
         await asyncio.gather(*self._readers)
         self._result = self._collect()
         return self._result
+
+    async def run(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        *,
+        stdin: bytes = b"",
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
+        if self._workdir_fd is None:
+            raise RuntimeError("the sandbox was destroyed")
+        if self._process is not None:
+            if self._process.returncode is None:
+                raise RuntimeError("the sandbox's command still runs: wait for it first")
+            await self._release_run()  # ended, waited for or cut short by a cancel
+        walls = [s for s in (self.limits.wall_timeout_s, timeout_s) if s is not None]
+        self._wall_s = min(walls) if walls else None
+        await self.start(command, env, stdin)
+        try:
+            return await self.wait()
+        except BaseException:  # cancelled (the caller's own timeout): nothing of it runs on
+            await self._end_processes()
+            raise
+
+    async def _release_run(self) -> None:
+        """Forget the ended command (its pipes, cgroup and lifeline), so another can start."""
+        for pipe in self._pipes:
+            pipe.close()
+        for reader in self._readers:
+            reader.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        self._pipes, self._readers = [], []
+        if self._cgroup is not None:
+            self._cgroup.remove()
+            self._cgroup = None
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
+        self._process, self._result, self._timed_out = None, None, False
 
     async def destroy(self) -> None:
         try:

@@ -47,6 +47,7 @@ from rollway.viewer.record_files import (
 from rollway.viewer.run_stats import (
     SUCCESS,
     advantages,
+    is_scored,
     mean,
     scored_rewards,
     version_stats,
@@ -164,11 +165,7 @@ class _Snapshot:
     @functools.cached_property
     def component_names(self) -> list[str]:
         """Every reward component a row has, sorted."""
-        names: set[str] = set()
-        for row in self.rows:
-            components = row.get("reward_components")
-            names.update(components if isinstance(components, dict) else ())
-        return sorted(names)
+        return _names(self.rows)
 
     def with_advantage(self, rows: list[Row]) -> list[Row]:
         """Copies of ``rows`` (index rows stay as read) with their GRPO advantage."""
@@ -215,7 +212,8 @@ class RunIndex:
         if stats is None:
             return None
         members = self._view(snapshot, Query(group=group_id, sort="sample_index"))
-        return {**stats, "rollouts": snapshot.with_advantage(members[:limit])}
+        rollouts = snapshot.with_advantage(members[:limit])
+        return {**stats, "rollouts": rollouts, "reward_components": _names(members)}
 
     def versions(self) -> list[Row]:
         """Per policy version: rollouts, mean reward and completion rate (``version_stats``)."""
@@ -229,7 +227,13 @@ class RunIndex:
         matched = [g for g in snapshot.groups if needle in g["group_id"].lower()]
         matched = _sorted(matched, sort, descending)
         page = matched[offset : offset + limit]
-        return {"total": len(snapshot.groups), "matched": len(matched), "rows": page}
+        return {
+            "total": len(snapshot.groups),
+            "matched": len(matched),
+            "rows": page,
+            # A column each (the group's mean of it), sortable as ``reward/<name>``.
+            "reward_components": snapshot.component_names,
+        }
 
     def totals(self) -> dict[str, Any]:
         return self._current().totals
@@ -374,6 +378,26 @@ def component(row: Row, name: str) -> float | None:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _names(rows: list[Row]) -> list[str]:
+    """Every reward component one of ``rows`` has, sorted."""
+    names: set[str] = set()
+    for row in rows:
+        components = row.get("reward_components")
+        names.update(components if isinstance(components, dict) else ())
+    return sorted(names)
+
+
+def _component_means(rows: list[Row]) -> dict[str, float]:
+    """Per reward component, its mean over the scored rows that have it (as the reward's)."""
+    scored = [row for row in rows if is_scored(row)]
+    means: dict[str, float] = {}
+    for name in _names(scored):
+        average = mean([v for v in (component(row, name) for row in scored) if v is not None])
+        if average is not None:
+            means[name] = average
+    return means
+
+
 def _sorted(rows: list[Row], column: str, descending: bool) -> list[Row]:
     """Stable (ties keep their order), with missing values last in either direction;
     ``reward/<name>`` sorts by that reward component."""
@@ -423,6 +447,8 @@ def _groups(rows: list[Row]) -> list[Row]:
                 "infrastructure_failures": transient,
                 # No GRPO signal: fewer than two different rewards (export's flat_groups).
                 "flat": len(set(rewards)) < 2,
+                # Each component's mean: a group sorts by one as ``reward/<name>``.
+                "reward_components": _component_means(group),
             }
         )
     return groups

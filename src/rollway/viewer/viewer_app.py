@@ -241,8 +241,8 @@ def create_viewer_app(
 
 
 def _column(name: str, allowed: frozenset[str]) -> str:
-    if allowed is ROLLOUT_COLUMNS and name.startswith(COMPONENT_SORT) and name != COMPONENT_SORT:
-        return name  # a reward component's column: a row without it sorts last
+    if name.startswith(COMPONENT_SORT) and name != COMPONENT_SORT:
+        return name  # a reward component's column (a group's: its mean): one without it last
     if name not in allowed:
         raise InvalidFieldsError(f"sort: one of {', '.join(sorted(allowed))}", param="sort")
     return name

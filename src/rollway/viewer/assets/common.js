@@ -52,3 +52,27 @@ function fill(node, ...children) {
 function fact(label, value) {
   return el("span", { class: "fact" }, el("b", { text: label }), " ", value);
 }
+
+// A sortable column per reward component (reward/<name>, a name user code chose: set as text),
+// right after the header `after` of table `table`; a click sorts by it (`onSort(column)`).
+function componentHeaders(table, after, names, onSort, title) {
+  for (const th of document.querySelectorAll(`#${table} th[data-component]`)) th.remove();
+  const anchor = document.querySelector(`#${table} ${after}`);
+  for (const name of [...names].reverse()) {
+    const th = el("th", { class: "num", "data-sort": `reward/${name}`, "data-component": name, title, text: `reward/${name}` });
+    th.addEventListener("click", () => onSort(th.dataset.sort));
+    anchor.after(th);
+  }
+}
+
+// A row's cells for those columns: its value of each component ("–" where it has none).
+function componentCells(names, components) {
+  return names.map((name) => el("td", { class: "num", "data-component": name, text: num((components || {})[name]) }));
+}
+
+function markSorted(table, sort, order) {
+  for (const th of document.querySelectorAll(`#${table} th[data-sort]`)) {
+    th.classList.toggle("sorted", th.dataset.sort === sort);
+    th.dataset.order = th.dataset.sort === sort ? order : "";
+  }
+}

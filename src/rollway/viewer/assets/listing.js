@@ -63,13 +63,13 @@ async function loadRollouts() {
   });
   if (state.version !== "") params.set("policy_version", state.version);
   const page = await getJSON(`/api/rollouts?${params}`);
-  componentHeaders(page.reward_components);
+  componentHeaders("rollouts", 'th[data-sort="reward"]', page.reward_components, sortBy);
   const body = document.querySelector("#rollouts tbody");
   body.replaceChildren(...page.rows.map((row) => el("tr", { "data-key": row.key },
     el("td", {}, el("a", { href: `/rollouts/${encodeURIComponent(row.key)}`, text: row.key })),
     el("td", {}, statusChip(row.status)),
     el("td", { class: "num", text: num(row.reward) }),
-    ...page.reward_components.map((name) => el("td", { class: "num", "data-component": name, text: num((row.reward_components || {})[name]) })),
+    ...componentCells(page.reward_components, row.reward_components),
     el("td", { class: "num", "data-advantage": row.advantage ?? "", text: num(row.advantage, 2) }),
     el("td", {}, el("a", { href: "#", class: "group-link", text: row.group_id, onclick: (e) => { e.preventDefault(); filterGroup(row.group_id); } })),
     el("td", { class: "num", "data-version": row.policy_version ?? "" },
@@ -87,12 +87,14 @@ async function loadRollouts() {
 async function loadGroups() {
   const params = new URLSearchParams({ offset: state.gOffset, limit: state.limit, sort: state.gSort, order: state.gOrder });
   const page = await getJSON(`/api/groups?${params}`);
+  componentHeaders("groups", 'th[data-sort="mean_reward"]', page.reward_components, sortGroupsBy, "the group's mean");
   const body = document.querySelector("#groups tbody");
-  body.replaceChildren(...page.rows.map((g) => el("tr", {},
+  body.replaceChildren(...page.rows.map((g) => el("tr", { "data-group": g.group_id },
     el("td", {}, el("a", { href: "#", text: g.group_id, onclick: (e) => { e.preventDefault(); filterGroup(g.group_id); } })),
     el("td", { class: "num", text: num(g.n) }),
     el("td", { class: "num", text: num(g.scored) }),
     el("td", { class: "num", text: num(g.mean_reward) }),
+    ...componentCells(page.reward_components, g.reward_components),
     el("td", { class: "num", text: num(g.std_reward) }),
     el("td", { class: "num", text: percent(g.success_rate) }),
     el("td", g.flat ? { class: "flat", "data-flat": "1", title: "fewer than two different rewards: no GRPO signal", text: "flat" } : {}),
@@ -112,29 +114,19 @@ function pager(id, matched, total, offset, limit, go) {
   );
 }
 
+function sortGroupsBy(column) {
+  state.gOrder = state.gSort === column && state.gOrder === "asc" ? "desc" : "asc";
+  state.gSort = column;
+  state.gOffset = 0;
+  writeLocation();
+  loadGroups().catch(showError);
+}
+
 function sortBy(column) {
   state.order = state.sort === column && state.order === "asc" ? "desc" : "asc";
   state.sort = column;
   state.offset = 0;
   refresh();
-}
-
-// A sortable column per reward component (reward/<name>), after the reward's own.
-function componentHeaders(names) {
-  for (const th of document.querySelectorAll("#rollouts th[data-component]")) th.remove();
-  const after = document.querySelector('#rollouts th[data-sort="reward"]');
-  for (const name of [...names].reverse()) {
-    const th = el("th", { class: "num", "data-sort": `reward/${name}`, "data-component": name, text: `reward/${name}` });
-    th.addEventListener("click", () => sortBy(th.dataset.sort));
-    after.after(th);
-  }
-}
-
-function markSorted(table, sort, order) {
-  for (const th of document.querySelectorAll(`#${table} th[data-sort]`)) {
-    th.classList.toggle("sorted", th.dataset.sort === sort);
-    th.dataset.order = th.dataset.sort === sort ? order : "";
-  }
 }
 
 function filterGroup(group) {
@@ -187,13 +179,7 @@ function wire() {
     th.addEventListener("click", () => sortBy(th.dataset.sort));
   }
   for (const th of document.querySelectorAll("#groups th[data-sort]")) {
-    th.addEventListener("click", () => {
-      state.gOrder = state.gSort === th.dataset.sort && state.gOrder === "asc" ? "desc" : "asc";
-      state.gSort = th.dataset.sort;
-      state.gOffset = 0;
-      writeLocation();
-      loadGroups();
-    });
+    th.addEventListener("click", () => sortGroupsBy(th.dataset.sort));
   }
 }
 

@@ -49,15 +49,42 @@ function renderGroup(group, current) {
     fact("std", num(group.std_reward)),
     fact("completed", percent(group.success_rate)),
     group.flat ? el("span", { class: "fact flat", "data-flat": "1", title: "fewer than two different rewards: every advantage is 0, no GRPO signal", text: "flat group: no signal" }) : null);
-  document.querySelector("#group tbody").replaceChildren(...group.rollouts.map((row) => el("tr", {
+  groupView = { group, current, sort: "sample_index", order: "asc" };
+  componentHeaders("group", 'th[data-sort="reward"]', group.reward_components || [], sortGroup);
+  for (const th of document.querySelectorAll("#group th[data-sort]:not([data-component])")) {
+    th.addEventListener("click", () => sortGroup(th.dataset.sort));
+  }
+  renderGroupRows();
+}
+
+// The group's rollouts, sorted here (the page has them all): by a column or a reward
+// component (reward/<name>), rows without a value last.
+let groupView = null;
+
+function sortGroup(column) {
+  groupView.order = groupView.sort === column && groupView.order === "asc" ? "desc" : "asc";
+  groupView.sort = column;
+  renderGroupRows();
+}
+
+function renderGroupRows() {
+  const { group, current, sort, order } = groupView;
+  const names = group.reward_components || [];
+  const value = (row) => (sort.startsWith("reward/") ? (row.reward_components || {})[sort.slice(7)] : row[sort]);
+  const known = group.rollouts.filter((row) => typeof value(row) === "number");
+  known.sort((a, b) => (order === "asc" ? value(a) - value(b) : value(b) - value(a)));
+  const rows = [...known, ...group.rollouts.filter((row) => typeof value(row) !== "number")];
+  document.querySelector("#group tbody").replaceChildren(...rows.map((row) => el("tr", {
     "data-sibling": row.key, class: row.key === current ? "current" : null, "data-current": row.key === current ? "1" : null },
   el("td", {}, row.key === current ? el("b", { text: `${row.key} (this one)` }) : el("a", { href: `/rollouts/${encodeURIComponent(row.key)}`, text: row.key })),
   el("td", { class: "num", text: row.sample_index }),
   el("td", {}, statusChip(row.status)),
   el("td", { class: "num", text: num(row.reward) }),
+  ...componentCells(names, row.reward_components),
   el("td", { class: "num", "data-advantage": row.advantage ?? "", text: num(row.advantage, 3) }),
   el("td", { class: "num", text: num(row.turns) }),
   el("td", { class: "num", text: num(row.sampled_tokens) }))));
+  markSorted("group", sort, order);
 }
 
 function renderTurns(turns) {
