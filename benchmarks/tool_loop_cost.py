@@ -52,7 +52,10 @@ def model_folder(model: str) -> Path:
         return FAMILIES / model
     folder = Path(model).expanduser()
     if not (folder / "tokenizer_config.json").is_file():
-        raise SystemExit(f"--model {model}: neither a fetched family nor a model folder")
+        raise SystemExit(
+            f"--model {model}: neither a fetched family (scripts/fetch_families.sh {model}) "
+            "nor a model folder with a tokenizer_config.json"
+        )
     return folder
 
 
