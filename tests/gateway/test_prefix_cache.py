@@ -17,7 +17,7 @@ from rollway.gateway.render.chat_template import AUDIT_EVERY, ChatRenderer
 from rollway.gateway.render.families import Qwen3Renderer
 from rollway.gateway.render.prefix_cache import PieceIds
 from rollway.model_folders import resolve_model_path
-from tests.conftest import ADD_TOOL
+from tests.conftest import ADD_TOOL, family_folder
 
 SYSTEM = "You are a careful agent. Look things up before you answer.\n" * 40
 TOOLS = [
@@ -129,6 +129,41 @@ def test_prompts_by_pieces_equal_the_whole_render_on_any_messages(
     assert renderer.prompt_pieces is not None  # no audit disagreed
 
 
+#: A system prompt and alternating turns ending in a question: what every template takes.
+ALTERNATING = st.tuples(st.one_of(st.none(), TEXT), st.lists(TEXT, min_size=0, max_size=4)).map(
+    lambda drawn: [
+        *([{"role": "system", "content": drawn[0]}] if drawn[0] is not None else []),
+        *[
+            {"role": "assistant" if at % 2 else "user", "content": text}
+            for at, text in enumerate([*drawn[1], "?"] if len(drawn[1]) % 2 == 0 else drawn[1])
+        ],
+    ]
+)
+
+
+@pytest.mark.parametrize("name", ["deepseek_v3", "gemma3", "llama3_1"])
+def test_other_families_prompts_by_pieces_equal_the_whole_render(name: str) -> None:
+    """Their cuts differ: DeepSeek's turn markers are added tokens matched in the normalized
+    text (its normalizer changes nothing), Gemma's runs of newlines are added tokens."""
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(family_folder(name)))
+    assert renderer.prompt_pieces is not None
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(messages=ALTERNATING)
+    def check(messages: list[dict[str, Any]]) -> None:
+        text = renderer.render(messages, None, add_generation_prompt=True)
+        assert renderer.prompt_ids(messages, None) == renderer.encode(text)
+
+    check()
+    assert renderer.prompt_pieces is not None
+
+
 def test_a_wrong_cached_piece_is_caught_by_the_audit_and_the_pieces_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -172,3 +207,14 @@ def test_a_tokenizer_whose_pieces_do_not_encode_as_the_whole_gets_no_cache() -> 
         return [[len(text)] for text in texts]
 
     assert PieceIds.for_tokenizer(tokenizer, merging) is None
+
+
+def test_deepseeks_question_is_a_piece_of_its_own_apart_from_the_system_prompt() -> None:
+    """Its turn markers are not special and are matched in the normalized text, which its
+    (empty) normalizer leaves as it is: they cut, so a shared system prompt is a piece."""
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(family_folder("deepseek_v3")))
+    assert renderer.prompt_pieces is not None
+    messages = task("What is 2 + 2?")
+    text = renderer.render(messages, None, add_generation_prompt=True)
+    pieces = renderer.prompt_pieces.split(text)
+    assert pieces[0].endswith(SYSTEM) and pieces[1] == "<\uff5cUser\uff5c>What is 2 + 2?"

@@ -2,16 +2,17 @@
 
 In agentic RL thousands of rollouts share a system prompt and tool definitions (1-5k tokens)
 and differ in a question. A fast tokenizer cuts the text at its added tokens before it runs
-the BPE, so the text between two special tokens is encoded on its own: a message that the
-template opens with ``<|im_start|>`` has the same ids whatever its neighbours. The render is
-cut where a special token begins, and each piece's ids are kept by its text (a bounded LRU):
-a new task's prompt tokenizes only its pieces not seen before.
+the BPE, so the text between two of them is encoded on its own: a message that the template
+opens with a special token (``<|im_start|>``) has the same ids whatever its neighbours. The
+render is cut where an added token begins, and each piece's ids are kept by its text (a
+bounded LRU): a new task's prompt tokenizes only its pieces not seen before.
 
-Only tokens the tokenizer matches in the raw text, whatever surrounds them, cut: special,
-not normalized, neither taking the whitespace before them (``lstrip``) nor matched as a
-word only (``single_word``). A tokenizer whose pieces do not give the whole text's ids on a
-probe gets no cache (``PieceIds.for_tokenizer``), and the renderer audits real prompts now
-and then against encoding the whole text (``ChatRenderer.prompt_ids``).
+Only tokens the tokenizer matches in the raw text, whatever surrounds them, cut: neither
+taking the whitespace before them (``lstrip``), nor matched as a word only (``single_word``),
+nor matched in the normalized text where the normalizer may change it (``normalized``). A
+tokenizer whose pieces do not give the whole text's ids on a probe gets no cache
+(``PieceIds.for_tokenizer``), and the renderer audits real prompts now and then against
+encoding the whole text (``ChatRenderer.prompt_ids``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from tokenizers import normalizers
 
 #: ``encode_many(texts)``: each text's ids, without special tokens added.
 EncodeMany = Callable[[list[str]], list[list[int]]]
@@ -62,7 +65,7 @@ class PieceIds:
         return pieces
 
     def split(self, text: str) -> list[str]:
-        """``text`` cut before each special token (its pieces join to it)."""
+        """``text`` cut before each token that cuts (its pieces join to it)."""
         starts = [m.start() for m in self._tokens.finditer(text) if m.group() in self._cut]
         if not starts or starts[0] != 0:
             starts.insert(0, 0)
@@ -106,19 +109,25 @@ class PieceIds:
 
 
 def added_tokens(tokenizer: Any) -> tuple[re.Pattern[str], frozenset[str]] | None:
-    """A pattern matching the tokenizer's added tokens, longest first as the tokenizer
-    matches them, and those to cut before. None where there is none to cut before, or no
-    fast tokenizer to ask."""
+    """A pattern matching the tokenizer's added tokens (special or not: it cuts at all of
+    them), longest first as the tokenizer matches them, and those to cut before. None where
+    there is none to cut before, or no fast tokenizer to ask."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         return None
     added = list(backend.get_added_tokens_decoder().values())
+    # A token matched in the normalized text is matched as in the raw one where the
+    # normalizer changes nothing (none, or an empty sequence: DeepSeek V3's).
+    normalizer = backend.normalizer
+    raw = normalizer is None or (
+        isinstance(normalizer, normalizers.Sequence) and not len(normalizer)
+    )
     cut = frozenset(
         token.content
         for token in added
         if token.content
-        and token.special
-        and not (token.lstrip or token.single_word or token.normalized)
+        and not (token.lstrip or token.single_word)
+        and (raw or not token.normalized)
     )
     if not cut:
         return None
