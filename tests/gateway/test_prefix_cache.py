@@ -183,9 +183,10 @@ def test_a_wrong_cached_piece_is_caught_by_the_audit_and_the_pieces_dropped(
     assert renderer.prompt_pieces is None
     assert ids == whole(renderer, messages, TOOLS)
     assert "disagree with the whole text's" in caplog.text
-    # From then on the whole text is encoded.
-    later = task("Later?")
-    assert renderer.prompt_ids(later, TOOLS) == whole(renderer, later, TOOLS)
+    # From then on the whole text is encoded, and the prompts made by pieces before the
+    # audit are not served from the first prompts' cache.
+    for later in (task("Later?"), task("Question 0?")):
+        assert renderer.prompt_ids(later, TOOLS) == whole(renderer, later, TOOLS)
 
 
 def test_a_token_that_takes_the_whitespace_before_it_is_not_cut_before() -> None:

@@ -226,6 +226,7 @@ class ChatRenderer:
         if self._piece_prompts % AUDIT_EVERY == 1 and ids != (whole := self.encode(text)):
             log.warning("a prompt's ids by pieces disagree with the whole text's; not used again")
             self.prompt_pieces = None
+            self._prompts.clear()  # those made by pieces since the last audit
             ids = whole
         if max_tokens is not None and len(ids) > max_tokens:
             raise TokenBudgetExceeded(len(ids))
