@@ -86,6 +86,9 @@ test-trainers: test-verl test-skyrl
 
 bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
+	# Qwen3 against SmolLM2 per turn, and Qwen3's shared prefixes (its folder fetched once).
+	scripts/fetch_families.sh qwen3
+	$(BIN)/python benchmarks/gateway_overhead.py --model qwen3 --section families --section prefix
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
 	$(BIN)/python benchmarks/peers.py

@@ -7,8 +7,12 @@
 2. Throughput at 256 concurrent rollouts as a ratio to calling the engine directly, at zero
    engine latency (pure overhead) and at a realistic engine latency.
 3. Embedded engine aggregate tokens/s at 1, 4 and 16 concurrent requests.
+4. ``families``: in-process CPU per turn of a tool loop whose answers are tool calls in the
+   family's shape, SmolLM2 against ``--model`` (e.g. ``qwen3``: thinking, ``<tool_call>``).
+5. ``prefix``: 64 concurrent tool loops whose tasks share a ~2k-token system prompt and tools:
+   CPU per turn and the share spent tokenizing, first prompts tokenized whole and by pieces.
 
-Usage: python benchmarks/gateway_overhead.py [--quick]
+Usage: python benchmarks/gateway_overhead.py [--quick] [--model qwen3] [--section NAME ...]
 """
 
 from __future__ import annotations
@@ -24,9 +28,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.tool_loop_cost import families, load, shared_prefix
 
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
@@ -218,14 +227,44 @@ async def embedded_throughput(quick: bool) -> None:
         await engine.close()
 
 
-def main() -> None:
+SECTIONS = ("overhead", "embedded", "families", "prefix")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rollouts and tokens")
-    args = parser.parse_args()
-    renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path()))
+    parser.add_argument(
+        "--model",
+        default="smollm2",
+        help="smollm2, a family fetched by scripts/fetch_families.sh (qwen3), or a model folder: "
+        "its tokenizer, template and renderer (the embedded engine runs SmolLM2 always)",
+    )
+    parser.add_argument(
+        "--section", action="append", choices=SECTIONS, help="run only these (repeatable)"
+    )
+    parser.add_argument("--rollouts", type=int, default=0, help="families/prefix: tasks")
+    parser.add_argument("--shared-tokens", type=int, default=2000, help="prefix: shared size")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse()
+    sections = args.section or SECTIONS
     print(f"{TURNS}-turn tool conversations; each turn appends a tool result.")
-    asyncio.run(overhead(renderer, args.quick))
-    asyncio.run(embedded_throughput(args.quick))
+    if "overhead" in sections:
+        if args.model == "smollm2":
+            renderer = ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path()))
+        else:  # the HTTP gateway serves SmolLM2: its ids would not be the model's
+            renderer = load(args.model)[1]
+        asyncio.run(overhead(renderer, args.quick))
+    if "embedded" in sections:
+        asyncio.run(embedded_throughput(args.quick))
+    rollouts = args.rollouts or (64 if args.quick else 256)
+    if "families" in sections:
+        models = ["smollm2", *([args.model] if args.model != "smollm2" else [])]
+        families(models, rollouts, TURNS, repeats=1 if args.quick else 5)
+    if "prefix" in sections:
+        shared_prefix(args.model, args.shared_tokens, rollouts, TURNS)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from typing import Any
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.message_shapes import MessageShapes
 from rollway.gateway.render.message_template import ROLES, read_pieces
+from rollway.gateway.render.prefix_cache import PieceIds
 from rollway.gateway.render.reasoning import think_tags
 from rollway.gateway.render.token_bound import TokenBound
 from rollway.gateway.render.token_bytes import token_bytes
@@ -107,6 +108,10 @@ class ChatRenderer:
         # transformers' decode then rewrites " ," and the like; the Rust one alone does not.
         self._cleans_up_spaces = bool(getattr(tokenizer, "clean_up_tokenization_spaces", True))
         self._pieces = read_pieces(_BASE, self._render_prepared)
+        #: First prompts' ids by pieces (``prefix_cache``): a system prompt and tools that
+        #: many tasks share are tokenized once; None where the tokenizer's pieces do not fit.
+        self.prompt_pieces = PieceIds.for_tokenizer(tokenizer, self._encode_many)
+        self._piece_prompts = 0
         #: First prompts of recent conversations: a group's rollouts all start from one.
         self._prompts: OrderedDict[bytes, list[int]] = OrderedDict()
         self._glue: dict[int, str] = {}
@@ -199,7 +204,8 @@ class ChatRenderer:
         ids = self._prompts.get(key)
         if ids is None:
             # The budget goes in: an over-long prompt is refused before it is tokenized.
-            ids = self.encode(self.render(messages, tools, add_generation_prompt=True), max_tokens)
+            text = self.render(messages, tools, add_generation_prompt=True)
+            ids = self._encode_prompt(text, max_tokens)
             self._prompts[key] = ids
             if len(self._prompts) > PROMPT_CACHE_SIZE:
                 self._prompts.popitem(last=False)
@@ -208,6 +214,34 @@ class ChatRenderer:
         if max_tokens is not None and len(ids) > max_tokens:
             raise TokenBudgetExceeded(len(ids))
         return list(ids)
+
+    def _encode_prompt(self, text: str, max_tokens: int | None) -> list[int]:
+        """A first prompt's ids by its pieces where the tokenizer allows, one prompt in
+        ``AUDIT_EVERY`` checked against encoding it whole; a mismatch drops the pieces,
+        loudly."""
+        pieces = self.prompt_pieces
+        if pieces is None:
+            return self.encode(text, max_tokens)
+        if max_tokens is not None and (least := self.bound.at_least(text)) > max_tokens:
+            raise TokenBudgetExceeded(least)
+        ids = pieces.ids(text)
+        self._piece_prompts += 1
+        if self._piece_prompts % AUDIT_EVERY == 1 and ids != (whole := self.encode(text)):
+            log.warning("a prompt's ids by pieces disagree with the whole text's; not used again")
+            self.prompt_pieces = None
+            self._prompts.clear()  # those made by pieces since the last audit
+            ids = whole
+        if max_tokens is not None and len(ids) > max_tokens:
+            raise TokenBudgetExceeded(len(ids))
+        return ids
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Texts' ids in one call of the Rust tokenizer (which lets go of the GIL)."""
+        if self._encode_fast is not None:
+            return [e.ids for e in self._encode_fast(texts, add_special_tokens=False)]
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=False)]
+        return [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
     def transcript_ids(
         self, messages: list[Message], tools: list[dict[str, Any]] | None
