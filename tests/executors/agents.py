@@ -27,7 +27,8 @@ class ProbeAgent(AgentLoop):
         note(task, "start", ctx.rollout_id)
         try:
             await asyncio.sleep(task.get("wait", 0))
-            while "hold" in task and Path(task["hold"]).exists():  # released by the test
+            # Another process releases it (the test, by removing the file): no event crosses.
+            while held(task):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
             if task.get("crash"):
                 os._exit(1)  # the whole worker, as a segfault or the OOM killer would
@@ -38,6 +39,10 @@ class ProbeAgent(AgentLoop):
             return ctx.complete(messages, reward=float(task.get("reward", 1.0)))
         finally:
             note(task, "end", ctx.rollout_id)
+
+
+def held(task: dict[str, Any]) -> bool:
+    return "hold" in task and Path(task["hold"]).exists()
 
 
 def note(task: dict[str, Any], event: str, rollout_id: str) -> None:
