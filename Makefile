@@ -88,6 +88,9 @@ bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
+	# Rollouts in flight on a local multi-node Ray cluster: 1,000 and 10,000 (add 100000 where
+	# memory allows: some 15 GB here).
+	$(BIN)/python benchmarks/ray_nodes.py
 	$(BIN)/python benchmarks/peers.py
 	# Long conversations: what a turn costs as the history grows.
 	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60
