@@ -91,6 +91,9 @@ bench: setup
 	$(BIN)/python benchmarks/gateway_overhead.py --model qwen3 --section families --section prefix
 	$(BIN)/python benchmarks/routing.py
 	$(BIN)/python benchmarks/ray_scaling.py
+	# Rollouts in flight on a local multi-node Ray cluster: 1,000 and 10,000 (add 100000 where
+	# memory allows: it took over 18 GB here before it was stopped).
+	$(BIN)/python benchmarks/ray_nodes.py
 	$(BIN)/python benchmarks/peers.py
 	# Long conversations: what a turn costs as the history grows.
 	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60

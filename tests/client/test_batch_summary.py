@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import pytest
 
 from rollway.client import RolloutClient
 from rollway.engines.sim import SimConfig
+from rollway.trajectory import Trajectory
 
 
 def test_a_resumed_batch_counts_only_the_tokens_it_sampled(
@@ -27,3 +29,22 @@ def test_a_resumed_batch_counts_only_the_tokens_it_sampled(
     assert summary["total"] == 4 and summary["by_status"] == {"completed": 4}
     assert summary["tokens_per_s"] == pytest.approx(sampled / summary["wall_s"])
     assert summary["resumed"] == 2 and summary["sampled_tokens"] == sampled
+
+
+def test_a_batch_holds_no_record_the_caller_let_go_until_its_summary(
+    make_client: Callable[..., RolloutClient],
+) -> None:
+    """A batch keeps a small view of each finished rollout for its summary, not the record: at
+    100,000 rollouts, records with their conversations held to the end would be gigabytes."""
+    client = make_client(SimConfig(output_len=8), exp_id="slim")
+    tasks = [{"task_id": f"t{i}", "chats": 2, "reward": 0.5} for i in range(6)]
+    for seen, item in enumerate(client.run_batch(tasks), 1):
+        assert item.result.trajectory is not None and item.result.messages
+        if seen == len(tasks):  # every earlier item dropped by the caller
+            gc.collect()
+            trajectories = [o for o in gc.get_objects() if type(o) is Trajectory]
+            assert trajectories == [item.result.trajectory]
+        del item
+    summary = client.last_summary
+    assert summary is not None and summary["by_status"] == {"completed": 6}
+    assert summary["sampled_tokens"] == 6 * 2 * 8

@@ -16,8 +16,9 @@ from rollway.store import FileStore
 
 
 class ProbeAgent(AgentLoop):
-    """Waits ``wait`` s, asks the model once (unless ``chat`` is false), then completes with
-    the task's reward; with ``crash`` its worker process dies instead of answering."""
+    """Waits ``wait`` s (and while the file ``hold`` names exists), asks the model once
+    (unless ``chat`` is false), then completes with the task's reward; with ``crash`` its
+    worker process dies instead of answering."""
 
     name = "probe"
 
@@ -26,6 +27,9 @@ class ProbeAgent(AgentLoop):
         note(task, "start", ctx.rollout_id)
         try:
             await asyncio.sleep(task.get("wait", 0))
+            # Another process releases it (the test, by removing the file): no event crosses.
+            while held(task):  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
             if task.get("crash"):
                 os._exit(1)  # the whole worker, as a segfault or the OOM killer would
             messages: list[dict[str, Any]] = [{"role": "user", "content": "Say hi."}]
@@ -35,6 +39,10 @@ class ProbeAgent(AgentLoop):
             return ctx.complete(messages, reward=float(task.get("reward", 1.0)))
         finally:
             note(task, "end", ctx.rollout_id)
+
+
+def held(task: dict[str, Any]) -> bool:
+    return "hold" in task and Path(task["hold"]).exists()
 
 
 def note(task: dict[str, Any], event: str, rollout_id: str) -> None:

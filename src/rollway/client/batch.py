@@ -196,6 +196,16 @@ def summarize(
     )
 
 
+def summary_view(record: RolloutRecord) -> RolloutRecord:
+    """What a batch's summary reads of a record (outcome, reward and its components, group,
+    the trajectory's figures) and nothing else: a batch keeps one per rollout until its summary
+    (100,000 at once on a cluster), the conversation, task and trajectory stay with the item
+    the caller got and in the store."""
+    return record.light().model_copy(
+        update={"messages": [], "task": {}, "fingerprint": None, "reward_history": []}
+    )
+
+
 def outcome_figures(records: Sequence[RolloutRecord]) -> dict[str, Any]:
     """What a summary says of ``records``' outcomes and rewards (a rescore recomputes these)."""
     rewards = [r.reward for r in records if r.reward is not None]

@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import queue
 import time
 import uuid
 from collections import Counter
@@ -16,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.agents.base import AgentLoop
-from rollway.client.batch import BatchItem, group_stats, plan, rerun_reason, summarize
+from rollway.client.batch import (
+    BatchItem,
+    group_stats,
+    plan,
+    rerun_reason,
+    summarize,
+    summary_view,
+)
 from rollway.client.fingerprint import agent_identity
 from rollway.client.future import RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
@@ -94,33 +102,38 @@ class BatchRuns:
         started = time.monotonic()
         done, todo, reruns = self._prepare(request)
         futures = {self._submit(spec, request.settings): index for index, spec in todo}
-        resumed = [item.result for item in done]
+        resumed = [summary_view(item.result) for item in done]
+        # Kept until the summary: small views, and each future let go once its item is out.
         ran: list[RolloutRecord] = []
+        finished: queue.SimpleQueue[concurrent.futures.Future[RolloutRecord]] = queue.SimpleQueue()
+        by_cf = {f._future: f for f in futures}
+        for cf in by_cf:
+            cf.add_done_callback(finished.put)
         try:
             with self._progress(len(done) + len(todo), request) as progress:
                 try:
                     for item in done:
                         progress.advance(item.result)
                         yield item
-                    by_cf = {f._future: f for f in futures}
-                    waiting = set(by_cf)
-                    while waiting:
+                    done.clear()
+                    while by_cf:
                         # Wake for the next status line too: a stuck batch still reports.
-                        finished, waiting = concurrent.futures.wait(
-                            waiting, progress.until_status(), concurrent.futures.FIRST_COMPLETED
-                        )
-                        progress.tick()
-                        for cf in finished:
-                            future = by_cf[cf]
-                            record = cf.result()
-                            ran.append(record)
-                            progress.advance(record)
-                            yield BatchItem.of(record, futures[future], future.elapsed())
+                        try:
+                            cf = finished.get(timeout=progress.until_status())
+                        except queue.Empty:
+                            progress.tick()
+                            continue
+                        future = by_cf.pop(cf)
+                        record = cf.result()
+                        ran.append(summary_view(record))
+                        progress.advance(record)
+                        yield BatchItem.of(record, futures.pop(future), future.elapsed())
                 finally:
                     cancel_and_wait(futures)
         except KeyboardInterrupt:
             # Every rollout has its record now: what finished, and the cancelled rest.
-            ended = [f._future.result() for f in futures if f.done() and not f._future.exception()]
+            left = [f._future.result() for f in futures if f.done() and not f._future.exception()]
+            ended = [*ran, *left]
             wall_s = time.monotonic() - started
             self._finish(request, resumed, ended, wall_s, reruns, interrupted=True)
             raise
@@ -147,13 +160,13 @@ class BatchRuns:
                     for aw in finished:
                         future = waiting.pop(aw)
                         record = aw.result()
-                        ran.append(record)
+                        ran.append(summary_view(record))
                         progress.advance(record)
                         yield BatchItem.of(record, futures[future], future.elapsed())
         finally:
             await asyncio.to_thread(cancel_and_wait, futures)
         wall_s = time.monotonic() - started
-        self._finish(request, [item.result for item in done], ran, wall_s, reruns)
+        self._finish(request, [summary_view(i.result) for i in done], ran, wall_s, reruns)
 
     def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
         return BatchProgress(

@@ -38,7 +38,8 @@ class BatchProgress:
     ) -> None:
         self.console = Console(stderr=True)
         self.counts: Counter[str] = Counter()
-        self.rewards: list[float] = []
+        #: The rewards' sum and count: the mean on every advance costs no pass over them all.
+        self._reward_sum, self._rewarded = 0.0, 0
         #: Each reward component's values so far, by name (a rubric's functions, say).
         self.components: dict[str, list[float]] = {}
         self._interval = status_interval_s
@@ -72,7 +73,8 @@ class BatchProgress:
     def advance(self, record: RolloutRecord) -> None:
         self.counts[record.status] += 1
         if record.reward is not None:
-            self.rewards.append(record.reward)
+            self._reward_sum += record.reward
+            self._rewarded += 1
         for name, value in record.reward_components.items():
             self.components.setdefault(name, []).append(value)
         self._progress.update(self._task, advance=1, description=self.describe())
@@ -106,7 +108,7 @@ class BatchProgress:
 
     def describe(self) -> str:
         parts = [f"{status} {n}" for status, n in sorted(self.counts.items())]
-        mean = f"{statistics.fmean(self.rewards):.3f}" if self.rewards else "-"
+        mean = f"{self._reward_sum / self._rewarded:.3f}" if self._rewarded else "-"
         return f"{', '.join(parts) or 'none finished'} | mean reward {mean}"
 
 

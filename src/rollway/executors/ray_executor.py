@@ -23,7 +23,16 @@ from typing import Any, Literal
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
 from rollway.executors.base import WorkerConfig
 from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
-from rollway.executors.ray_workers import RayWorker, catch_up, ray_cause, wait_for_restart
+from rollway.executors.ray_workers import (
+    RayWorker,
+    catch_up,
+    pinned_to,
+    ray_cause,
+    task_error,
+    wait_for_restart,
+    worker_nodes,
+)
+from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
@@ -63,9 +72,11 @@ class _WorkerLost(Exception):
 class RayExecutor:
     """``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``; None starts a local
     one unless Ray is already initialised). ``num_workers``: actors (default: the cluster's
-    CPUs over each worker's). ``resources_per_worker``: ``{"CPU": 1, "GPU": 0, "memory":
-    bytes, "<custom>": n}``. ``return_trajectories``: send whole records back to the driver
-    (default: light ones; the store has the trajectories)."""
+    CPUs over each worker's). ``workers_per_node``: instead, that many workers pinned to each
+    live node with room for one (node affinity), so a lost node takes only its own.
+    ``resources_per_worker``: ``{"CPU": 1, "GPU": 0, "memory": bytes, "<custom>": n}``.
+    ``return_trajectories``: send whole records back to the driver (default: light ones; the
+    store has the trajectories)."""
 
     def __init__(
         self,
@@ -73,6 +84,7 @@ class RayExecutor:
         num_workers: int | None = None,
         resources_per_worker: dict[str, float] | None = None,
         *,
+        workers_per_node: int | None = None,
         max_requeues: int = 2,
         max_worker_restarts: int = 3,
         restart_timeout_s: float = 120.0,
@@ -83,6 +95,12 @@ class RayExecutor:
     ) -> None:
         if num_workers is not None and num_workers < 1:
             raise ConfigError("num_workers must be at least 1")
+        if workers_per_node is not None and (workers_per_node < 1 or num_workers is not None):
+            raise ConfigError(
+                "workers_per_node must be at least 1, and goes without num_workers (the count "
+                "is the live nodes times workers_per_node)"
+            )
+        self.workers_per_node = workers_per_node
         self.address = address
         self.num_workers = num_workers
         self.resources_per_worker = dict(resources_per_worker or {"CPU": 1})
@@ -97,6 +115,9 @@ class RayExecutor:
         self.model_name = ""
         #: What each worker said when it started (pid, model), by worker index.
         self.worker_info: list[dict[str, Any]] = []
+        #: Rollouts dispatched again because their worker was lost: infrastructure reruns,
+        #: never charged to the policy (each rerun's record counts it in ``attempts``).
+        self.redispatched = 0
         #: Live or restarting workers; ``_all_workers`` keeps the ones gone for good too.
         self._workers: list[RayWorker] = []
         self._all_workers: list[RayWorker] = []
@@ -125,11 +146,13 @@ class RayExecutor:
             self._owns_ray = True
         self._store = setup.store
         self._engine = setup.engine
-        count = self.num_workers or self._default_workers(ray)
-        actor_class = ray.remote(RolloutWorker).options(**self._actor_options())
+        nodes = self._placement(ray)
+        count = len(nodes)
+        actor_class = ray.remote(RolloutWorker)
         # By value, not ray.put: a restarted actor needs its arguments again.
         self._workers = [
-            RayWorker(i, actor_class.remote(setup, self.return_trajectories)) for i in range(count)
+            RayWorker(i, self._start_actor(actor_class, node, setup), node=node)
+            for i, node in enumerate(nodes)
         ]
         self._all_workers = list(self._workers)
         try:
@@ -167,9 +190,16 @@ class RayExecutor:
             ray.shutdown()
 
     def load(self) -> list[dict[str, Any]]:
-        """Per worker: whether it is up, rollouts in flight, rollouts dispatched to it."""
+        """Per worker: whether it is up, rollouts in flight, rollouts dispatched to it, and
+        the node it is pinned to (None: spread by Ray)."""
         return [
-            {"worker": w.index, "up": w.up, "in_flight": w.in_flight, "dispatched": w.dispatched}
+            {
+                "worker": w.index,
+                "up": w.up,
+                "in_flight": w.in_flight,
+                "dispatched": w.dispatched,
+                "node": w.node,
+            }
             for w in self._all_workers
         ]
 
@@ -177,6 +207,7 @@ class RayExecutor:
         return {
             "executor": "ray",
             "workers": len(self._all_workers),
+            "workers_per_node": self.workers_per_node,
             "resources_per_worker": self.resources_per_worker,
         }
 
@@ -221,7 +252,7 @@ class RayExecutor:
         try:
             return list(await asyncio.gather(*refs))
         except self._ray.exceptions.RayTaskError as exc:
-            raise _task_error(exc) from exc
+            raise task_error(exc) from exc
 
     # -- running -----------------------------------------------------------------------------
 
@@ -238,6 +269,7 @@ class RayExecutor:
                 with attempt:
                     if losses:  # each dispatch has its own attempt id on the gateway
                         spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
+                        self.redispatched += 1
                     try:
                         return await self._dispatch(spec, settings, cancel)
                     except _WorkerLost as lost:
@@ -392,6 +424,24 @@ class RayExecutor:
             options["runtime_env"] = self.runtime_env
         return options
 
+    def _placement(self, ray: Any) -> list[str | None]:
+        """Each worker's node: pinned per node (``workers_per_node``), else None (spread)."""
+        if self.workers_per_node is None:
+            return [None] * (self.num_workers or self._default_workers(ray))
+        resources = {"CPU": 1.0, **self.resources_per_worker}
+        nodes: list[str | None] = list(worker_nodes(ray, resources, self.workers_per_node))
+        if not nodes:
+            raise ConfigError(
+                f"workers_per_node: no live Ray node has room for a worker of {resources}"
+            )
+        return nodes
+
+    def _start_actor(self, actor_class: Any, node: str | None, setup: WorkerConfig) -> Any:
+        options = self._actor_options()
+        if node is not None:
+            options["scheduling_strategy"] = pinned_to(self._ray, node)
+        return actor_class.options(**options).remote(setup, self.return_trajectories)
+
     def _default_workers(self, ray: Any) -> int:
         cpus = float(ray.cluster_resources().get("CPU", 1))
         per_worker = float(self.resources_per_worker.get("CPU", 1)) or 1.0
@@ -432,21 +482,3 @@ def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
                 f"executor='ray' sends the {name} to every worker, but it does not pickle: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-
-
-def ray_start_error(exc: BaseException, address: str | None) -> ConfigError:
-    """Why ``ray.init`` failed, its ``param`` saying what about, for the hint
-    (``cli.failures``): a cluster with token authentication (Ray >= 2.52) refuses a driver
-    without its token ("Authentication token is missing or incorrect")."""
-    where = address or "RAY_ADDRESS, or a new local instance"
-    cause = ray_cause(exc)
-    said = f"{type(exc).__name__} {cause}".lower()
-    param = "ray_auth" if "auth" in said and "token" in said else "ray_address"
-    return ConfigError(f"cannot start Ray ({where}): {cause}", param)
-
-
-def _task_error(exc: BaseException) -> Exception:
-    """The error a worker raised, as itself when Ray kept it (a refused version stays a
-    refused version), else an infrastructure error naming it."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, Exception) else InfrastructureError(ray_cause(exc))

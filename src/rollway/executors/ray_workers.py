@@ -1,5 +1,6 @@
-"""The Ray executor's view of its worker actors: their load, what their errors say, and their
-restarts (waited for, then caught up on the last weight update)."""
+"""The Ray executor's view of its worker actors: where they are placed (spread, or pinned per
+node), their load, what their errors say, and their restarts (waited for, then caught up on the
+last weight update)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rollway.errors import ConfigError, InfrastructureError
 from rollway.retry import Backoff, RetryPolicy
 
 #: A Ray worker being restarted, asked every half second whether it is ready, for two
@@ -30,6 +32,28 @@ class RayWorker:
     in_flight: int = 0
     dispatched: int = 0
     up: bool = True
+    #: The Ray node it was pinned to (``workers_per_node``); None: Ray spreads them.
+    node: str | None = None
+
+
+def worker_nodes(ray: Any, resources: dict[str, float], per_node: int) -> list[str]:
+    """``per_node`` slots on each live node that can hold one worker (its CPUs, GPUs and
+    custom resources), by node id: a head node started with no CPUs holds none."""
+    slots = []
+    for node in ray.nodes():
+        have = node.get("Resources", {})
+        fits = all(have.get(name, 0.0) >= need for name, need in resources.items() if need > 0)
+        if node.get("Alive") and fits:
+            slots += [node["NodeID"]] * per_node
+    return slots
+
+
+def pinned_to(ray: Any, node_id: str) -> Any:
+    """Hard affinity: a worker whose node is lost is not restarted elsewhere (its rollouts are
+    dispatched again to the workers left, and it is dropped once Ray gives up on it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
 
 
 async def wait_for_restart(worker: RayWorker, errors: Any, timeout_s: float) -> bool:
@@ -83,3 +107,21 @@ def ray_cause(exc: BaseException) -> str:
     named = [line for line in lines if _EXCEPTION_LINE.match(line)]
     text = named[-1] if named else lines[0] if lines else type(exc).__name__
     return text[:500]
+
+
+def ray_start_error(exc: BaseException, address: str | None) -> ConfigError:
+    """Why ``ray.init`` failed, its ``param`` saying what about, for the hint
+    (``cli.failures``): a cluster with token authentication (Ray >= 2.52) refuses a driver
+    without its token ("Authentication token is missing or incorrect")."""
+    where = address or "RAY_ADDRESS, or a new local instance"
+    cause = ray_cause(exc)
+    said = f"{type(exc).__name__} {cause}".lower()
+    param = "ray_auth" if "auth" in said and "token" in said else "ray_address"
+    return ConfigError(f"cannot start Ray ({where}): {cause}", param)
+
+
+def task_error(exc: BaseException) -> Exception:
+    """The error a worker raised, as itself when Ray kept it (a refused version stays a
+    refused version), else an infrastructure error naming it."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else InfrastructureError(ray_cause(exc))

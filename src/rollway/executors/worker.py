@@ -30,9 +30,12 @@ class RolloutWorker:
         self._cancelled_early: set[str] = set()
 
     async def ready(self) -> dict[str, Any]:
-        """Start serving (once) and say who this worker is."""
+        """Start serving (once) and say who this worker is: its process, model and node."""
+        import ray
+
         await self._served()
-        return {"pid": os.getpid(), "model": self._executor.model_name}
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+        return {"pid": os.getpid(), "model": self._executor.model_name, "node": node}
 
     async def _served(self) -> None:
         if self._serving is None:
