@@ -142,6 +142,12 @@ class StepSource:
         return await self.next_batch_async()
 
     @property
+    def plan(self) -> StepPlan:
+        """Its settings (``group_size``, ``groups_per_step``, the sampling in ``settings``):
+        what a trainer adapter checks its own batch shape and sampling against."""
+        return self._plan
+
+    @property
     def in_flight(self) -> int:
         """Groups running now (not yet ready)."""
         with self._cond:

@@ -27,7 +27,7 @@ from typing import Any
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
 from rollway.results import RolloutRecord
-from rollway.trainers.trl import PromptAgent
+from rollway.trainers.trl import PromptAgent, full_record
 from rollway.trajectory import Sample
 
 try:
@@ -121,7 +121,7 @@ def skyrl_engine_spec(inference_engine_client: Any) -> str:
 
 
 @dataclass(frozen=True)
-class _Row:
+class InputRow:
     """One input row of SkyRL's batch."""
 
     index: int
@@ -196,10 +196,10 @@ class RollwayGenerator(GeneratorInterface):
         options, want_logprobs = skyrl_sampling(input_batch.get("sampling_params"))
         records = await self._run(rows, input_batch.get("batch_metadata"), options)
         outs = [self._outs(record) for record in records]
-        return _output(rows, records, outs, want_logprobs, self.step_wise)
+        return generator_output(rows, records, outs, want_logprobs, self.step_wise)
 
     async def _run(
-        self, rows: list[_Row], metadata: BatchMetadata | None, options: dict[str, Any]
+        self, rows: list[InputRow], metadata: BatchMetadata | None, options: dict[str, Any]
     ) -> list[RolloutRecord]:
         """One record per row, in the rows' order."""
         groups = _groups(rows)
@@ -210,16 +210,10 @@ class RollwayGenerator(GeneratorInterface):
         # resume=False: a rerun of a step samples anew, never hands back an older sample.
         batch = self.client.run_batch_async(tasks, group_size=size, resume=False, **options)
         async for item in batch:
-            record = self._full(item.result)
+            record = full_record(self.client, item.result)
             records[groups[record.task_index][record.sample_index].index] = record
         assert all(record is not None for record in records)
         return records  # type: ignore[return-value]
-
-    def _full(self, record: RolloutRecord) -> RolloutRecord:
-        # Ray workers send records back light; their trajectories are in the store.
-        if record.trajectory is None and record.trajectory_stats is not None:
-            return self.client.store.get(record.rollout_key) or record
-        return record
 
     def _outs(self, record: RolloutRecord) -> list[_Out]:
         """A record's output rows: one per segment (one in all without ``step_wise``)."""
@@ -247,7 +241,7 @@ class RollwayGenerator(GeneratorInterface):
         ]
 
 
-def _rows(batch: GeneratorInput) -> list[_Row]:
+def _rows(batch: GeneratorInput) -> list[InputRow]:
     prompts = batch["prompts"]
     extras = batch.get("env_extras") or [{}] * len(prompts)
     classes = batch.get("env_classes") or [None] * len(prompts)
@@ -257,14 +251,15 @@ def _rows(batch: GeneratorInput) -> list[_Row]:
         if len(column) != len(prompts):
             raise ConfigError(f"{name} has {len(column)} rows for {len(prompts)} prompts", name)
     return [
-        _Row(i, prompts[i], classes[i], dict(extras[i] or {}), ids[i]) for i in range(len(prompts))
+        InputRow(i, prompts[i], classes[i], dict(extras[i] or {}), ids[i])
+        for i in range(len(prompts))
     ]
 
 
-def _groups(rows: list[_Row]) -> list[list[_Row]]:
+def _groups(rows: list[InputRow]) -> list[list[InputRow]]:
     """The rows as rollway groups: the repetitions of each ``instance_id`` (same prompt and
     extras, equally many each), in repetition order; otherwise one group per row."""
-    by_instance: dict[str, list[_Row]] = {}
+    by_instance: dict[str, list[InputRow]] = {}
     for row in rows:
         by_instance.setdefault(row.trajectory_id.instance_id, []).append(row)
     groups = [
@@ -279,7 +274,7 @@ def _groups(rows: list[_Row]) -> list[list[_Row]]:
     return groups if same_size and alike else [[row] for row in rows]
 
 
-def _task(row: _Row, metadata: BatchMetadata | None, call: int) -> dict[str, Any]:
+def _task(row: InputRow, metadata: BatchMetadata | None, call: int) -> dict[str, Any]:
     """The rollway task of a row: the dataset's columns as SkyRL gives them to its envs."""
     taken = _RESERVED & row.env_extras.keys()
     if taken:
@@ -327,8 +322,8 @@ def _out(record: RolloutRecord, sample: Sample, reward: float, last: bool) -> _O
     )
 
 
-def _output(
-    rows: Sequence[_Row],
+def generator_output(
+    rows: Sequence[InputRow],
     records: Sequence[RolloutRecord],
     outs: Sequence[list[_Out]],
     want_logprobs: bool,

@@ -86,27 +86,47 @@ def rollway_rollout_func(
     return _RolloutFunc(client, task_from_prompt, sync_weights, weights_mode)
 
 
+class WeightSync:
+    """Pushes a TRL trainer's weights into ``client``'s engines before the first round of each
+    trainer step (the first round included, as TRL does for vLLM)."""
+
+    def __init__(self, client: RolloutClient, mode: str) -> None:
+        self.client = client
+        self.mode = mode
+        self.synced_step: int | None = None
+
+    def __call__(self, trainer: Any) -> None:
+        if trainer.state.global_step != self.synced_step:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            self.client.update_weights(model.state_dict(), mode=self.mode)
+            self.synced_step = trainer.state.global_step
+
+
+def full_record(client: RolloutClient, record: RolloutRecord) -> RolloutRecord:
+    """The record with its trajectory: Ray workers send records back light, and their
+    trajectories are in the store."""
+    if record.trajectory is None and record.trajectory_stats is not None:
+        return client.store.get(record.rollout_key) or record
+    return record
+
+
 class _RolloutFunc:
     def __init__(
         self, client: RolloutClient, task_from_prompt: TaskFn, sync_weights: bool, mode: str
     ) -> None:
         self.client = client
         self.task_from_prompt = task_from_prompt
-        self.sync_weights = sync_weights
-        self.mode = mode
-        self.synced_step: int | None = None
+        self.weights = WeightSync(client, mode) if sync_weights else None
         self.rounds = 0
 
     def __call__(self, prompts: list[Prompt], trainer: Any) -> dict[str, list[Any]]:
-        if self.sync_weights and trainer.state.global_step != self.synced_step:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            self.client.update_weights(model.state_dict(), mode=self.mode)
-            self.synced_step = trainer.state.global_step
+        if self.weights is not None:
+            self.weights(trainer)
         generations = (
             trainer.num_generations if trainer.model.training else (trainer.num_generations_eval)
         )
         records = self.run_round(prompts, generations, **trainer_sampling(trainer.args))
-        return trl_columns(records, _eos_id(trainer.processing_class))
+        return trl_columns(records, trainer_eos_id(trainer.processing_class))
 
     def run_round(
         self, prompts: Sequence[Prompt], generations: int, **sampling: Any
@@ -122,16 +142,10 @@ class _RolloutFunc:
             tasks.append({"task_id": f"trl-{round_id}-{index}", **self.task_from_prompt(prompt)})
         records: list[RolloutRecord | None] = [None] * len(prompts)
         for item in self.client.run_batch(tasks, group_size=group, resume=False, **sampling):
-            records[item.index] = self._full(item.result)
+            records[item.index] = full_record(self.client, item.result)
         done = [r for r in records if r is not None]
         assert len(done) == len(records)  # run_batch yields one item per task and rollout
         return done
-
-    def _full(self, record: RolloutRecord) -> RolloutRecord:
-        # Ray workers send records back light; their trajectories are in the store.
-        if record.trajectory is None and record.trajectory_stats is not None:
-            return self.client.store.get(record.rollout_key) or record
-        return record
 
 
 def trainer_sampling(args: Any) -> dict[str, Any]:
@@ -234,6 +248,7 @@ def _grouped(prompts: Sequence[Prompt], generations: int) -> bool:
     )
 
 
-def _eos_id(processing_class: Any) -> int:
+def trainer_eos_id(processing_class: Any) -> int:
+    """The placeholder token of a failed rollout: the tokenizer's EOS."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's own
     return int(tokenizer.eos_token_id)
