@@ -1,5 +1,5 @@
 """`rollway gateway --workers 2` as real subprocesses on loopback: each rollout's turns reach
-the one worker that holds it, weight updates reach every worker (a restarted one too), and a
+the one worker that holds it (straight at its port, as its registration answers), weight updates reach every worker (a restarted one too), and a
 worker that dies is started again while its rollouts fail as infrastructure, the others go on."""
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def test_each_rollouts_turns_reach_one_worker_and_make_one_exact_sample(front: s
         gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
         ids = [on_worker(0, "zero-"), on_worker(1, "one-")]
         await asyncio.gather(*(converse(gateway, rollout_id, 3) for rollout_id in ids))
+        assert {gateway.base_url(r).split("/v1/")[0] for r in ids}.isdisjoint({front})
         for rollout_id in ids:
             trajectory = await gateway.trajectory(rollout_id)
             assert len(trajectory.turns) == 3

@@ -55,10 +55,6 @@ def serve(
             "calls reach the process that holds it.",
         ),
     ] = 1,
-    uds: Annotated[
-        str | None,
-        typer.Option(hidden=True, help="Serve on this unix socket (a worker of --workers)."),
-    ] = None,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
@@ -69,7 +65,7 @@ def serve(
                    "--keep-alive": str(keep_alive),
                    "--max-connections": str(max_connections)}  # fmt: skip
         args = [part for name, value in options.items() if value for part in (name, value)]
-        pool = WorkerPool(workers, args, admin_key)
+        pool = WorkerPool(workers, args, admin_key, host)
         app = create_front_app(pool, admin_key=admin_key, rollout_ttl_s=rollout_ttl or None)
         engine = f"{engine}, {workers} workers"
     else:
@@ -77,8 +73,7 @@ def serve(
             engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
         )
         app = create_app(gateway, admin_key=admin_key)
-    if uds is None:
-        typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
+    typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:
         typer.echo(f"admin key: {admin_key}")
-    run_server(app, limits, host=host, port=port, uds=uds)
+    run_server(app, limits, host=host, port=port)

@@ -126,11 +126,7 @@ def tune_collector_for_serving() -> None:
     gc.set_threshold(*SERVING_GC_THRESHOLD)
 
 
-def run_server(
-    app: ASGIApp, limits: ServerLimits, *, host: str, port: int, uds: str | None = None
-) -> None:
-    """Serve ``app`` until interrupted (the CLI's servers); on the unix socket ``uds`` instead
-    of ``host``:``port`` when given."""
+def run_server(app: ASGIApp, limits: ServerLimits, *, host: str, port: int) -> None:
+    """Serve ``app`` until interrupted (the CLI's servers)."""
     tune_collector_for_serving()
-    where: dict[str, object] = {"uds": uds} if uds else {"host": host, "port": port}
-    uvicorn.Server(uvicorn_config(app, limits, log_level="warning", **where)).run()
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level="warning")).run()

@@ -1,6 +1,8 @@
-"""The one public port of ``rollway gateway --workers N``: each request goes to the worker that
+"""The front port of ``rollway gateway --workers N``: each request goes to the worker that
 holds its rollout (or experiment), by ``WorkerPool.route``; weights, pauses, metrics and
-health are answered for all of them (``fan_out``).
+health are answered for all of them (``fan_out``). A registration answers a base URL on the
+worker's own port, so a rollout's turns skip the front; calls sent to the front anyway are
+passed on.
 
 The front remembers, for each rollout, the incarnation of the worker that registered it. Once
 that worker has died, every call for the rollout is answered 503 as an
@@ -15,6 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
@@ -89,9 +92,22 @@ async def rollout_call(request: Request) -> Response:
     answer = await forward(worker, request, body)
     if action == "register" and answer.status_code == 200:
         held.registered(rollout_id, incarnation)
+        return _straight_to(worker, request, answer)
     elif action == "unregister" and answer.status_code in (200, 404):
         held.drop(rollout_id)
     return answer
+
+
+def _straight_to(worker: Worker, request: Request, answer: Response) -> Response:
+    """The registration's answer, its base URL the worker's own port on the host the caller
+    reached the front by: the rollout's turns go straight there, not through the front."""
+    registration = orjson.loads(answer.body)
+    host = request.url.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    rollout_id = registration["rollout_id"]
+    registration["base_url"] = f"http://{host}:{worker.port}/v1/rollouts/{rollout_id}"
+    registration["worker"] = worker.index
+    return JSONResponse(registration)
 
 
 def _lost(rollout_id: str, worker: Worker) -> str:
@@ -155,7 +171,7 @@ async def metrics(request: Request) -> Response:
 
 async def _metrics_of(worker: Worker, request: Request) -> str:
     async with worker.session.get(
-        "http://worker/metrics", headers={"Authorization": f"Bearer {request.app.state.admin_key}"}
+        f"{worker.url}/metrics", headers={"Authorization": f"Bearer {request.app.state.admin_key}"}
     ) as answer:
         return await answer.text()
 

@@ -1,5 +1,5 @@
-"""One request passed on to the worker that holds it, over the worker's socket: the body read
-once (bounded), the answer passed back as it comes (a stream's events are not held back).
+"""One request passed on to the worker that holds it: the body read once (bounded), the
+answer passed back as it comes (a stream's events are not held back).
 
 A worker that cannot be reached, or dies during the call, is answered as an
 ``InfrastructureError`` (503) naming it: the client retries or reruns such a failure, and it
@@ -48,7 +48,7 @@ async def forward(worker: Worker, request: Request, body: bytes) -> Response:
     """``request`` as ``worker`` answers it. The Host header goes along, so the URLs a worker
     writes into its answers (a registration's base URL) are the front's."""
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
-    url = "http://worker" + request.url.path
+    url = worker.url + request.url.path
     if request.url.query:
         url += "?" + request.url.query
     try:
@@ -79,7 +79,7 @@ async def call_json(
     headers = {"Authorization": f"Bearer {admin_key}"}
     try:
         async with worker.session.request(
-            method, "http://worker" + path, json=body, headers=headers
+            method, worker.url + path, json=body, headers=headers
         ) as answer:
             return answer.status, await answer.json(content_type=None)
     except (aiohttp.ClientError, OSError, ValueError) as exc:

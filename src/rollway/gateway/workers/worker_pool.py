@@ -1,6 +1,10 @@
 """The processes behind ``rollway gateway --workers N``: each a whole gateway (``rollway
-gateway`` on its own unix socket, the same engine options and admin key), started, watched,
-and started again when it dies.
+gateway`` on its own port, the same engine options and admin key), started, watched, and
+started again when it dies, on the same port.
+
+A rollout's turns go straight to its worker's port (the base URL its registration answers):
+proxying them through the front would cost the front as much CPU per turn as the worker's
+whole turn (measured: ``benchmarks/gateway_workers.py``).
 
 A rollout's state lives in the one process that registered it, so a worker that dies takes
 its rollouts with it. Each worker counts its incarnations (one more at every restart): the
@@ -13,17 +17,15 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
+import socket
 import sys
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import aiohttp
 
 from rollway.errors import ConfigError
-from rollway.tempdirs import make_owned_tempdir
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +39,12 @@ _POLL_S = 0.05
 
 @dataclass
 class Worker:
-    """One gateway process; ``session`` reaches it over its socket (open while the pool is)."""
+    """One gateway process on ``port``; ``url`` is where the front reaches it, ``session``
+    how (open while the pool is)."""
 
     index: int
-    socket_path: str
+    port: int
+    url: str
     session: aiohttp.ClientSession
     process: asyncio.subprocess.Process | None = None
     incarnation: int = 0
@@ -63,15 +67,16 @@ CatchUp = Callable[[Worker], Awaitable[None]]
 
 class WorkerPool:
     """``count`` workers started with ``gateway_args`` (the options of ``rollway gateway``);
-    ``start`` returns once all answer, ``stop`` ends them."""
+    ``start`` returns once all answer, ``stop`` ends them. They listen on ``host`` (the
+    front's), each on a free port chosen at start and kept across its restarts."""
 
-    def __init__(self, count: int, gateway_args: list[str], admin_key: str) -> None:
+    def __init__(self, count: int, gateway_args: list[str], admin_key: str, host: str) -> None:
         if count < 2:
             raise ConfigError(f"a worker pool needs at least 2 workers, not {count}", "workers")
         self.count, self.gateway_args, self.admin_key = count, gateway_args, admin_key
+        self.host = host
         self.workers: list[Worker] = []
         self.catch_up: CatchUp | None = None
-        self._folder: Path | None = None
         self._watchers: list[asyncio.Task[None]] = []
 
     def route(self, key: str) -> Worker:
@@ -80,15 +85,16 @@ class WorkerPool:
         return self.workers[zlib.crc32(key.encode()) % self.count]
 
     async def start(self) -> None:
-        self._folder = make_owned_tempdir("rollway-gateway-workers-")
-        for index in range(self.count):
-            path = str(self._folder / f"w{index}.sock")
+        # A wildcard address listens on loopback too; the front calls its workers there.
+        reach = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        reach = "[::1]" if reach == "::" else f"[{reach}]" if ":" in reach else reach
+        for index, port in enumerate(_free_ports(self.host, self.count)):
             session = aiohttp.ClientSession(
-                connector=aiohttp.UnixConnector(path=path, limit=0),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
                 auto_decompress=False,
             )
-            self.workers.append(Worker(index, path, session))
+            self.workers.append(Worker(index, port, f"http://{reach}:{port}", session))
         try:
             await asyncio.gather(*(self._launch(worker) for worker in self.workers))
         except BaseException:
@@ -105,14 +111,12 @@ class WorkerPool:
         await asyncio.gather(*(_end(w.process) for w in self.workers if w.process))
         for worker in self.workers:
             await worker.session.close()
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
 
     async def _launch(self, worker: Worker) -> None:
         """Start the worker's process and wait until it answers, caught up; a worker that
         exits first is a ``ConfigError`` with its exit status (its stderr is the front's)."""
         command = [sys.executable, "-m", "rollway", "gateway", *self.gateway_args]
-        command += ["--workers", "1", "--uds", worker.socket_path]
+        command += ["--workers", "1", "--host", self.host, "--port", str(worker.port)]
         env = {**os.environ, "ROLLWAY_ADMIN_KEY": self.admin_key}
         worker.process = await asyncio.create_subprocess_exec(
             *command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
@@ -157,9 +161,19 @@ class WorkerPool:
                 backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
 
 
+def _free_ports(host: str, count: int) -> list[int]:
+    """Ports free on ``host`` now (all held at once, so they differ), for the workers to bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as held:
+        sockets = [held.enter_context(socket.socket(family)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
 async def _answers(worker: Worker) -> bool:
     try:
-        async with worker.session.get("http://worker/health") as answer:
+        async with worker.session.get(f"{worker.url}/health") as answer:
             return answer.status == 200
     except (aiohttp.ClientError, OSError):
         return False
