@@ -57,7 +57,13 @@ class Worker:
 
     def describe(self) -> dict[str, object]:
         pid = self.process.pid if self.process is not None else None
-        return {"worker": self.index, "pid": pid, "up": self.up, "restarts": self.restarts}
+        return {
+            "worker": self.index,
+            "pid": pid,
+            "port": self.port,
+            "up": self.up,
+            "restarts": self.restarts,
+        }
 
 
 #: Called with a worker that has just started (again), before it takes requests: what the
