@@ -108,7 +108,9 @@ async def measure(
     proc, url = start_gateway(spec, admin_key, workers)
     rows = []
     try:
-        connector = aiohttp.TCPConnector(limit=1024)
+        # Idle connections are dropped before the server's keep-alive (5 s) can close one
+        # under a request (the front sees only registrations: its connections idle).
+        connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=2)
         async with aiohttp.ClientSession(connector=connector) as session:
             turn = registered_turns(session, url, admin_key)
             await drive(turn, 16, 16)  # warm: connections, first renders

@@ -1,6 +1,7 @@
 """`rollway gateway --workers 2` as real subprocesses on loopback: each rollout's turns reach
-the one worker that holds it (straight at its port, as its registration answers), weight updates reach every worker (a restarted one too), and a
-worker that dies is started again while its rollouts fail as infrastructure, the others go on."""
+the one worker that holds it (straight at its port, as its registration answers), weight
+updates reach every worker (a restarted one too), and a worker that dies is started again
+while its rollouts fail as infrastructure, the others go on."""
 
 from __future__ import annotations
 
