@@ -56,6 +56,7 @@ def registered_turns(session: aiohttp.ClientSession, url: str, admin_key: str) -
             register = f"{url}/v1/rollouts/{rollout_id}/register"
             async with session.post(register, json={"max_tokens": 64}, headers=admin) as r:
                 answer = await r.json()
+                assert r.status == 200, answer
             headers = {"Authorization": f"Bearer {answer['api_key']}"}
             rollouts[rollout_id] = (f"{answer['base_url']}/chat/completions", headers)
         chat, headers = rollouts[rollout_id]

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,14 @@ import httpx
 import openai
 import pytest
 
+from rollway.client import RolloutClient
 from rollway.errors import InfrastructureError, UnknownRolloutError
 from rollway.gateway import RemoteGateway
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.gateway.workers.worker_pool import worker_index
 from tests.cli.test_gateway_command import free_port
 from tests.cli.test_gateway_rollout_ttl import wait_until_serving
+from tests.client.test_gateway_faults import ROLLOUTS, FaultAgent
 
 ADMIN_KEY = "ak-workers-test"
 WORKERS = 2
@@ -32,9 +34,7 @@ WORKERS = 2
 
 def on_worker(index: int, prefix: str) -> str:
     """A rollout id the front routes to worker ``index`` (its stable hash)."""
-    return next(
-        f"{prefix}{n}" for n in range(100) if zlib.crc32(f"{prefix}{n}".encode()) % 2 == index
-    )
+    return next(f"{prefix}{n}" for n in range(100) if worker_index(f"{prefix}{n}", 2) == index)
 
 
 @pytest.fixture
@@ -114,13 +114,9 @@ def test_a_killed_worker_is_restarted_and_only_its_rollouts_fail_clearly(
         await gateway.close()
 
     asyncio.run(before())
-    victim = health(front)["workers"][1]
-    os.kill(victim["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 120
-    while not (worker := health(front)["workers"][1])["up"] or worker["restarts"] < 1:
-        assert time.monotonic() < deadline, f"worker 1 was not started again: {worker}"
-        time.sleep(0.1)
-    assert worker["pid"] != victim["pid"]
+    victim = health(front)["workers"][1]["pid"]
+    kill_worker_and_wait(front, 1)
+    assert health(front)["workers"][1]["pid"] != victim
 
     async def after() -> None:
         gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
@@ -146,3 +142,40 @@ def test_a_killed_worker_is_restarted_and_only_its_rollouts_fail_clearly(
         await gateway.close()
 
     asyncio.run(finally_unregister())
+
+
+def kill_worker_and_wait(front: str, index: int) -> None:
+    """SIGKILL worker ``index``, and return once the front has started it again."""
+    victim = health(front)["workers"][index]
+    os.kill(victim["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not (worker := health(front)["workers"][index])["up"] or worker["restarts"] < 1:
+        assert time.monotonic() < deadline, f"worker {index} was not started again: {worker}"
+        time.sleep(0.1)
+
+
+@pytest.mark.timeout(240)
+def test_a_client_reruns_the_rollouts_a_dead_worker_took_as_infrastructure_failures(
+    front: str, tmp_path: Path
+) -> None:
+    first_ids = [f"faults.t{i}.0.1" for i in range(ROLLOUTS)]
+    on_one = {r for r in first_ids if worker_index(r, 2) == 1}
+    assert 0 < len(on_one) < ROLLOUTS  # both workers hold some
+    agent = FaultAgent(fault=lambda: kill_worker_and_wait(front, 1))
+    gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
+    tasks = [{"task_id": f"t{i}", "chats": 1} for i in range(ROLLOUTS)]
+    client = RolloutClient(agent, gateway, store=str(tmp_path), exp_id="faults",
+                           max_concurrent=ROLLOUTS, max_retry_attempts=1)  # fmt: skip
+    with client:
+        records = [item.result for item in client.run_batch(tasks)]
+    for record in records:
+        if record.rollout_id in on_one:
+            assert (record.status, record.error_kind) == ("error", "infrastructure"), record
+            assert "lost: gateway worker 1" in (record.reason or ""), record.reason
+        else:
+            assert record.status == "completed", (record.status, record.reason)
+    retried = RolloutClient(FaultAgent(), RemoteGateway(front, admin_key=ADMIN_KEY),
+                            store=str(tmp_path / "again"), exp_id="faults")  # fmt: skip
+    with retried:
+        again = [item.result for item in retried.run_batch(tasks)]
+    assert all(record.status == "completed" for record in again)

@@ -65,7 +65,7 @@ def serve(
                    "--keep-alive": str(keep_alive),
                    "--max-connections": str(max_connections)}  # fmt: skip
         args = [part for name, value in options.items() if value for part in (name, value)]
-        pool = WorkerPool(workers, args, admin_key, host)
+        pool = WorkerPool(workers, args, admin_key, host, keep_alive)
         app = create_front_app(pool, admin_key=admin_key, rollout_ttl_s=rollout_ttl or None)
         engine = f"{engine}, {workers} workers"
     else:

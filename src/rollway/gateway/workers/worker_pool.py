@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import socket
 import sys
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from rollway.errors import ConfigError
+from rollway.web.uvicorn_server import ServerLimits
 
 log = logging.getLogger(__name__)
 
@@ -76,27 +77,35 @@ class WorkerPool:
     ``start`` returns once all answer, ``stop`` ends them. They listen on ``host`` (the
     front's), each on a free port chosen at start and kept across its restarts."""
 
-    def __init__(self, count: int, gateway_args: list[str], admin_key: str, host: str) -> None:
+    def __init__(
+        self,
+        count: int,
+        gateway_args: list[str],
+        admin_key: str,
+        host: str,
+        keep_alive_s: float = ServerLimits.keep_alive_s,
+    ) -> None:
         if count < 2:
             raise ConfigError(f"a worker pool needs at least 2 workers, not {count}", "workers")
         self.count, self.gateway_args, self.admin_key = count, gateway_args, admin_key
-        self.host = host
+        self.host, self.keep_alive_s = host, keep_alive_s
         self.workers: list[Worker] = []
         self.catch_up: CatchUp | None = None
         self._watchers: list[asyncio.Task[None]] = []
 
     def route(self, key: str) -> Worker:
-        """The worker that holds ``key`` (a rollout or experiment id): a hash that is the same
-        in every process and at every start, so it never needs to be remembered."""
-        return self.workers[zlib.crc32(key.encode()) % self.count]
+        return self.workers[worker_index(key, self.count)]
 
     async def start(self) -> None:
         # A wildcard address listens on loopback too; the front calls its workers there.
         reach = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
         reach = "[::1]" if reach == "::" else f"[{reach}]" if ":" in reach else reach
         for index, port in enumerate(_free_ports(self.host, self.count)):
+            # An idle connection is dropped well before the worker's keep-alive closes it:
+            # else a request sent as the worker closes it fails (aiohttp does not resend).
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=self.keep_alive_s / 2)
             session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+                connector=connector,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
                 auto_decompress=False,
             )
@@ -165,6 +174,15 @@ class WorkerPool:
                     await _end(worker.process)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
+
+
+def worker_index(key: str, count: int) -> int:
+    """Which of ``count`` workers holds ``key`` (a rollout or experiment id): a hash that is
+    the same in every process and at every start, so it never needs to be remembered. Not
+    CRC-32: it is linear, and ids that differ in a digit or two (``exp.t1.0.1``,
+    ``exp.t2.0.1``) can all land on one worker."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % count
 
 
 def _free_ports(host: str, count: int) -> list[int]:
