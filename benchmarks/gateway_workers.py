@@ -125,6 +125,8 @@ async def measure(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        if proc.stderr is not None:
+            proc.stderr.close()
     return rows
 
 
