@@ -133,8 +133,14 @@ class WorkerPool:
         command = [sys.executable, "-m", "rollway", "gateway", *self.gateway_args]
         command += ["--workers", "1", "--host", self.host, "--port", str(worker.port)]
         env = {**os.environ, "ROLLWAY_ADMIN_KEY": self.admin_key}
+        # Its own session: a Ctrl-C in the terminal reaches the front alone, which then ends
+        # its workers, rather than every worker dying at once and being started again.
         worker.process = await asyncio.create_subprocess_exec(
-            *command, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+            *command,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
         )
         async with asyncio.timeout(START_TIMEOUT_S):
             while not await _answers(worker):
