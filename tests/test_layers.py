@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
 #: which may import each other. A package's ``__init__`` is its front door and may import any.
 INNER_LAYERS: dict[str, list[set[str]]] = {
     "engines": [{"factory"}, {"embedded", "remote"}, {"(modules)"}],
-    "gateway": [{"http"}, {"(modules)"}, {"render"}],
+    "gateway": [{"http", "workers"}, {"(modules)"}, {"render"}],
     "agents": [{"server"}, {"(modules)"}],
 }
 #: Conventional names each package may have: the seam's interface, the spec-string builder.

@@ -15,6 +15,8 @@ from rollway.cli.options import (
     key_from_env,
 )
 from rollway.gateway import build_gateway, create_app
+from rollway.gateway.workers.front_app import create_front_app
+from rollway.gateway.workers.worker_pool import WorkerPool
 from rollway.web.uvicorn_server import ServerLimits, run_server
 
 _DEFAULT = ServerLimits()
@@ -44,15 +46,34 @@ def serve(
             "chosen from the model folder (its architecture, its chat template).",
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            envvar="ROLLWAY_GATEWAY_WORKERS",
+            min=1,
+            help="Gateway processes behind the one port (one per core to use); each rollout's "
+            "calls reach the process that holds it.",
+        ),
+    ] = 1,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
-    gateway = build_gateway(
-        engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
-    )
-    app = create_app(gateway, admin_key=admin_key)
+    limits = ServerLimits(request_timeout, keep_alive, max_connections)
+    if workers > 1:
+        options = {"--engine": engine, "--model": model, "--rollout-ttl": str(rollout_ttl),
+                   "--renderer": renderer, "--request-timeout": str(request_timeout),
+                   "--keep-alive": str(keep_alive),
+                   "--max-connections": str(max_connections)}  # fmt: skip
+        args = [part for name, value in options.items() if value for part in (name, value)]
+        pool = WorkerPool(workers, args, admin_key, host, keep_alive)
+        app = create_front_app(pool, admin_key=admin_key, rollout_ttl_s=rollout_ttl or None)
+        engine = f"{engine}, {workers} workers"
+    else:
+        gateway = build_gateway(
+            engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
+        )
+        app = create_app(gateway, admin_key=admin_key)
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:
         typer.echo(f"admin key: {admin_key}")
-    limits = ServerLimits(request_timeout, keep_alive, max_connections)
     run_server(app, limits, host=host, port=port)

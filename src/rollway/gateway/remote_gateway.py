@@ -69,6 +69,9 @@ class RemoteGateway:
         self.model_name = _check(self.url, admin_key)
         self.socket_path: str | None = None
         self._keys: dict[str, str] = {}
+        #: Base URLs registrations answered on a worker's own port (``rollway gateway
+        #: --workers``); the admin routes stay under ``url``.
+        self._base_urls: dict[str, str] = {}
         self._session: aiohttp.ClientSession | None = None
         #: The lease holder id of the client using it (``rollway.leases``): sent with every
         #: registration, and shipped to Ray workers with the rest.
@@ -76,9 +79,14 @@ class RemoteGateway:
 
     def __getstate__(self) -> dict[str, Any]:
         # Shipped to Ray workers: the address and key, not this process's connections.
-        return {**self.__dict__, "_keys": {}, "_session": None}
+        return {**self.__dict__, "_keys": {}, "_base_urls": {}, "_session": None}
 
     def base_url(self, rollout_id: str) -> str:
+        """Where the rollout's agent calls: what its registration answered (the gateway
+        chooses), else under the gateway's URL."""
+        return self._base_urls.get(rollout_id) or f"{self.url}/v1/rollouts/{rollout_id}"
+
+    def _admin_url(self, rollout_id: str) -> str:
         return f"{self.url}/v1/rollouts/{rollout_id}"
 
     async def register(
@@ -87,12 +95,14 @@ class RemoteGateway:
         query = {"reuse": "true"} if reuse else {}
         if self.lease_holder is not None:
             query["client"] = self.lease_holder
-        url = f"{self.base_url(rollout_id)}/register"
+        url = f"{self._admin_url(rollout_id)}/register"
         if query:
             url += f"?{urlencode(query)}"
         body = params.model_dump(mode="json", exclude_unset=True)
         answer = await self._admin("POST", url, body)
         self._keys[rollout_id] = answer["api_key"]
+        if "worker" in answer:  # --workers: the turns go straight to the rollout's worker
+            self._base_urls[rollout_id] = str(answer["base_url"])
         return Registration(rollout_id, answer["api_key"])
 
     async def chat(self, rollout_id: str, request: dict[str, Any]) -> ChatResult:
@@ -104,15 +114,16 @@ class RemoteGateway:
         return _chat_result(await request_json(self.session(), "POST", url, key, body))
 
     async def trajectory(self, rollout_id: str) -> Trajectory:
-        answer = await self._admin("GET", f"{self.base_url(rollout_id)}/trajectory")
+        answer = await self._admin("GET", f"{self._admin_url(rollout_id)}/trajectory")
         return Trajectory.model_validate(answer)
 
     async def cancel(self, rollout_id: str) -> None:
-        await self._admin("POST", f"{self.base_url(rollout_id)}/cancel")
+        await self._admin("POST", f"{self._admin_url(rollout_id)}/cancel")
 
     async def unregister(self, rollout_id: str) -> None:
-        await self._admin("POST", f"{self.base_url(rollout_id)}/unregister")
+        await self._admin("POST", f"{self._admin_url(rollout_id)}/unregister")
         self._keys.pop(rollout_id, None)
+        self._base_urls.pop(rollout_id, None)
 
     async def take_lease(self, exp_id: str, holder: LeaseHolder, ttl_s: float) -> None:
         """Hold ``exp_id`` here for ``holder``, or renew its hold; ``ExperimentInUseError``

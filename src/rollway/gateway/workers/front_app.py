@@ -1,0 +1,238 @@
+"""The front port of ``rollway gateway --workers N``: each request goes to the worker that
+holds its rollout (or experiment), by ``WorkerPool.route``; weights, pauses, metrics and
+health are answered for all of them (``fan_out``). A registration answers a base URL on the
+worker's own port, so a rollout's turns skip the front; calls sent to the front anyway are
+passed on.
+
+The front remembers, for each rollout, the incarnation of the worker that registered it. Once
+that worker has died, every call for the rollout is answered 503 as an
+``InfrastructureError`` saying it was lost (the client reruns it as an infrastructure failure),
+never sent on to the worker started in its place, which would not know it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rollway.errors import InfrastructureError, UnknownRolloutError
+from rollway.gateway.metrics import PROMETHEUS_TEXT
+from rollway.gateway.workers.fan_out import WorkerWeights, merge_metrics
+from rollway.gateway.workers.proxy import call_json, error_response, forward, read_capped
+from rollway.gateway.workers.worker_pool import Worker, WorkerPool
+from rollway.web.handlers import JSONResponse, guarded, read_json, require_key
+
+#: How long a request for a worker being started again waits for it (then a 503).
+STARTING_WAIT_S = 30.0
+_ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+class HeldRollouts:
+    """Rollout id -> (incarnation of its worker at registration, last use). Entries go at
+    unregister, or after ``ttl_s`` unused (the worker drops the rollout then too)."""
+
+    def __init__(self, ttl_s: float | None) -> None:
+        self.ttl_s = ttl_s
+        self._held: dict[str, tuple[int, float]] = {}
+
+    def registered(self, rollout_id: str, incarnation: int) -> None:
+        self._held[rollout_id] = (incarnation, time.monotonic())
+
+    def lost_by(self, rollout_id: str, worker: Worker) -> bool:
+        """Whether the rollout was registered on an earlier life of ``worker``."""
+        held = self._held.get(rollout_id)
+        if held is None:
+            return False
+        self._held[rollout_id] = (held[0], time.monotonic())
+        return held[0] != worker.incarnation
+
+    def drop(self, rollout_id: str) -> None:
+        self._held.pop(rollout_id, None)
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    async def expire_forever(self) -> None:
+        if self.ttl_s is None:
+            return
+        while True:
+            await asyncio.sleep(min(max(self.ttl_s / 4, 0.01), 30.0))
+            oldest = time.monotonic() - self.ttl_s
+            for rollout_id in [r for r, (_, used) in self._held.items() if used < oldest]:
+                del self._held[rollout_id]
+
+
+def _front(request: Request) -> tuple[WorkerPool, HeldRollouts, WorkerWeights]:
+    state = request.app.state
+    return state.pool, state.held, state.weights
+
+
+async def rollout_call(request: Request) -> Response:
+    pool, held, _ = _front(request)
+    rollout_id = request.path_params["rollout_id"]
+    action = request.path_params["rest"]
+    worker = pool.route(rollout_id)
+    body = await read_capped(request)
+    if held.lost_by(rollout_id, worker):
+        if action == "unregister":  # what the client does last: it is gone, as asked
+            held.drop(rollout_id)
+            return error_response(UnknownRolloutError(_lost(rollout_id, worker)))
+        return error_response(InfrastructureError(_lost(rollout_id, worker)))
+    if not await _started(worker):
+        return error_response(InfrastructureError(f"gateway worker {worker.index} is starting"))
+    incarnation = worker.incarnation  # the life it is sent to, should it end meanwhile
+    answer = await forward(worker, request, body)
+    if action == "register" and answer.status_code == 200:
+        held.registered(rollout_id, incarnation)
+        return _straight_to(worker, request, answer)
+    elif action == "unregister" and answer.status_code in (200, 404):
+        held.drop(rollout_id)
+    return answer
+
+
+def _straight_to(worker: Worker, request: Request, answer: Response) -> Response:
+    """The registration's answer, its base URL the worker's own port on the host the caller
+    reached the front by: the rollout's turns go straight there, not through the front."""
+    registration = orjson.loads(answer.body)
+    host = request.url.hostname or "127.0.0.1"
+    host = f"[{host}]" if ":" in host else host
+    rollout_id = registration["rollout_id"]
+    registration["base_url"] = f"http://{host}:{worker.port}/v1/rollouts/{rollout_id}"
+    registration["worker"] = worker.index
+    return JSONResponse(registration)
+
+
+def _lost(rollout_id: str, worker: Worker) -> str:
+    return (
+        f"rollout {rollout_id!r} was lost: gateway worker {worker.index}, which held it, died "
+        "and was started again without it; run the rollout again"
+    )
+
+
+async def _started(worker: Worker) -> bool:
+    """Whether the worker serves, waiting out a restart up to ``STARTING_WAIT_S``."""
+    if worker.up:
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STARTING_WAIT_S):
+            await worker.ready.wait()
+    return worker.up
+
+
+async def keyed_call(request: Request) -> Response:
+    """An experiment's lease lives on one worker, chosen like a rollout's."""
+    pool, _, _ = _front(request)
+    worker = pool.route(request.path_params["exp_id"])
+    body = await read_capped(request)
+    if not await _started(worker):
+        return error_response(InfrastructureError(f"gateway worker {worker.index} is starting"))
+    return await forward(worker, request, body)
+
+
+async def first_worker(request: Request) -> Response:
+    """What is the same on every worker (the policy, the API document, a 404)."""
+    pool, _, _ = _front(request)
+    worker = next((w for w in pool.workers if w.up), pool.workers[0])
+    return await forward(worker, request, await read_capped(request))
+
+
+async def update_weights(request: Request) -> Response:
+    _require_admin(request)
+    _, _, weights = _front(request)
+    return JSONResponse(await weights.update(await read_json(request)))
+
+
+async def pause(request: Request) -> Response:
+    _require_admin(request)
+    _, _, weights = _front(request)
+    return JSONResponse(await weights.pause(await read_json(request)))
+
+
+async def resume(request: Request) -> Response:
+    _require_admin(request)
+    _, _, weights = _front(request)
+    return JSONResponse(await weights.resume())
+
+
+async def metrics(request: Request) -> Response:
+    _require_admin(request)
+    pool, _, _ = _front(request)
+    texts = await asyncio.gather(*(_metrics_of(w, request) for w in pool.workers if w.up))
+    return Response(merge_metrics(list(texts)), media_type=PROMETHEUS_TEXT)
+
+
+async def _metrics_of(worker: Worker, request: Request) -> str:
+    async with worker.session.get(
+        f"{worker.url}/metrics", headers={"Authorization": f"Bearer {request.app.state.admin_key}"}
+    ) as answer:
+        return await answer.text()
+
+
+async def health(request: Request) -> Response:
+    """200 while the front serves; ``workers`` says which are up, ``engine`` is ``down`` when
+    an up worker says its engine is."""
+    pool, held, _ = _front(request)
+    answers = await asyncio.gather(*(_health_of(w) for w in pool.workers if w.up))
+    engine = "down" if any(a.get("engine") == "down" for a in answers) else "up"
+    model = next((a.get("model") for a in answers if a.get("model")), None)
+    body = {
+        "status": "ok",
+        "model": model,
+        "engine": engine,
+        "workers": [worker.describe() for worker in pool.workers],
+        "rollouts": len(held),
+    }
+    return JSONResponse(body)
+
+
+async def _health_of(worker: Worker) -> dict[str, object]:
+    try:
+        status, answer = await call_json(worker, "GET", "/health", "")
+    except InfrastructureError:
+        return {}
+    return answer if status == 200 and isinstance(answer, dict) else {}
+
+
+def _require_admin(request: Request) -> None:
+    require_key(request, request.app.state.admin_key, "this route needs the gateway's admin key")
+
+
+@asynccontextmanager
+async def lifespan(app: Starlette) -> AsyncIterator[None]:
+    pool: WorkerPool = app.state.pool
+    await pool.start()
+    expiry = asyncio.create_task(app.state.held.expire_forever())
+    try:
+        yield
+    finally:
+        expiry.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await expiry
+        await pool.stop()
+
+
+def create_front_app(pool: WorkerPool, *, admin_key: str, rollout_ttl_s: float | None) -> Starlette:
+    """The front over ``pool``; the workers start with the app (its lifespan) and end with it."""
+    routes = [
+        Route("/health", guarded(health), methods=["GET"]),
+        Route("/metrics", guarded(metrics), methods=["GET"]),
+        Route("/admin/weights", guarded(update_weights), methods=["POST"]),
+        Route("/admin/pause", guarded(pause), methods=["POST"]),
+        Route("/admin/resume", guarded(resume), methods=["POST"]),
+        Route("/v1/rollouts/{rollout_id}/{rest:path}", guarded(rollout_call), methods=_ALL_METHODS),
+        Route("/v1/experiments/{exp_id}/{rest:path}", guarded(keyed_call), methods=_ALL_METHODS),
+        Route("/{path:path}", guarded(first_worker), methods=_ALL_METHODS),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.pool, app.state.admin_key = pool, admin_key
+    app.state.held = HeldRollouts(rollout_ttl_s)
+    app.state.weights = WorkerWeights(pool, admin_key)
+    return app
