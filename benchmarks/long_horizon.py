@@ -13,8 +13,9 @@ latency, ``--answer`` tokens per answer): every turn appends a tool observation 
 
 Then ``--in-flight`` rollouts are held open at once for ``--flight-turns`` turns and what the
 gateway holds (traced allocations) is set against their final contexts' ids as Python lists
-(goal: at most 2x), and what its ids and logprobs take (the tip's and the turns' containers)
-against the final contexts' ids as int32 (goal: at most 1.3x).
+(goal: at most 2x), and what its ids and logprobs take (the turns' containers; each id is
+held once, by the turn that added it) against the final contexts' ids as int32 (goal: at most
+1.3x). Measured between calls: a call in flight also holds its prompt, joined for the engine.
 
 Usage: python benchmarks/long_horizon.py [--turns 10,40,100,200] [--in-flight 256]
 It runs on the previous release too (``PYTHONPATH=<its checkout>/src``), for the before figures.
@@ -156,9 +157,10 @@ def prompt_len(turn: Any) -> int:
 
 
 def id_bytes(gateway: Gateway, rollout_ids: list[str]) -> int:
-    """The bytes the gateway's ids and logprobs of ``rollout_ids`` take: the tip's and each
-    turn's containers (list or array) and, in a list, each int or float object once (a small
-    int Python caches costs nothing; an object two lists share counts once)."""
+    """The bytes the gateway's ids and logprobs of ``rollout_ids`` take: each turn's containers
+    (list or array; and the sequence tip's, in releases that kept one) and, in a list, each int
+    or float object once (a small int Python caches costs nothing; an object two lists share
+    counts once)."""
     seen: set[int] = set()
     total = 0
     for rollout_id in rollout_ids:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import asyncio
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import orjson
 
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
-from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, SequenceTip
+from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
+from rollway.trajectory import Turn
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
 #: worker thread would cost about as much as the work. Larger ones never block the loop.
@@ -24,21 +25,46 @@ R = TypeVar("R")
 
 @dataclass(frozen=True, slots=True)
 class PromptPlan:
-    #: int32, as the rollout holds them (``SequenceTip``); a list for the engine.
-    prompt_ids: array[int]
+    """A turn's prompt, each id held once: the ids its segment's turns already hold (``head``,
+    through the parent: its whole sequence) and the ids this turn adds (``tail``, which the
+    turn keeps as its ``new_prompt_ids``). A fresh render has no head. The whole prompt is
+    joined from them only when it is needed whole (``ids``: the engine's input), so a rollout
+    between calls holds each id once, in the turn that added it."""
+
+    #: int32, as the turn will hold them (``Turn.as_recorded``).
+    tail: array[int]
     #: The segment and turn this prompt extends; None for a fresh render.
     segment: int | None
     parent: int | None
-    #: Where its ids past the parent's sequence begin (0 for a fresh render).
+    #: The segment's turns through ``parent``, in order (empty for a fresh render).
+    head: tuple[Turn, ...] = ()
+    #: How many ids the head holds: where ``tail`` begins in the whole prompt.
     start: int = 0
-    #: The rollout's tip when ``prompt_ids`` is its list, extended in place for this call:
-    #: the call records or releases it (``SequenceTip``).
-    tip: SequenceTip | None = None
 
-    def release(self) -> None:
-        """The call ends without recording a turn: give the tip back as it was."""
-        if self.tip is not None:
-            self.tip.release()
+    @property
+    def prompt_len(self) -> int:
+        return self.start + len(self.tail)
+
+    def ids(self) -> array[int]:
+        """The whole prompt, a fresh array: the head's ids and the tail, one copy of each."""
+        return joined_ids(self.head, self.tail)
+
+
+def joined_ids(turns: Sequence[Turn], tail: Sequence[int] = ()) -> array[int]:
+    """The ids of ``turns`` (each its new prompt ids, then its completion), then ``tail``: a
+    segment's sequence from the turns that hold it. Arrays extend an array by a memcpy."""
+    ids: array[int] = array("i")
+    for turn in turns:
+        ids.extend(turn.new_prompt_ids)
+        ids.extend(turn.completion_ids)
+    ids.extend(tail)
+    return ids
+
+
+def segment_turns(turns: Sequence[Turn], last: Turn) -> tuple[Turn, ...]:
+    """The turns of ``last``'s segment through ``last``: a segment is one chain, each turn
+    extending the one before it in the segment (a branch starts a new segment)."""
+    return tuple(t for t in turns[: last.index + 1] if t.segment == last.segment)
 
 
 async def plan_prompt(
@@ -52,17 +78,14 @@ async def plan_prompt(
     ruling out an over-long prompt from its length before tokenizing it where it can."""
     messages, keys = conversation.messages, conversation.keys
     last = state.turns[-1] if state.turns else None
-    tip = state.tip
     known = len(state.message_keys)
     if (
         last is not None
-        and tip is not None
-        and tip.turn == last.index
         and last.finish_reason != "abort"
         and tools == state.tools
         and keys[:known] == state.message_keys
     ):
-        base = tip.length
+        base = last.prompt_len + len(last.completion_ids)
         room = None if budget is None else budget - base
         extend = renderer.continuation_ids
         keep = state.history == "as_sampled"
@@ -80,11 +103,10 @@ async def plan_prompt(
         except TokenBudgetExceeded as exc:
             raise TokenBudgetExceeded(base + exc.at_least) from None
         if tail is not None:
-            # The render may have waited: another call of the rollout may hold the tip, or
-            # have moved it on (a tip only grows past ``base``, so its head is still ours).
-            if state.tip is tip and tip.turn == last.index and not tip.claimed:
-                return PromptPlan(tip.claim(tail), last.segment, last.index, base, tip)
-            return PromptPlan(tip.ids[:base] + array("i", tail), last.segment, last.index, base)
+            # Turns are only appended: the parent's segment through it stays as it is, even
+            # if another call of the rollout records a turn while this one renders or samples.
+            head = segment_turns(state.turns, last)
+            return PromptPlan(array("i", tail), last.segment, last.index, head, base)
     ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
     return PromptPlan(array("i", ids), None, None)
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,15 +29,19 @@ class SequenceHashes:
     def __init__(self) -> None:
         self._by_turn: dict[int, tuple[int, Any]] = {}
 
-    def prompt_hash(self, ids: array[int], parent: int | None) -> tuple[str, Any]:
-        """``prompt_hash(ids)`` and the hash state after ``ids``; ``parent`` is the turn whose
-        sequence ``ids`` starts with (None: a fresh prompt)."""
+    def prompt_hash(
+        self, parent: int | None, start: int, tail: array[int], head: Callable[[], array[int]]
+    ) -> tuple[str, Any]:
+        """``prompt_hash`` of a whole prompt and the hash state after it: ``tail`` past the
+        first ``start`` ids, which are turn ``parent``'s whole sequence (None: a fresh prompt,
+        ``start`` 0). ``head`` joins those ``start`` ids, called only when this does not know
+        ``parent``'s hash state."""
         known = self._by_turn.get(parent) if parent is not None else None
-        if known is not None and known[0] <= len(ids):
+        if known is not None and known[0] == start:
             state = known[1].copy()
-            state.update(ids[known[0] :].tobytes())
         else:
-            state = hashlib.sha256(ids.tobytes())
+            state = hashlib.sha256(head().tobytes() if start else b"")
+        state.update(tail.tobytes())
         return state.hexdigest()[:16], state
 
     def remember(
@@ -48,42 +53,6 @@ class SequenceHashes:
         self._by_turn[turn] = (prompt_len + len(completion), state)
         if len(self._by_turn) > self.KEPT:
             del self._by_turn[next(iter(self._by_turn))]
-
-
-@dataclass(eq=False, slots=True)
-class SequenceTip:
-    """The last turn's whole sequence (its prompt and completion ids). The next turn that
-    extends it appends its new prompt ids in place and, once recorded, its completion: a turn
-    then costs its new tokens, not its context, and the rollout holds its context once.
-
-    One call at a time extends it (``claimed``); a call planned while another is in flight
-    copies the head it needs. ``length`` is the last turn's sequence: ids past it belong to the
-    call in flight, and go again if it fails (``release``). The ids are an ``array("i")``, as
-    are a turn's in flight (``Turn.as_recorded``): 4 bytes an id, where a list takes 8 for the
-    pointer and, past the small ints Python caches, 32 for the int."""
-
-    turn: int
-    ids: array[int]
-    length: int
-    claimed: bool = False
-
-    def claim(self, tail: list[int]) -> array[int]:
-        """This sequence extended in place by ``tail``: the prompt of the claiming call, which
-        must ``record`` or ``release`` it."""
-        self.ids.extend(tail)
-        self.claimed = True
-        return self.ids
-
-    def record(self, turn: int, completion: array[int]) -> None:
-        """The claiming call's turn was recorded: the sequence is now that turn's."""
-        self.ids.extend(completion)
-        self.turn, self.length, self.claimed = turn, len(self.ids), False
-
-    def release(self) -> None:
-        """The claiming call ended without a turn: the sequence is the last turn's again."""
-        if self.claimed:
-            del self.ids[self.length :]
-            self.claimed = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +115,6 @@ class RolloutState:
     trace_parent: Any = None
     #: Hash states of recent turns' sequences: a prompt that extends one hashes its tail only.
     sequence_hashes: SequenceHashes = field(default_factory=SequenceHashes)
-    #: The last turn's whole sequence, which the next turn extends (None before the first).
-    tip: SequenceTip | None = None
 
     def next_segment(self) -> int:
         self.segment_count += 1

@@ -28,7 +28,7 @@ from rollway.gateway.render.turn_stream import (
     closing_pieces,
 )
 from rollway.gateway.request_schema import ChatCompletionRequest
-from rollway.gateway.rollout_state import Conversation, RolloutState, SequenceTip
+from rollway.gateway.rollout_state import Conversation, RolloutState
 from rollway.generation import ChatResult, GenerationResult, Message, SamplingParams
 from rollway.trajectory import StepDistribution, Turn
 
@@ -86,13 +86,10 @@ class TokenTurns:
         turn = await self._plan(state, request, conversation, tools)
         if isinstance(turn, ChatResult):
             return turn
-        try:
-            sampled = await self.calls.sample(
-                self.engine, state, turn.request_id, turn.plan.prompt_ids.tolist(), turn.sampling
-            )
-            return self._finish(state, turn, sampled)
-        finally:
-            turn.plan.release()
+        sampled = await self.calls.sample(
+            self.engine, state, turn.request_id, turn.plan.ids().tolist(), turn.sampling
+        )
+        return self._finish(state, turn, sampled)
 
     async def stream(
         self,
@@ -114,23 +111,20 @@ class TokenTurns:
         )
         sampled = None
         chunks = self.calls.sample_stream(
-            self.engine, state, turn.request_id, turn.plan.prompt_ids.tolist(), turn.sampling
+            self.engine, state, turn.request_id, turn.plan.ids().tolist(), turn.sampling
         )
-        try:
-            async with contextlib.aclosing(chunks):
-                async for chunk in chunks:
-                    if isinstance(chunk, Sampled):
-                        sampled = chunk
-                        continue
-                    delta = text.push(chunk.output_ids)
-                    if thought := text.take_reasoning():
-                        yield ReasoningDelta(thought)
-                    if delta:
-                        yield ContentDelta(delta)
-            assert sampled is not None  # sample_stream ends with it or raises
-            answer = self._finish(state, turn, sampled)
-        finally:
-            turn.plan.release()
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                if isinstance(chunk, Sampled):
+                    sampled = chunk
+                    continue
+                delta = text.push(chunk.output_ids)
+                if thought := text.take_reasoning():
+                    yield ReasoningDelta(thought)
+                if delta:
+                    yield ContentDelta(delta)
+        assert sampled is not None  # sample_stream ends with it or raises
+        answer = self._finish(state, turn, sampled)
         for piece in closing_pieces(answer, text.sent, text.reasoning_sent):
             yield piece
 
@@ -148,13 +142,9 @@ class TokenTurns:
             plan = await plan_prompt(renderer, state, conversation, tools, budget)
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
-        try:
-            sampling = state.sampling_for(request.sampling_overrides())
-        except BaseException:
-            plan.release()
-            raise
+        sampling = state.sampling_for(request.sampling_overrides())
         if state.max_seq_len is not None:
-            room = state.max_seq_len - len(plan.prompt_ids)
+            room = state.max_seq_len - plan.prompt_len
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
         use_tools = bool(tools) and request.tool_choice != "none"
         return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, conversation, tools)
@@ -162,7 +152,7 @@ class TokenTurns:
     def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
         """Record the sampled turn and make its answer."""
         plan, result = turn.plan, sampled.result
-        prompt_tokens = len(plan.prompt_ids)  # before recording: a tip's list grows on then
+        prompt_tokens = plan.prompt_len
         if (
             result.finish_reason == "length"
             and state.max_seq_len is not None
@@ -263,8 +253,10 @@ class TokenTurns:
             segment, extends = state.next_segment(), False
         result = sampled.result
         hashes = state.sequence_hashes
-        digest, hashed = hashes.prompt_hash(plan.prompt_ids, plan.parent)
-        prompt = plan.prompt_ids
+        digest, hashed = hashes.prompt_hash(plan.parent, plan.start, plan.tail, plan.ids)
+        # Each id is held once, by the turn that added it: a turn that starts a segment keeps
+        # its whole prompt (its head, if it had one, stays with the turns that hold it).
+        new_prompt = plan.tail if extends or not plan.head else plan.ids()
         # Held in flight as arrays (``Turn.as_recorded``); float64 logprobs: what is recorded.
         completion, logprobs = array("i", result.output_ids), array("d", result.logprobs)
         # Built from values the gateway made itself: validating them again would cost more
@@ -273,9 +265,8 @@ class TokenTurns:
             index=len(state.turns),
             segment=segment,
             request_id=sampled.request_id,
-            prompt_len=len(prompt),
-            # A tip's ids grow on: the turn keeps a copy (a slice) of what it needs.
-            new_prompt_ids=prompt[plan.start :] if extends else prompt[:],
+            prompt_len=plan.prompt_len,
+            new_prompt_ids=new_prompt,
             completion_ids=completion,
             logprobs=logprobs,
             finish_reason=result.finish_reason,
@@ -294,11 +285,7 @@ class TokenTurns:
             special_tokens_at=specials,
         )
         state.turns.append(turn)
-        hashes.remember(turn.index, hashed, len(prompt), completion)
-        if plan.tip is not None and state.tip is plan.tip:
-            plan.tip.record(turn.index, completion)
-        else:
-            state.tip = SequenceTip(turn.index, prompt + completion, len(prompt) + len(completion))
+        hashes.remember(turn.index, hashed, plan.prompt_len, completion)
         return turn
 
 
