@@ -42,7 +42,11 @@ def test_a_batch_holds_no_record_the_caller_let_go_until_its_summary(
         assert item.result.trajectory is not None and item.result.messages
         if seen == len(tasks):  # every earlier item dropped by the caller
             gc.collect()
-            trajectories = [o for o in gc.get_objects() if type(o) is Trajectory]
+            trajectories = [  # this batch's: other tests' may live on in this process
+                o
+                for o in gc.get_objects()
+                if type(o) is Trajectory and o.rollout_id.startswith("slim.")
+            ]
             assert trajectories == [item.result.trajectory]
         del item
     summary = client.last_summary

@@ -52,7 +52,8 @@ CALC_TASKS = [
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
     # Logical CPUs: two workers of one CPU each, with room for restarts and probe tasks.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+             logging_level="ERROR")  # fmt: skip  # never another file's cluster
     yield
     ray.shutdown()
 

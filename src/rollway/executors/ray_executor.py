@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import time
 import uuid
@@ -70,10 +71,11 @@ class _WorkerLost(Exception):
 
 
 class RayExecutor:
-    """``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``; None starts a local
-    one unless Ray is already initialised). ``num_workers``: actors (default: the cluster's
-    CPUs over each worker's). ``workers_per_node``: instead, that many workers pinned to each
-    live node with room for one (node affinity), so a lost node takes only its own.
+    """``address``: a Ray cluster (``"auto"``, ``"ray://head:10001"``; None: ``RAY_ADDRESS``,
+    else a local one of its own, unless Ray is already initialised). ``num_workers``: actors
+    (default: the cluster's CPUs over each worker's). ``workers_per_node``: instead, that many
+    workers pinned to each live node with room for one (node affinity), so a lost node takes
+    only its own.
     ``resources_per_worker``: ``{"CPU": 1, "GPU": 0, "memory": bytes, "<custom>": n}``.
     ``return_trajectories``: send whole records back to the driver (default: light ones; the
     store has the trajectories)."""
@@ -139,8 +141,11 @@ class RayExecutor:
         ray = self._ray = import_ray()
         _check_shippable(setup, ray)
         if not ray.is_initialized():
+            # None is a local cluster of its own: Ray's own None joins any cluster it finds
+            # on this machine (another run's, a test's), unless RAY_ADDRESS names one.
+            address = self.address or os.environ.get("RAY_ADDRESS") or "local"
             try:
-                ray.init(address=self.address, **self.init_options)
+                ray.init(address=address, **self.init_options)
             except Exception as exc:
                 raise ray_start_error(exc, self.address) from exc
             self._owns_ray = True
