@@ -254,7 +254,7 @@ class BatchRuns:
 
 #: Rollouts a batch starts before it waits for the client's loop to take them: a status line
 #: or any other call on the loop waits behind one slice, not behind the whole batch.
-START_SLICE = 256
+START_SLICE = 128
 
 
 class _Starts:

@@ -22,7 +22,7 @@ from rollway.rollouts import RolloutConfig, RolloutSpec
 MAX_CHUNK = 256
 #: Rollouts settled in one pass of the loop at most: each wakes its whole chain of awaits,
 #: and a worker's stream can bring back a chunk's worth at once.
-SETTLE_SLICE = 32
+SETTLE_SLICE = 16
 #: How long a rollout waits for others to share its call: starts come from the caller's
 #: thread a few at a time, so one pass of the loop would see only those.
 GATHER_S = 0.02
