@@ -70,6 +70,8 @@ class Figures:
     status_gap_s: float = 0.0
     loop_lag_s: float = 0.0
     loop_lag_dispatching_s: float = 0.0
+    #: The longest collection of Python's cyclic garbage collector (it stops every thread).
+    gc_pause_s: float = 0.0
     ok: int = 0
 
 
@@ -104,6 +106,20 @@ def start_cluster(nodes: int) -> Any:
     return cluster
 
 
+class GcPauses:
+    """The longest pause of the cyclic garbage collector (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.monotonic()
+        else:
+            self.longest = max(self.longest, time.monotonic() - self._began)
+
+
 class StatusTimes(logging.Handler):
     """When each status line came (the client logs them when it draws no progress bar)."""
 
@@ -121,6 +137,8 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
     import ray
 
     figures = Figures(rollouts, nodes, latency_s)
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
     cluster = start_cluster(nodes)
     status = StatusTimes()
     logging.getLogger("rollway.client").addHandler(status)
@@ -138,6 +156,8 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
             run_batch(client, executor, rollouts, figures, status)
     finally:
         logging.getLogger("rollway.client").removeHandler(status)
+        gc.callbacks.remove(pauses)
+        figures.gc_pause_s = pauses.longest
         ray.shutdown()
         cluster.shutdown()
     return figures
@@ -274,7 +294,7 @@ def main() -> None:
             f"{f['rollouts_per_s']:.0f} rollouts/s finishing, {f['wall_s']:.0f} s in all; "
             f"first status line {f['first_status_s']:.1f} s, then at most {f['status_gap_s']:.1f}"
             f" s apart; loop lag {f['loop_lag_s']:.2f} s ({f['loop_lag_dispatching_s']:.2f} s "
-            "while dispatching)",
+            f"while dispatching); longest GC pause {f['gc_pause_s']:.2f} s",
             flush=True,
         )
 
