@@ -12,7 +12,8 @@ and per finished rollout (the caller counts items and keeps none; freed memory h
 the system first), each worker's per rollout in
 flight, rollouts/s once they finish, and responsiveness while they are in flight: the longest
 the first status line (due ``--status-s`` after the batch starts) and the longest gap between
-the next ones, and the client's event loop's longest lag.
+the next ones until the last item, and the client's event loop's longest lag (in all, and
+while the batch is dispatched).
 
 Usage: python benchmarks/ray_nodes.py [--rollouts 1000 10000] [--nodes 4] [--latency-s S]
 """
@@ -68,6 +69,9 @@ class Figures:
     first_status_s: float = 0.0
     status_gap_s: float = 0.0
     loop_lag_s: float = 0.0
+    loop_lag_dispatching_s: float = 0.0
+    #: The longest collection of Python's cyclic garbage collector (it stops every thread).
+    gc_pause_s: float = 0.0
     ok: int = 0
 
 
@@ -102,6 +106,20 @@ def start_cluster(nodes: int) -> Any:
     return cluster
 
 
+class GcPauses:
+    """The longest pause of the cyclic garbage collector (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.monotonic()
+        else:
+            self.longest = max(self.longest, time.monotonic() - self._began)
+
+
 class StatusTimes(logging.Handler):
     """When each status line came (the client logs them when it draws no progress bar)."""
 
@@ -119,6 +137,8 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
     import ray
 
     figures = Figures(rollouts, nodes, latency_s)
+    pauses = GcPauses()
+    gc.callbacks.append(pauses)
     cluster = start_cluster(nodes)
     status = StatusTimes()
     logging.getLogger("rollway.client").addHandler(status)
@@ -136,6 +156,8 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
             run_batch(client, executor, rollouts, figures, status)
     finally:
         logging.getLogger("rollway.client").removeHandler(status)
+        gc.callbacks.remove(pauses)
+        figures.gc_pause_s = pauses.longest
         ray.shutdown()
         cluster.shutdown()
     return figures
@@ -172,9 +194,12 @@ def run_batch(
     figures.rollouts_per_s = len(finished_at) / spread if spread else 0.0
     lines = status.times
     figures.first_status_s = (lines[0] if lines else end) - started
-    gaps = [b - a for a, b in zip(lines, [*lines[1:], end], strict=True)]
+    # Until the last item: the batch's summary is written after it, with no line due.
+    last = finished_at[-1] if finished_at else end
+    gaps = [b - a for a, b in zip(lines, [*lines[1:], last], strict=True) if a < last]
     figures.status_gap_s = max(gaps, default=0.0)
     figures.loop_lag_s = sampler.loop_lag
+    figures.loop_lag_dispatching_s = sampler.loop_lag_dispatching
 
 
 class Sampler(threading.Thread):
@@ -192,6 +217,7 @@ class Sampler(threading.Thread):
         self.driver_peak = rss_kb()
         self.workers_peak = [rss_kb(pid) for pid in workers]
         self.loop_lag = 0.0
+        self.loop_lag_dispatching = 0.0
         self._holding = True  # no rollout finished yet: memory is what in flight costs
         self._done = threading.Event()
 
@@ -216,7 +242,10 @@ class Sampler(threading.Thread):
                 ]
             asked = time.monotonic()
             self.client._loop.submit(_noop()).result(timeout=300)
-            self.loop_lag = max(self.loop_lag, time.monotonic() - asked)
+            lag = time.monotonic() - asked
+            self.loop_lag = max(self.loop_lag, lag)
+            if self.dispatched_at is None:
+                self.loop_lag_dispatching = max(self.loop_lag_dispatching, lag)
 
 
 async def _noop() -> None:
@@ -264,7 +293,8 @@ def main() -> None:
             f" KB/finished; workers {f['worker_kb_in_flight']} KB/rollout in flight; "
             f"{f['rollouts_per_s']:.0f} rollouts/s finishing, {f['wall_s']:.0f} s in all; "
             f"first status line {f['first_status_s']:.1f} s, then at most {f['status_gap_s']:.1f}"
-            f" s apart; loop lag {f['loop_lag_s']:.2f} s",
+            f" s apart; loop lag {f['loop_lag_s']:.2f} s ({f['loop_lag_dispatching_s']:.2f} s "
+            f"while dispatching); longest GC pause {f['gc_pause_s']:.2f} s",
             flush=True,
         )
 

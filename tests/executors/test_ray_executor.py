@@ -239,6 +239,24 @@ def test_the_cap_and_the_rate_limit_hold_across_the_cluster(
     assert starts[-1] - starts[0] >= 2.0
 
 
+def test_rollouts_dispatched_together_share_ray_calls_and_each_ends_once(
+    ray_cluster: None, served: Served, tmp_path: Path
+) -> None:
+    """Ray's state per call dominated the driver's memory per rollout in flight: rollouts
+    dispatched together go to a worker in one call, each streamed back on its own."""
+    tasks = [{"task_id": f"s{i}", "chat": False, "wait": 0.01 * (i % 7)} for i in range(120)]
+    executor = two_workers()
+    with RolloutClient(
+        ProbeAgent, shared_gateway(served), store=str(tmp_path), executor=executor,
+    ) as client:  # fmt: skip
+        items = list(client.run_batch(tasks))
+    assert sorted(i.index for i in items) == list(range(120))
+    assert all(i.success and i.result.attempts == 1 for i in items)
+    load = executor.load()
+    assert sum(w["dispatched"] for w in load) == 120
+    assert sum(w["ray_calls"] for w in load) <= 60  # one each before
+
+
 def test_timeout_and_cancel_reach_rollouts_on_workers(
     ray_cluster: None, served: Served, tmp_path: Path
 ) -> None:

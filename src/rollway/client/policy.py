@@ -53,8 +53,12 @@ class PolicyTracker:
     def open_starts(self) -> None:
         self._open.set()
 
-    def start(self, cancel: asyncio.Event) -> tuple[RunningAttempt, asyncio.Task[None]]:
-        """Track an attempt starting now; the task relays the caller's ``cancel`` to it."""
+    def start(self, cancel: asyncio.Event) -> tuple[RunningAttempt, asyncio.Task[None] | None]:
+        """Track an attempt starting now; the task relays the caller's ``cancel`` to it. With
+        no staleness bound nothing else cancels it: it takes ``cancel`` itself, untracked (no
+        task per rollout in flight)."""
+        if self.max_staleness is None:
+            return RunningAttempt(self.version, cancel), None
         attempt = RunningAttempt(self.version)
         self._running.add(attempt)
 
@@ -64,8 +68,9 @@ class PolicyTracker:
 
         return attempt, asyncio.ensure_future(relay())
 
-    def finish(self, attempt: RunningAttempt, relay: asyncio.Task[None]) -> None:
-        relay.cancel()
+    def finish(self, attempt: RunningAttempt, relay: asyncio.Task[None] | None) -> None:
+        if relay is not None:
+            relay.cancel()
         self._running.discard(attempt)
 
     def advance(self, version: int | None) -> int:

@@ -18,11 +18,11 @@ import logging
 import os
 import sys
 import time
-import uuid
 from typing import Any, Literal
 
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
 from rollway.executors.base import WorkerConfig
+from rollway.executors.ray_chunks import CallLost, ChunkedCalls
 from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
 from rollway.executors.ray_workers import (
     RayWorker,
@@ -155,10 +155,11 @@ class RayExecutor:
         count = len(nodes)
         actor_class = ray.remote(RolloutWorker)
         # By value, not ray.put: a restarted actor needs its arguments again.
-        self._workers = [
-            RayWorker(i, self._start_actor(actor_class, node, setup), node=node)
-            for i, node in enumerate(nodes)
-        ]
+        self._workers = []
+        for i, node in enumerate(nodes):
+            actor = self._start_actor(actor_class, node, setup)
+            calls = ChunkedCalls(actor, ray.exceptions)
+            self._workers.append(RayWorker(i, actor, node=node, calls=calls))
         self._all_workers = list(self._workers)
         try:
             self.worker_info = ray.get(
@@ -195,14 +196,16 @@ class RayExecutor:
             ray.shutdown()
 
     def load(self) -> list[dict[str, Any]]:
-        """Per worker: whether it is up, rollouts in flight, rollouts dispatched to it, and
-        the node it is pinned to (None: spread by Ray)."""
+        """Per worker: whether it is up, rollouts in flight, rollouts dispatched to it, the
+        Ray calls that carried them (rollouts dispatched together share one), and the node it
+        is pinned to (None: spread by Ray)."""
         return [
             {
                 "worker": w.index,
                 "up": w.up,
                 "in_flight": w.in_flight,
                 "dispatched": w.dispatched,
+                "ray_calls": w.calls.sent,
                 "node": w.node,
             }
             for w in self._all_workers
@@ -265,20 +268,43 @@ class RayExecutor:
         self, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
         started_at, clock = time.time(), time.monotonic()
-        losses: list[str] = []
+        try:
+            try:  # the first dispatch outside the retry loop: no loop per rollout in flight
+                return await self._dispatch(spec, settings, cancel)
+            except _WorkerLost as lost:
+                settled = await self._after_loss(spec, settings, cancel, started_at, clock)
+                if settled is not None:
+                    return settled
+                return await self._redispatch(spec, settings, cancel, lost, started_at, clock)
+        except InfrastructureError as exc:  # no worker alive, or the worker raised
+            return await self._record(spec, settings, "error", str(exc), started_at, clock)
+
+    async def _redispatch(
+        self,
+        spec: RolloutSpec,
+        settings: RolloutConfig,
+        cancel: asyncio.Event,
+        lost: _WorkerLost,
+        started_at: float,
+        clock: float,
+    ) -> RolloutRecord:
+        """A rollout whose worker was lost, dispatched again (each time under a new attempt
+        id), at most ``max_requeues`` times; past that an infrastructure error."""
+        losses = [lost.reason]
         redispatch = dataclasses.replace(
-            WORKER_REDISPATCH, attempts=self.max_requeues + 1, retry_on=(_WorkerLost,)
+            WORKER_REDISPATCH, attempts=self.max_requeues, retry_on=(_WorkerLost,)
         )
         try:
+            if self.max_requeues < 1:
+                raise lost
             async for attempt in redispatch.retrying():
                 with attempt:
-                    if losses:  # each dispatch has its own attempt id on the gateway
-                        spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
-                        self.redispatched += 1
+                    spec = dataclasses.replace(spec, first_attempt=spec.first_attempt + 1)
+                    self.redispatched += 1
                     try:
                         return await self._dispatch(spec, settings, cancel)
-                    except _WorkerLost as lost:
-                        losses.append(lost.reason)
+                    except _WorkerLost as again:
+                        losses.append(again.reason)
                         settled = await self._after_loss(spec, settings, cancel, started_at, clock)
                         if settled is not None:
                             return settled
@@ -286,8 +312,6 @@ class RayExecutor:
         except _WorkerLost:
             reason = f"its Ray worker died {len(losses)} times (last: {losses[-1]})"
             return await self._record(spec, settings, "error", reason, started_at, clock)
-        except InfrastructureError as exc:  # no worker alive, or the worker raised
-            return await self._record(spec, settings, "error", str(exc), started_at, clock)
         raise AssertionError("unreachable")
 
     async def _after_loss(
@@ -316,9 +340,7 @@ class RayExecutor:
         worker.in_flight += 1
         try:
             return await self._run_on(worker, spec, settings, cancel)
-        except self._ray.exceptions.RayTaskError as exc:  # the worker raised: a bug, not a loss
-            raise InfrastructureError(f"Ray worker failed: {ray_cause(exc)}") from exc
-        except self._ray.exceptions.RayError as exc:
+        except CallLost as exc:
             self._lost(worker)
             log_stage(
                 log,
@@ -326,25 +348,28 @@ class RayExecutor:
                 attempt_id(settings, spec, spec.first_attempt),
                 level=logging.WARNING,
                 worker=worker.index,
-                error=ray_cause(exc),
+                error=exc.reason,
             )
-            raise _WorkerLost(ray_cause(exc)) from exc
+            raise _WorkerLost(exc.reason) from None
         finally:
             worker.in_flight -= 1
 
     async def _run_on(
         self, worker: RayWorker, spec: RolloutSpec, settings: RolloutConfig, cancel: asyncio.Event
     ) -> RolloutRecord:
-        token = uuid.uuid4().hex
         worker.dispatched += 1
-        result = asyncio.wrap_future(worker.actor.run.remote(token, spec, settings).future())
+        token, result = worker.calls.start(spec, settings)
         stop = asyncio.ensure_future(cancel.wait())
-        try:
-            done, _ = await asyncio.wait({result, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if result not in done:  # cancelled: the worker ends it and records "cancelled"
+
+        def stop_on_worker(_: object) -> None:
+            if not result.done():  # cancelled: the worker ends it and records "cancelled"
                 worker.actor.cancel.remote(token)
+
+        stop.add_done_callback(stop_on_worker)
+        try:
             record: RolloutRecord = await result
         finally:
+            stop.remove_done_callback(stop_on_worker)
             stop.cancel()
         if self.return_trajectories:
             return record

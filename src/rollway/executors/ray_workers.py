@@ -34,6 +34,8 @@ class RayWorker:
     up: bool = True
     #: The Ray node it was pinned to (``workers_per_node``); None: Ray spreads them.
     node: str | None = None
+    #: Its rollouts sent in chunks (``ray_chunks.ChunkedCalls``), made when it starts.
+    calls: Any = None
 
 
 def worker_nodes(ray: Any, resources: dict[str, float], per_node: int) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 from rollway import tracing
@@ -26,8 +27,8 @@ class RolloutWorker:
         self._setup = setup
         self._full_records = full_records
         self._serving: asyncio.Future[None] | None = None
-        self._cancels: dict[str, asyncio.Event] = {}
-        self._cancelled_early: set[str] = set()
+        self._cancels: dict[Hashable, asyncio.Event] = {}
+        self._cancelled_early: set[Hashable] = set()
 
     async def ready(self) -> dict[str, Any]:
         """Start serving (once) and say who this worker is: its process, model and node."""
@@ -47,7 +48,43 @@ class RolloutWorker:
             self._serving = asyncio.ensure_future(self._executor.serve(advertise))
         await asyncio.shield(self._serving)
 
-    async def run(self, token: str, spec: RolloutSpec, settings: RolloutConfig) -> RolloutRecord:
+    async def run_chunk(
+        self, chunk: list[tuple[int, RolloutSpec, RolloutConfig]]
+    ) -> AsyncIterator[list[tuple[int, RolloutRecord | str]]]:
+        """Several rollouts in one Ray call (the driver's per-call cost shared by all), run at
+        once; streamed back as they finish, each ``(token, record)``, or ``(token, error)``
+        when running it raised (a bug, not the rollout's outcome). Whatever finished since the
+        last yield goes in one."""
+        finished: asyncio.Queue[tuple[int, RolloutRecord | str]] = asyncio.Queue()
+        running = [
+            asyncio.ensure_future(self._run_into(finished, token, spec, settings))
+            for token, spec, settings in chunk
+        ]
+        left = len(running)
+        while left:
+            out = [await finished.get()]
+            while not finished.empty():
+                out.append(finished.get_nowait())
+            left -= len(out)
+            yield out
+        await asyncio.gather(*running)
+
+    async def _run_into(
+        self,
+        finished: asyncio.Queue[tuple[int, RolloutRecord | str]],
+        token: int,
+        spec: RolloutSpec,
+        settings: RolloutConfig,
+    ) -> None:
+        try:
+            outcome: RolloutRecord | str = await self.run(token, spec, settings)
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        finished.put_nowait((token, outcome))
+
+    async def run(
+        self, token: Hashable, spec: RolloutSpec, settings: RolloutConfig
+    ) -> RolloutRecord:
         """One rollout to its record (in the store); the driver gets it light by default."""
         cancel = self._cancels[token] = asyncio.Event()
         if token in self._cancelled_early:
@@ -63,7 +100,7 @@ class RolloutWorker:
         # Light: no trajectory (it is in the store) and no task (the driver has it).
         return record.light().model_copy(update={"task": {}})
 
-    async def cancel(self, token: str) -> None:
+    async def cancel(self, token: Hashable) -> None:
         event = self._cancels.get(token)
         if event is not None:
             event.set()
