@@ -176,6 +176,8 @@ def _assistant_text(message: Message, content: str, keeps_analysis: bool, closin
         analysis = reasoning or content  # the template writes a call's content as analysis
         if analysis and keeps_analysis:
             parts.append(f"<|start|>assistant<|channel|>analysis<|message|>{analysis}<|end|>")
+        if reasoning and content:  # both: the content is a preamble, as the parser reads one
+            parts.append(f"<|start|>assistant<|channel|>commentary<|message|>{content}<|end|>")
         for call in calls:
             function = call.get("function", {})
             arguments = function.get("arguments", "{}")
