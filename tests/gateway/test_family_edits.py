@@ -130,3 +130,12 @@ def test_an_edited_thinking_block_is_the_next_prompts_history(
     prompt = tok.decode(engine.prompts[1])
     assert EDITED in prompt and SAMPLED not in prompt
     assert asyncio.run(gateway.trajectory("r")).segment_count == 2
+
+
+def test_content_added_to_a_call_that_thought_is_the_next_prompts_history(served: Served) -> None:
+    """GPT-OSS writes a call's content as its analysis; with the reasoning there too, the
+    content goes as a commentary preamble (as the parse reads one), not dropped."""
+    _, gateway, _, tok = served
+    prompt = tok.decode(second_prompt(served, lambda m: m | {"content": "I'll call add."}))
+    assert "I'll call add." in prompt and SAMPLED in prompt
+    assert asyncio.run(gateway.trajectory("r")).segment_count == 2
