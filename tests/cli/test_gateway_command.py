@@ -7,9 +7,13 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+
+from rollway.gateway.render.renderers import RENDERERS
+from tests.cli.test_run_failures import rollway
 
 
 def free_port() -> int:
@@ -59,3 +63,13 @@ def test_unknown_engine_is_a_one_line_error_not_a_traceback() -> None:
     assert result.returncode == 1
     assert "unknown engine spec 'warp'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_gateway_help_names_every_renderer_and_the_scripted_engine(tmp_path: Path) -> None:
+    """The renderer names come from the registry, the one list of them (a family added there
+    is in the help without more)."""
+    ran = rollway("gateway", "--help", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    text = " ".join(ran.stdout.split())  # as wrapped to the terminal, unwrapped
+    assert f"({', '.join(RENDERERS)})" in text
+    assert "scripted://FILE" in text

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from rollway.gateway.render.reasoning import ThinkTags, think_tags, without_reasoning
+from rollway.gateway.render.reasoning import ThinkTags, sent_reasoning, think_tags
 
 QWEN3 = ThinkTags()
 
@@ -56,7 +56,8 @@ def test_streamed_reasoning_is_always_a_prefix_of_the_recorded_one() -> None:
 
 
 def test_an_answer_sent_back_with_its_reasoning_inside_is_the_same_answer() -> None:
-    assert without_reasoning("<think>\nplan\n</think>\n\nanswer") == "answer"
-    assert without_reasoning("answer") == "answer"
+    assert sent_reasoning(None, "<think>\nplan\n</think>\n\nanswer") == ("plan", "answer")
+    assert sent_reasoning("plan", "answer") == ("plan", "answer")
+    assert sent_reasoning("", "answer") == (None, "answer")  # empty: dropped
     # Only a leading block is reasoning: text that merely mentions the tags is content.
-    assert without_reasoning("see <think>x</think> y") == "see <think>x</think> y"
+    assert sent_reasoning(None, "see <think>x</think> y") == (None, "see <think>x</think> y")

@@ -15,6 +15,7 @@ from rollway.cli.options import (
     key_from_env,
 )
 from rollway.gateway import build_gateway, create_app
+from rollway.gateway.render.renderers import RENDERERS
 from rollway.gateway.workers.front_app import create_front_app
 from rollway.gateway.workers.worker_pool import WorkerPool
 from rollway.web.uvicorn_server import ServerLimits, run_server
@@ -42,8 +43,8 @@ def serve(
         str | None,
         typer.Option(
             envvar="ROLLWAY_RENDERER",
-            help="The model family's renderer (hermes, qwen3, llama3, gemma3); default: "
-            "chosen from the model folder (its architecture, its chat template).",
+            help=f"The model family's renderer ({', '.join(RENDERERS)}); default: chosen "
+            "from the model folder (its architecture, its chat template).",
         ),
     ] = None,
     workers: Annotated[

@@ -14,7 +14,8 @@ EngineOption = Annotated[
         "--engine",
         envvar="ROLLWAY_ENGINE",
         help="embedded[://?prefix_cache_tokens=N&dtype=bfloat16] | sim:// | sglang://HOST:PORT | "
-        "vllm://HOST:PORT | openai://HOST:PORT?model=M (README: Engines)",
+        "vllm://HOST:PORT | openai://HOST:PORT?model=M | scripted://FILE (the completions "
+        "listed in FILE, tokenized by --model's tokenizer) (README: Engines)",
     ),
 ]
 ModelOption = Annotated[

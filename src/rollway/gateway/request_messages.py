@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import BaseModel, Field, PrivateAttr, SkipValidation, TypeAdapter, ValidationError
 
 from rollway.gateway.request_schema import ChatCompletionRequest, ChatMessage
-from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, message_key
+from rollway.gateway.rollout_state import (
+    Conversation,
+    MessageKey,
+    RolloutState,
+    message_key,
+    same_answer,
+)
 from rollway.generation import Message
 from rollway.web.handlers import parse_model
 
@@ -55,13 +61,15 @@ def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Co
     field when a message is malformed."""
     if not isinstance(request, ChatCompletionAsSent):  # built in Python: checked whole already
         messages = request.message_dicts()
-        return Conversation(messages, [message_key(m) for m in messages])
+        keys = [message_key(m) for m in messages]
+        _as_answered(state, messages, keys, 0)
+        return Conversation(messages, keys)
     sent = request.messages
     known = _known_prefix(state, sent)
     fresh = _validated(sent, known)
     messages = state.messages[:known] + fresh
     keys = state.message_keys[:known] + [message_key(m) for m in fresh]
-    _as_answered(state, messages, keys)
+    _as_answered(state, messages, keys, known)
     # Kept for the next request unless a call's arguments are a JSON object: dict equality
     # takes 1 for 1.0 and True, which render differently.
     reusable = not any(map(_object_arguments, fresh))
@@ -74,13 +82,23 @@ def read_conversation(state: RolloutState, request: ChatCompletionRequest) -> Co
     return Conversation(messages, keys, list(sent))
 
 
-def _as_answered(state: RolloutState, messages: list[Message], keys: list[MessageKey]) -> None:
-    """The gateway's last answer, where the request sends it back (with its reasoning moved
-    into the content, or dropped: the key leaves it out), is taken as it was answered: renders
-    of the conversation (a new segment's, the drift figure's) then see the reasoning sampled."""
-    at = len(state.message_keys) - 1
-    if at >= 0 and len(keys) > at and keys[: at + 1] == state.message_keys:
-        messages[at] = state.messages[at]
+def _as_answered(
+    state: RolloutState, messages: list[Message], keys: list[MessageKey], start: int
+) -> None:
+    """The gateway's answers, where the request sends them back (reasoning as sampled, moved
+    into the content, or dropped), are taken as they were answered: their keys, so that the
+    next prompt extends their sampled ids, and the last answer's message, so that renders of
+    the conversation (a new segment's, the drift figure's) see the reasoning sampled. From
+    the first message that differs from the rollout's (an edited reasoning among them) the
+    conversation is the request's. ``keys[:start]`` are the rollout's already."""
+    answered = state.message_keys
+    for at in range(start, min(len(keys), len(answered))):
+        if keys[at] != answered[at]:
+            if not same_answer(keys[at], answered[at]):
+                return
+            keys[at] = answered[at]
+    if len(keys) >= len(answered) > start:
+        messages[len(answered) - 1] = state.messages[-1]
 
 
 def _known_prefix(state: RolloutState, sent: Any) -> int:

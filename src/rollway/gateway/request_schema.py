@@ -61,6 +61,14 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    #: An answer's reasoning (vLLM's and SGLang's field, the one the gateway answers in): as
+    #: sent, an edited reasoning is the history the template renders; on other roles ignored.
+    reasoning_content: str | None = None
+
+    @field_validator("reasoning_content")
+    @classmethod
+    def _answers_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if info.data.get("role") == "assistant" else None
 
 
 class SamplingFields(_Strict):

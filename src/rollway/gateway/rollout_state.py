@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
-from rollway.gateway.render.reasoning import without_reasoning
+from rollway.gateway.render.reasoning import sent_reasoning
 from rollway.generation import Message, SamplingParams
 from rollway.trajectory import Turn
 
@@ -175,19 +175,26 @@ class RolloutState:
 
 
 def message_key(message: Message) -> MessageKey:
-    """What identifies a message for rendering: role, text, tool calls (arguments canonical).
-    An answer's reasoning is not part of it: an agent sends the gateway's answer back with its
-    reasoning in ``reasoning_content``, inside the content or dropped, and it is the same
-    answer, whose sampled ids the next turn extends."""
+    """What identifies a message for rendering: role, text, tool calls (arguments canonical)
+    and, last, an answer's reasoning: read from ``reasoning_content`` or from inside the
+    content, None where the message has none (``same_answer`` takes that for the answer as
+    sampled: an agent may drop the reasoning it was given)."""
     role = "system" if message["role"] == "developer" else message["role"]
     calls = tuple(
         (c["function"]["name"], _canonical_json(c["function"].get("arguments", "{}")))
         for c in message.get("tool_calls") or ()
     )
     content = content_text(message.get("content"))
+    reasoning = None
     if role == "assistant":
-        content = without_reasoning(content)
-    return (role, content, calls, message.get("tool_call_id"))
+        reasoning, content = sent_reasoning(message.get("reasoning_content"), content)
+    return (role, content, calls, message.get("tool_call_id"), reasoning)
+
+
+def same_answer(sent: MessageKey, answered: MessageKey) -> bool:
+    """Whether a message sent back is the gateway's answer ``answered``: the same, or the same
+    with its reasoning dropped. A changed reasoning is an edit, as a changed content is."""
+    return sent == answered or (sent[-1] is None and sent[:-1] == answered[:-1])
 
 
 def _canonical_json(arguments: str | dict[str, Any]) -> str:

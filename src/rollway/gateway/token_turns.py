@@ -223,8 +223,9 @@ class TokenTurns:
         them out, as vLLM's ``skip_special_tokens`` does; the turn records where they were."""
         ids = result.output_ids
         special_ids = renderer.stop_ids  # the rollout's renderer's: GPT-OSS's are fewer
+        end_id = None
         if ids and result.finish_reason == "stop" and ids[-1] in special_ids:
-            ids = ids[:-1]
+            end_id, ids = ids[-1], ids[:-1]
         specials = [at for at, token in enumerate(ids) if token in special_ids]
         if specials:
             ids = [token for token in ids if token not in special_ids]
@@ -233,8 +234,8 @@ class TokenTurns:
         stop = None
         if cut is not None:
             at, stop = cut
-            text = text[:at]
-        return renderer.parse(text, use_tools, tools), stop, specials
+            text, end_id = text[:at], None  # a stop string ended it, not the token
+        return renderer.parse(text, use_tools, tools, end_id), stop, specials
 
     @staticmethod
     def _record(

@@ -50,9 +50,15 @@ class Renderer(Protocol):
         ...
 
     def parse(
-        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+        self,
+        text: str,
+        use_tools: bool,
+        tools: list[dict[str, Any]] | None = None,
+        end_id: int | None = None,
     ) -> ParsedToolCalls:
         """A completion's text as reasoning, content and tool calls; a malformed call keeps
         the text whole and says why in ``error``. ``tools``: the request's, whose schemas
-        type the arguments where a family writes them as text (Qwen3-Coder's XML calls)."""
+        type the arguments where a family writes them as text (Qwen3-Coder's XML calls).
+        ``end_id``: the stop token the model ended the answer with (cut from ``text``; None
+        where none did), for families whose stop tokens differ in meaning (GPT-OSS's)."""
         ...

@@ -121,7 +121,11 @@ class ChatRenderer:
         self._shapes: OrderedDict[tuple[str, bool], MessageShapes] | None = OrderedDict()
 
     def parse(
-        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+        self,
+        text: str,
+        use_tools: bool,
+        tools: list[dict[str, Any]] | None = None,
+        end_id: int | None = None,
     ) -> ParsedToolCalls:
         """An answer's text (special tokens and stop strings already cut) as reasoning,
         content and tool calls; a malformed call leaves the text whole with ``error`` set.

@@ -56,14 +56,21 @@ class GptOssRenderer(ChatRenderer):
         ids = {token: tokenizer.convert_tokens_to_ids(token) for token in _TOKENS}
         self.stop_ids = frozenset({ids["<|return|>"], ids["<|call|>"], ids["<|endoftext|>"]})
         self._closed_by = frozenset({ids["<|return|>"], ids["<|call|>"], ids["<|end|>"]})
+        #: The stop tokens that end an answer, by id: a call ends at ``<|call|>``, the rest
+        #: at ``<|return|>``.
+        self._ends = {ids[token]: token for token in ("<|return|>", "<|call|>", "<|endoftext|>")}
         self.thinking = HarmonyChannels()
         self._pieces = None  # the template's pieces are not harmony's
         self._shapes = None
 
     def parse(
-        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+        self,
+        text: str,
+        use_tools: bool,
+        tools: list[dict[str, Any]] | None = None,
+        end_id: int | None = None,
     ) -> ParsedToolCalls:
-        return parse_harmony(text, use_tools)
+        return parse_harmony(text, use_tools, None if end_id is None else self._ends.get(end_id))
 
     def render(
         self,
@@ -176,6 +183,8 @@ def _assistant_text(message: Message, content: str, keeps_analysis: bool, closin
         analysis = reasoning or content  # the template writes a call's content as analysis
         if analysis and keeps_analysis:
             parts.append(f"<|start|>assistant<|channel|>analysis<|message|>{analysis}<|end|>")
+        if reasoning and content:  # both: the content is a preamble, as the parser reads one
+            parts.append(f"<|start|>assistant<|channel|>commentary<|message|>{content}<|end|>")
         for call in calls:
             function = call.get("function", {})
             arguments = function.get("arguments", "{}")

@@ -40,9 +40,10 @@ class Block:
     closed: bool
 
 
-def read_blocks(text: str) -> tuple[list[Block], str | None]:
+def read_blocks(text: str, ended: bool = False) -> tuple[list[Block], str | None]:
     """The answer's messages, and why the text is not harmony where it is not (the blocks read
-    until there). The last message may be open: a stream's, or one its stop token ended."""
+    until there). The last message may be open: a stream's, or one its stop token ended. Its
+    header may be unfinished unless the answer ``ended`` (by a stop token)."""
     blocks: list[Block] = []
     pieces = text.split(START)
     for at, piece in enumerate(pieces):
@@ -50,7 +51,7 @@ def read_blocks(text: str) -> tuple[list[Block], str | None]:
             return blocks, "a message starts before the previous one ended (<|end|>)"
         header, found, body = piece.partition(MESSAGE)
         if not found:
-            if at == len(pieces) - 1:
+            if at == len(pieces) - 1 and not ended:
                 break  # a header still coming (or cut): not a message yet
             return blocks, "a message header without <|message|>"
         closed = body.endswith(END)
@@ -70,13 +71,19 @@ def read_blocks(text: str) -> tuple[list[Block], str | None]:
     return blocks, None
 
 
-def parse_harmony(text: str, use_tools: bool) -> ParsedToolCalls:
-    """An answer's text (its stop token cut) as reasoning, content and tool calls."""
-    if MESSAGE not in text:
-        return ParsedToolCalls(text)  # no harmony at all: what the model wrote is the content
-    blocks, error = read_blocks(text)
+def parse_harmony(text: str, use_tools: bool, end: str | None = None) -> ParsedToolCalls:
+    """An answer's text (its stop token ``end`` cut; None where none ended it) as reasoning,
+    content and tool calls. Text with no message header at all is flagged: harmony's parser
+    (vLLM's) reads it as a header that never ends, and answers nothing."""
+    if not text:
+        return ParsedToolCalls(text)
+    blocks, error = read_blocks(text, ended=end is not None)
     reasoning = [b.body for b in blocks if b.channel == "analysis" and b.recipient is None]
     thought = JOIN.join(reasoning) if reasoning else None
+    if error is None and not blocks:
+        error = "no harmony message: no header ending in <|message|>"
+    if error is None:
+        error = _misended(blocks[-1], end)
     if error is not None:
         return ParsedToolCalls(text, error=error, reasoning=thought)
     content: list[str] = []
@@ -93,6 +100,16 @@ def parse_harmony(text: str, use_tools: bool) -> ParsedToolCalls:
             why = f"a message on channel {block.channel!r}, not analysis, commentary or final"
             return ParsedToolCalls(text, error=why, reasoning=thought)
     return ParsedToolCalls(JOIN.join(content), calls, reasoning=thought)
+
+
+def _misended(last: Block, end: str | None) -> str | None:
+    """Why the stop token does not fit the answer's last message: a call ends at
+    ``<|call|>``, any other message at ``<|return|>`` (None where it fits, or none ended it)."""
+    if last.recipient is not None and end == "<|return|>":
+        return "a tool call ended by <|return|>, not <|call|>"
+    if last.recipient is None and end == "<|call|>":
+        return f"a message on channel {last.channel!r}, not a tool call, ended by <|call|>"
+    return None
 
 
 def _call(block: Block, use_tools: bool) -> tuple[dict[str, Any] | None, str]:

@@ -159,7 +159,11 @@ class QwenXmlRenderer(ChatRenderer):
         super().__init__(tokenizer)
 
     def parse(
-        self, text: str, use_tools: bool, tools: list[dict[str, Any]] | None = None
+        self,
+        text: str,
+        use_tools: bool,
+        tools: list[dict[str, Any]] | None = None,
+        end_id: int | None = None,
     ) -> ParsedToolCalls:
         reasoning = None
         if self.thinking is not None:  # a template of this shape that thinks (named so)

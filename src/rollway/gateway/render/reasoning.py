@@ -4,8 +4,9 @@ vLLM's and SGLang's reasoning parsers answer it, and the content is what follows
 
 The sample keeps every sampled token, thinking included; only the answer's fields are split.
 An agent may send an earlier answer back with its reasoning in ``reasoning_content``, inside
-``content`` (``<think>...</think>`` first) or not at all: ``without_reasoning`` gives the
-content all three share, so the gateway recognises its own answer in each.
+``content`` (``<think>...</think>`` first) or not at all: ``sent_reasoning`` reads it from
+either place, so the gateway recognises its own answer in each (and an edited reasoning as an
+edit).
 """
 
 from __future__ import annotations
@@ -72,9 +73,13 @@ def think_tags(chat_template: str, generation_prompt: str) -> ThinkTags | None:
     return ThinkTags(opened_by_prompt=generation_prompt.rstrip().endswith(OPEN))
 
 
-def without_reasoning(content: str) -> str:
-    """An assistant message's content less the reasoning written before it, as the model's
-    templates read it back (the text after ``</think>``, leading newlines dropped)."""
-    if not content.startswith(OPEN) or CLOSE not in content:
-        return content
-    return content.partition(CLOSE)[2].lstrip("\n")
+def sent_reasoning(reasoning: str | None, content: str) -> tuple[str | None, str]:
+    """An assistant message's ``(reasoning, content)`` as an agent sent it: the reasoning in
+    its ``reasoning_content``, else written before the content (``<think>...</think>``, read
+    as the model's templates read it back); None where it has none (absent or empty: dropped).
+    """
+    if content.startswith(OPEN) and CLOSE in content:
+        thought, _, content = content[len(OPEN) :].partition(CLOSE)
+        content = content.lstrip("\n")
+        reasoning = reasoning or thought.strip("\n")
+    return reasoning or None, content

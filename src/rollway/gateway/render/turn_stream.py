@@ -9,8 +9,9 @@ whole answer is parsed: a later bad block makes the parse keep the text whole, s
 earlier could turn out not to exist. At the end, ``rest`` gives what the recorded content adds
 to what was sent, so the deltas always add up to it. Where the template writes reasoning
 (``reasoning.ThinkTags``), the content waits until the reasoning closes, and the reasoning
-streams apart (``ReasoningDelta``), held back where the closing tag or the newlines the parse
-strips might begin.
+streams apart (``ReasoningDelta``), held back where the closing tag, the newlines the parse
+strips or a stop string might begin (the recorded turn is cut at a stop string inside the
+reasoning too).
 """
 
 from __future__ import annotations
@@ -89,7 +90,12 @@ class TurnText:
         special_ids: frozenset[int],
         thinking: ThinkTags | None = None,
     ) -> None:
-        self._holds = [s for s in stop if s] + ([renderer.tool_call_open] if tools else [])
+        self._stops = [s for s in stop if s]
+        self._holds = self._stops + ([renderer.tool_call_open] if tools else [])
+        # Where the first stop string begins, once found; the text before ``_searched`` has
+        # none that ends there.
+        self._stop_at: int | None = None
+        self._searched = 0
         self._tools = tools
         self._special_ids = special_ids
         # The content starts after the reasoning: nothing is shown before (``ThinkTags.shown``).
@@ -111,7 +117,7 @@ class TurnText:
     def take_reasoning(self) -> str:
         if self._thinking is None:
             return ""
-        shown = self._thinking.reasoning_shown(self._whole.text)
+        shown = self._thinking.reasoning_shown(self._before_stop())
         if len(shown) <= len(self.reasoning_sent) or not shown.startswith(self.reasoning_sent):
             return ""
         delta = shown[len(self.reasoning_sent) :]
@@ -123,7 +129,7 @@ class TurnText:
         if self._closed:
             return ""
         if self._thinking is not None:
-            shown = self._thinking.shown(text)
+            shown = self._thinking.shown(self._before_stop())
             if shown is None:
                 return ""
             text = shown
@@ -138,6 +144,19 @@ class TurnText:
         delta = text[len(self.sent) : end]
         self.sent += delta
         return delta
+
+    def _before_stop(self) -> str:
+        """The text as the recorded turn cuts it, at the first stop string (the reasoning's
+        too), less a suffix that more tokens could make one."""
+        text = self._whole.text
+        if self._stop_at is None and self._stops:
+            start = max(self._searched - max(map(len, self._stops)) + 1, 0)
+            found = [at for stop in self._stops if (at := text.find(stop, start)) >= 0]
+            self._stop_at = min(found) if found else None
+            self._searched = len(text)
+        if self._stop_at is not None:
+            return text[: self._stop_at]
+        return text[: _unambiguous_end(text, 0, self._stops)]
 
 
 def _unambiguous_end(text: str, start: int, holds: list[str]) -> int:
