@@ -8,28 +8,43 @@ import asyncio
 import json
 import logging
 import random
-import secrets
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from transformers import AutoTokenizer
 
 from rollway.engines.scripted import ScriptedEngine
 from rollway.errors import InvalidFieldsError
-from rollway.gateway import Gateway, build_gateway, create_app
+from rollway.gateway import Gateway, build_gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.families import Qwen3Renderer
 from rollway.gateway.render.renderers import choose_renderer, load_renderer
 from rollway.trajectory import Trajectory
-from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing
+from tests.gateway import families_common as common
+from tests.gateway.families_common import (
+    ANTHROPIC_ADD,
+    REASONING,
+    Echo,
+    Served,
+    agent_loop,
+    blocks,
+    check_thinking_answers,
+    in_process_ask,
+    in_process_loop,
+    serve,
+    streamed_message,
+    thinking_script,
+    tool_results,
+    with_reasoning_dropped,
+    with_reasoning_field,
+    with_reasoning_in_content,
+)
 
-Echo = Callable[[dict[str, Any]], dict[str, Any]]
+__all__ = ["ANTHROPIC_ADD", "REASONING", "Echo", "agent_loop", "streamed_message", "tool_results"]
 
 
 def qwen3_call(reasoning: str, a: int, b: int) -> str:
@@ -42,21 +57,8 @@ def qwen3_answer(reasoning: str, content: str) -> str:
 
 
 #: Two questions: a 4-turn tool loop, then a 2-turn one after a second user message.
-FIRST = [
-    qwen3_call("Add 1 and 2 first.", 1, 2),
-    qwen3_call("Now 3 and 3.", 3, 3),
-    qwen3_call("Then 6 and 4.", 6, 4),
-    qwen3_answer("The sum is 10.", "1 + 2 + 3 + 4 = 10."),
-]
-SECOND = [qwen3_call("Add 5 to 10.", 10, 5), qwen3_answer("It is 15.", "15.")]
-REASONING = [
-    "Add 1 and 2 first.",
-    "Now 3 and 3.",
-    "Then 6 and 4.",
-    "The sum is 10.",
-    "Add 5 to 10.",
-    "It is 15.",
-]
+SCRIPT = thinking_script(qwen3_call, qwen3_answer)
+FIRST, SECOND = SCRIPT[:4], SCRIPT[4:]
 
 
 @pytest.fixture(scope="module")
@@ -70,73 +72,18 @@ def qwen3_renderer(qwen3_tokenizer: Any) -> ChatRenderer:
 
 
 def qwen3_gateway(tokenizer: Any, renderer: ChatRenderer) -> tuple[Gateway, ScriptedEngine]:
-    engine = ScriptedEngine(FIRST + SECOND, tokenizer)
-    return Gateway(engine, renderer, model_name="qwen3"), engine
-
-
-def with_reasoning_field(message: dict[str, Any]) -> dict[str, Any]:
-    return message
-
-
-def with_reasoning_in_content(message: dict[str, Any]) -> dict[str, Any]:
-    reasoning, content = message.pop("reasoning_content"), message.get("content") or ""
-    return message | {"content": f"<think>\n{reasoning}\n</think>\n\n{content}"}
-
-
-def with_reasoning_dropped(message: dict[str, Any]) -> dict[str, Any]:
-    message.pop("reasoning_content")
-    return message
+    return common.scripted_gateway(FIRST + SECOND, tokenizer, renderer, "qwen3")
 
 
 ECHOES = [with_reasoning_field, with_reasoning_in_content, with_reasoning_dropped]
 
 
-def tool_results(message: dict[str, Any]) -> list[dict[str, Any]]:
-    results = []
-    for call in message.get("tool_calls") or []:
-        arguments = json.loads(call["function"]["arguments"])
-        total = str(arguments["a"] + arguments["b"])
-        results.append({"role": "tool", "tool_call_id": call["id"], "content": total})
-    return results
-
-
-def agent_loop(ask: Callable[[list[dict[str, Any]]], dict[str, Any]], echo: Echo) -> list[Any]:
-    """Two questions, each answered through a tool loop; every answer sent back by ``echo``."""
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 1 + 2 + 3 + 4?"}]
-    answers = []
-    for turns, follow_up in ((4, "And plus 5?"), (2, None)):
-        for _ in range(turns):
-            answer = ask(messages)
-            answers.append(dict(answer))
-            messages += [echo(dict(answer)), *tool_results(answer)]
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
-    return answers
-
-
 def check_answers(answers: list[dict[str, Any]]) -> None:
-    assert [a.get("reasoning_content") for a in answers] == REASONING
-    for answer in answers:
-        assert "<think>" not in (answer.get("content") or "")
-    calls = [json.loads(a["tool_calls"][0]["function"]["arguments"]) for a in answers[:3]]
-    assert calls == [{"a": 1, "b": 2}, {"a": 3, "b": 3}, {"a": 6, "b": 4}]
-    assert answers[3]["content"] == "1 + 2 + 3 + 4 = 10." and not answers[3].get("tool_calls")
-    assert answers[5]["content"] == "15."
+    check_thinking_answers(answers, "<think>")
 
 
 def check_one_exact_sample(trajectory: Trajectory, engine: ScriptedEngine, tokenizer: Any) -> None:
-    """One segment; the sampled ids are exactly the script's, under mask 1, with the engine's
-    logprobs beside them; each prompt extends the previous prompt and completion."""
-    assert trajectory.segment_count == 1
-    (sample,) = trajectory.samples
-    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    scripted = [tokenizer.encode(text, add_special_tokens=False) for text in FIRST + SECOND]
-    assert sampled == [token for ids in scripted for token in ids]
-    logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m]
-    assert logprobs == [-0.001 * rank for rank in range(1, len(sampled) + 1)]
-    for turn, (prompt, ids) in enumerate(zip(engine.prompts[1:], scripted, strict=False)):
-        before = engine.prompts[turn]
-        assert prompt[: len(before) + len(ids)] == before + ids, f"turn {turn + 1}"
+    common.check_one_exact_sample(trajectory, engine, tokenizer, FIRST + SECOND)
 
 
 @pytest.mark.parametrize("echo", ECHOES)
@@ -144,78 +91,24 @@ def test_qwen3_tool_loop_in_process_is_one_sample(
     qwen3_tokenizer: Any, qwen3_renderer: ChatRenderer, echo: Echo
 ) -> None:
     gateway, engine = qwen3_gateway(qwen3_tokenizer, qwen3_renderer)
-    gateway.register("q1", {"max_tokens": 256})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("q1", body)).message)
-
-    check_answers(agent_loop(ask, echo))
+    check_answers(in_process_loop(gateway, "q1", echo))
     check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
 
 
 @pytest.fixture
-def served_qwen3(
-    qwen3_tokenizer: Any, qwen3_renderer: ChatRenderer
-) -> Iterator[tuple[str, Gateway, ScriptedEngine]]:
+def served_qwen3(qwen3_tokenizer: Any, qwen3_renderer: ChatRenderer) -> Iterator[Served]:
     """The HTTP gateway on loopback over a scripted Qwen3."""
-    gateway, engine = qwen3_gateway(qwen3_tokenizer, qwen3_renderer)
-    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
-        yield url, gateway, engine
+    yield from serve(*qwen3_gateway(qwen3_tokenizer, qwen3_renderer))
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_qwen3_tool_loop_through_the_openai_sdk_is_one_sample(
-    served_qwen3: tuple[str, Gateway, ScriptedEngine],
-    qwen3_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_qwen3: Served, qwen3_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_qwen3
-    registered = gateway.register("q1", {"max_tokens": 256})
-    client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/q1", api_key=registered.api_key))
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        if not stream:
-            reply = client.chat.completions.create(
-                model="qwen3", messages=messages, tools=[ADD_TOOL]
-            )
-            # As the SDK returned it: reasoning_content is a field it keeps, unknown to it.
-            return reply.choices[0].message.model_dump(exclude_none=True)
-        return streamed_message(client, messages)
-
-    check_answers(agent_loop(ask, with_reasoning_field))
-    check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
-
-
-def streamed_message(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The message an SDK user gathers from the stream's deltas; the reasoning streams as the
-    tokens come (a delta a token here: the scripted engine streams so), before any content."""
-    content, reasoning, calls, kinds = "", "", [], []
-    chunks = client.chat.completions.create(
-        model="qwen3", messages=messages, tools=[ADD_TOOL], stream=True
-    )
-    for chunk in chunks:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        thought = (delta.model_extra or {}).get("reasoning_content")
-        kinds += ["content"] * bool(delta.content) + ["reasoning"] * bool(thought)
-        content += delta.content or ""
-        reasoning += thought or ""
-        calls += [call.model_dump(exclude_none=True) for call in delta.tool_calls or []]
-    assert kinds.count("reasoning") > 1
-    assert "content" not in kinds or kinds.index("content") > max(
-        at for at, kind in enumerate(kinds) if kind == "reasoning"
-    )
-    for call in calls:
-        call.pop("index")
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    """As the SDK returned it: reasoning_content is a field it keeps, unknown to it."""
+    _, gateway, engine = served_qwen3
+    check_answers(common.openai_loop(served_qwen3, closing, "qwen3", stream))
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, qwen3_tokenizer)
 
 
 def test_qwen3_history_as_the_template_renders_it_starts_a_segment_at_a_new_question(
@@ -224,13 +117,8 @@ def test_qwen3_history_as_the_template_renders_it_starts_a_segment_at_a_new_ques
     """The per-rollout choice: Qwen3's template keeps an answer's thinking through a tool loop
     (extended) and drops it at a new question (there, a new segment rendered as it does)."""
     gateway, engine = qwen3_gateway(qwen3_tokenizer, qwen3_renderer)
-    gateway.register("q1", {"max_tokens": 256, "history": "as_template"})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("q1", body)).message)
-
-    check_answers(agent_loop(ask, with_reasoning_field))
+    settings = {"max_tokens": 256, "history": "as_template"}
+    check_answers(in_process_loop(gateway, "q1", with_reasoning_field, settings))
     trajectory = asyncio.run(gateway.trajectory("q1"))
     assert [turn.segment for turn in trajectory.turns] == [0, 0, 0, 0, 1, 1]
     # The second segment's prompt is the template's: the first question's thinking is gone.
@@ -247,56 +135,15 @@ def test_an_unknown_history_choice_is_refused(
         gateway.register("q1", {"history": "rerender"})
 
 
-ANTHROPIC_ADD = {
-    "name": "add",
-    "description": ADD_TOOL["function"]["description"],
-    "input_schema": ADD_TOOL["function"]["parameters"],
-}
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_qwen3_tool_loop_through_the_anthropic_sdk_is_one_sample_with_thinking_blocks(
-    served_qwen3: tuple[str, Gateway, ScriptedEngine],
-    qwen3_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_qwen3: Served, qwen3_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_qwen3
-    registered = gateway.register("q1", {"max_tokens": 256})
-    client = closing(
-        anthropic.Anthropic(base_url=f"{url}/v1/rollouts/q1", api_key=registered.api_key)
-    )
-
-    def ask(messages: list[dict[str, Any]]) -> Any:
-        asked = {"model": "qwen3", "max_tokens": 256, "messages": messages}
-        if not stream:
-            return client.messages.create(**asked, tools=[ANTHROPIC_ADD])
-        with client.messages.stream(**asked, tools=[ANTHROPIC_ADD]) as events:
-            return events.get_final_message()
-
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 1 + 2 + 3 + 4?"}]
-    thoughts, texts = [], []
-    for turns, follow_up in ((4, "And plus 5?"), (2, None)):
-        for _ in range(turns):
-            reply = ask(messages)
-            thoughts += [b.thinking for b in reply.content if b.type == "thinking"]
-            texts += [b.text for b in reply.content if b.type == "text"]
-            # Sent back as the SDK returned it: thinking block first, with its signature.
-            messages.append(
-                {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
-            )
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": str(sum(b.input.values()))}
-                for b in reply.content
-                if b.type == "tool_use"
-            ]
-            if results:
-                messages.append({"role": "user", "content": results})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
-    assert thoughts == REASONING
-    assert texts == ["1 + 2 + 3 + 4 = 10.", "15."]
-    check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
+    _, gateway, engine = served_qwen3
+    replies = common.anthropic_replies(served_qwen3, closing, "qwen3", stream)
+    assert [b.thinking for b in blocks(replies, "thinking")] == REASONING
+    assert [b.text for b in blocks(replies, "text")] == ["1 + 2 + 3 + 4 = 10.", "15."]
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, qwen3_tokenizer)
 
 
 def test_qwen3_new_messages_by_shape_are_the_templates_text(qwen3_tokenizer: Any) -> None:
@@ -376,12 +223,7 @@ def test_a_rollout_names_its_own_renderer(
     gateway.register("q1", {"max_tokens": 256, "renderer": "qwen3"})
     assert isinstance(gateway.renderer_named("qwen3"), Qwen3Renderer)
     assert gateway.renderer_named("qwen3") is gateway.renderer_named("qwen3")
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("q1", body)).message)
-
-    check_answers(agent_loop(ask, with_reasoning_dropped))
+    check_answers(agent_loop(in_process_ask(gateway, "q1"), with_reasoning_dropped))
     check_one_exact_sample(asyncio.run(gateway.trajectory("q1")), engine, qwen3_tokenizer)
     smol = Gateway(ScriptedEngine([], renderer.tokenizer), renderer, model_name="smol")
     with pytest.raises(InvalidFieldsError, match="is not Qwen3's") as refused:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -38,7 +37,15 @@ from rollway.gateway.render.renderers import choose_renderer, load_renderer
 from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing
-from tests.gateway.test_families import ANTHROPIC_ADD, agent_loop
+from tests.gateway import families_common as common
+from tests.gateway.families_common import (
+    Served,
+    agent_loop,
+    blocks,
+    in_process_ask,
+    in_process_loop,
+    serve,
+)
 
 EOS = "<｜end▁of▁sentence｜>"
 
@@ -83,8 +90,7 @@ def reference(ds_tokenizer: Any) -> ReferenceRenderer:
 
 
 def ds_gateway(tokenizer: Any, renderer: ChatRenderer) -> tuple[Gateway, ScriptedEngine]:
-    engine = ScriptedEngine(SCRIPT, tokenizer)
-    return Gateway(engine, renderer, model_name="deepseek"), engine
+    return common.scripted_gateway(SCRIPT, tokenizer, renderer, "deepseek")
 
 
 def as_returned(message: dict[str, Any]) -> dict[str, Any]:
@@ -106,16 +112,8 @@ def check_one_exact_sample(trajectory: Trajectory, engine: ScriptedEngine, token
     """One segment; the sampled ids are exactly the script's, under mask 1, with the engine's
     logprobs beside them; each prompt extends the previous prompt and completion, so the
     second question's turns hold no copy of the history."""
-    assert trajectory.segment_count == 1
+    scripted = common.check_one_exact_sample(trajectory, engine, tokenizer, SCRIPT)
     (sample,) = trajectory.samples
-    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    scripted = [tokenizer.encode(text, add_special_tokens=False) for text in SCRIPT]
-    assert sampled == [token for ids in scripted for token in ids]
-    logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m]
-    assert logprobs == [-0.001 * rank for rank in range(1, len(sampled) + 1)]
-    for turn, (prompt, ids) in enumerate(zip(engine.prompts[1:], scripted, strict=False)):
-        before = engine.prompts[turn]
-        assert prompt[: len(before) + len(ids)] == before + ids, f"turn {turn + 1}"
     assert sample.prompt_ids == engine.prompts[0]
     assert len(sample.prompt_ids) + len(sample.response_ids) == len(engine.prompts[-1]) + len(
         scripted[-1]
@@ -382,13 +380,9 @@ def test_deepseek_tool_loop_in_process_is_one_sample(
     """Under either history choice: the format never rewrites an earlier message, so even
     rendering as the template does extends the sample at the second question."""
     gateway, engine = ds_gateway(ds_tokenizer, ds_renderer)
-    gateway.register("d1", {"max_tokens": 256, "history": history})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("d1", body)).message)
-
-    check_answers(agent_loop(ask, as_returned))
+    check_answers(
+        in_process_loop(gateway, "d1", as_returned, {"max_tokens": 256, "history": history})
+    )
     trajectory = asyncio.run(gateway.trajectory("d1"))
     check_one_exact_sample(trajectory, engine, ds_tokenizer)
     # Content and arguments as sampled: a fresh render of the final messages is the sample.
@@ -396,102 +390,47 @@ def test_deepseek_tool_loop_in_process_is_one_sample(
 
 
 @pytest.fixture
-def served_ds(
-    ds_tokenizer: Any, ds_renderer: DeepSeekV3Renderer
-) -> Iterator[tuple[str, Gateway, ScriptedEngine]]:
+def served_ds(ds_tokenizer: Any, ds_renderer: DeepSeekV3Renderer) -> Iterator[Served]:
     """The HTTP gateway on loopback over a scripted DeepSeek V3."""
-    gateway, engine = ds_gateway(ds_tokenizer, ds_renderer)
-    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
-        yield url, gateway, engine
+    yield from serve(*ds_gateway(ds_tokenizer, ds_renderer))
+
+
+def no_marker_nor_reasoning(delta: Any) -> None:
+    """No delta shows a marker (the stream holds the text back from where the calls begin)."""
+    assert "｜" not in (delta.content or "")
+    assert not (delta.model_extra or {}).get("reasoning_content")
 
 
 def streamed_message(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The message an SDK user gathers from the stream's deltas; no delta shows a marker (the
-    stream holds the text back from where the calls begin)."""
-    content, calls = "", []
-    chunks = client.chat.completions.create(
-        model="deepseek", messages=messages, tools=[ADD_TOOL], stream=True
+    """The message an SDK user gathers from the stream's deltas, each checked."""
+    return common.streamed_message(
+        client, messages, "deepseek", thinks=False, check_delta=no_marker_nor_reasoning
     )
-    for chunk in chunks:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        assert "｜" not in (delta.content or "")
-        assert not (delta.model_extra or {}).get("reasoning_content")
-        content += delta.content or ""
-        calls += [call.model_dump(exclude_none=True) for call in delta.tool_calls or []]
-    for tool_call in calls:
-        tool_call.pop("index")
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    return message | ({"tool_calls": calls} if calls else {})
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_deepseek_tool_loop_through_the_openai_sdk_is_one_sample(
-    served_ds: tuple[str, Gateway, ScriptedEngine],
-    ds_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_ds: Served, ds_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_ds
-    registered = gateway.register("d1", {"max_tokens": 256})
-    client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/d1", api_key=registered.api_key))
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        if stream:
-            return streamed_message(client, messages)
-        reply = client.chat.completions.create(
-            model="deepseek", messages=messages, tools=[ADD_TOOL]
-        )
-        return reply.choices[0].message.model_dump(exclude_none=True)
-
-    check_answers(agent_loop(ask, as_returned))
-    check_one_exact_sample(asyncio.run(gateway.trajectory("d1")), engine, ds_tokenizer)
+    _, gateway, engine = served_ds
+    answers = common.openai_loop(
+        served_ds, closing, "deepseek", stream, streamed_message, echo=as_returned
+    )
+    check_answers(answers)
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, ds_tokenizer)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_deepseek_tool_loop_through_the_anthropic_sdk_is_one_sample(
-    served_ds: tuple[str, Gateway, ScriptedEngine],
-    ds_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_ds: Served, ds_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_ds
-    registered = gateway.register("d1", {"max_tokens": 256})
-    client = closing(
-        anthropic.Anthropic(base_url=f"{url}/v1/rollouts/d1", api_key=registered.api_key)
-    )
-
-    def ask(messages: list[dict[str, Any]]) -> Any:
-        asked = {"model": "deepseek", "max_tokens": 256, "messages": messages}
-        if not stream:
-            return client.messages.create(**asked, tools=[ANTHROPIC_ADD])
-        with client.messages.stream(**asked, tools=[ANTHROPIC_ADD]) as events:
-            return events.get_final_message()
-
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 1 + 2 + 3 + 4?"}]
-    uses, texts = [], []
-    for turns, follow_up in ((4, "And plus 5?"), (2, None)):
-        for _ in range(turns):
-            reply = ask(messages)
-            assert not [b for b in reply.content if b.type == "thinking"]
-            uses.append([tuple(b.input.values()) for b in reply.content if b.type == "tool_use"])
-            texts += [b.text for b in reply.content if b.type == "text"]
-            messages.append(
-                {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
-            )
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": str(sum(b.input.values()))}
-                for b in reply.content
-                if b.type == "tool_use"
-            ]
-            if results:
-                messages.append({"role": "user", "content": results})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
+    _, gateway, engine = served_ds
+    replies = common.anthropic_replies(served_ds, closing, "deepseek", stream)
+    assert not blocks(replies, "thinking")
+    uses = [[tuple(b.input.values()) for b in r.content if b.type == "tool_use"] for r in replies]
     assert uses == CALLS
-    assert texts == [c for c in CONTENTS if c]
-    check_one_exact_sample(asyncio.run(gateway.trajectory("d1")), engine, ds_tokenizer)
+    assert [b.text for b in blocks(replies, "text")] == [c for c in CONTENTS if c]
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, ds_tokenizer)
 
 
 # -- choosing the renderer ---------------------------------------------------------------------
@@ -530,12 +469,7 @@ def test_deepseek_is_taken_by_name(
     assert isinstance(named.renderer, DeepSeekV3Renderer)
     gateway, engine = ds_gateway(ds_tokenizer, ChatRenderer(ds_tokenizer))
     gateway.register("d1", {"max_tokens": 256, "renderer": "deepseek_v3"})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("d1", body)).message)
-
-    check_answers(agent_loop(ask, as_returned))
+    check_answers(agent_loop(in_process_ask(gateway, "d1"), as_returned))
     check_one_exact_sample(asyncio.run(gateway.trajectory("d1")), engine, ds_tokenizer)
     smol = Gateway(ScriptedEngine([], renderer.tokenizer), renderer, model_name="smol")
     with pytest.raises(InvalidFieldsError, match="are not DeepSeek V3's"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,12 +16,12 @@ from transformers import AutoTokenizer
 
 from rollway.engines.scripted import ScriptedEngine
 from rollway.errors import InvalidFieldsError
-from rollway.gateway import Gateway, build_gateway, create_app
+from rollway.gateway import build_gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.gemma3 import Gemma3Renderer
 from rollway.gateway.render.renderers import choose_renderer, load_renderer
-from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing, family_folder
+from tests.gateway.families_common import Served, scripted_gateway, serve
 from tests.gateway.test_family_llama import check_one_exact_sample
 
 QUESTIONS = ["Hi! Who are you?", "  What is 2 + 2?\n", "And {{ 3 }} + 3?", "Thanks, bye."]
@@ -67,18 +66,13 @@ def test_gemma3_renders_as_its_template(
 
 
 @pytest.fixture
-def served_gemma(
-    gemma_tokenizer: Any, gemma_renderer: Gemma3Renderer
-) -> Iterator[tuple[str, Gateway, ScriptedEngine]]:
-    engine = ScriptedEngine(SCRIPT, gemma_tokenizer)
-    gateway = Gateway(engine, gemma_renderer, model_name="gemma3")
-    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
-        yield url, gateway, engine
+def served_gemma(gemma_tokenizer: Any, gemma_renderer: Gemma3Renderer) -> Iterator[Served]:
+    yield from serve(*scripted_gateway(SCRIPT, gemma_tokenizer, gemma_renderer, "gemma3"))
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_gemma3_multi_turn_chat_through_the_openai_sdk_is_one_sample(
-    served_gemma: tuple[str, Gateway, ScriptedEngine],
+    served_gemma: Served,
     gemma_tokenizer: Any,
     closing: Closing,
     stream: bool,
@@ -105,9 +99,7 @@ def test_gemma3_multi_turn_chat_through_the_openai_sdk_is_one_sample(
     assert trajectory.drift is not None and trajectory.drift.differing_tokens == 0
 
 
-def test_gemma3_refuses_tools_with_a_clear_error(
-    served_gemma: tuple[str, Gateway, ScriptedEngine], closing: Closing
-) -> None:
+def test_gemma3_refuses_tools_with_a_clear_error(served_gemma: Served, closing: Closing) -> None:
     """Its template takes no tool results: a request with tools is a 422 naming why, and a
     conversation the template refuses (roles out of turn) a 422 too, never a server error."""
     url, gateway, _ = served_gemma

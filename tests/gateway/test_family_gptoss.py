@@ -16,7 +16,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import openai
 import openai_harmony as oh
 import pytest
@@ -39,11 +38,18 @@ from rollway.gateway.render.renderers import choose_renderer, load_renderer
 from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing, family_folder
-from tests.gateway.test_families import (
-    ANTHROPIC_ADD,
+from tests.gateway import families_common as common
+from tests.gateway.families_common import (
+    REASONING,
     Echo,
+    Served,
     agent_loop,
-    streamed_message,
+    blocks,
+    check_thinking_answers,
+    in_process_ask,
+    in_process_loop,
+    serve,
+    thinking_script,
     with_reasoning_dropped,
     with_reasoning_field,
 )
@@ -68,22 +74,8 @@ def gptoss_answer(reasoning: str, content: str) -> str:
     )
 
 
-FIRST = [
-    gptoss_call("Add 1 and 2 first.", 1, 2),
-    gptoss_call("Now 3 and 3.", 3, 3),
-    gptoss_call("Then 6 and 4.", 6, 4),
-    gptoss_answer("The sum is 10.", "1 + 2 + 3 + 4 = 10."),
-]
-SECOND = [gptoss_call("Add 5 to 10.", 10, 5), gptoss_answer("It is 15.", "15.")]
-SCRIPT = FIRST + SECOND
-REASONING = [
-    "Add 1 and 2 first.",
-    "Now 3 and 3.",
-    "Then 6 and 4.",
-    "The sum is 10.",
-    "Add 5 to 10.",
-    "It is 15.",
-]
+SCRIPT = thinking_script(gptoss_call, gptoss_answer)
+FIRST, SECOND = SCRIPT[:4], SCRIPT[4:]
 
 
 @pytest.fixture(scope="module")
@@ -297,43 +289,18 @@ def test_a_malformed_answer_is_flagged_never_guessed(
 def gptoss_gateway(
     tokenizer: Any, renderer: ChatRenderer, script: list[str] = SCRIPT
 ) -> tuple[Gateway, ScriptedEngine]:
-    engine = ScriptedEngine(script, tokenizer)
-    return Gateway(engine, renderer, model_name="gpt-oss"), engine
-
-
-def tool_results(message: dict[str, Any]) -> list[dict[str, Any]]:
-    results = []
-    for call in message.get("tool_calls") or []:
-        arguments = json.loads(call["function"]["arguments"])
-        total = str(arguments["a"] + arguments["b"])
-        results.append({"role": "tool", "tool_call_id": call["id"], "content": total})
-    return results
+    return common.scripted_gateway(script, tokenizer, renderer, "gpt-oss")
 
 
 def check_answers(answers: list[dict[str, Any]]) -> None:
-    assert [a.get("reasoning_content") for a in answers] == REASONING
-    for answer in answers:
-        assert "<|" not in (answer.get("content") or "")
-    calls = [json.loads(a["tool_calls"][0]["function"]["arguments"]) for a in answers[:3]]
-    assert calls == [{"a": 1, "b": 2}, {"a": 3, "b": 3}, {"a": 6, "b": 4}]
-    assert answers[3]["content"] == "1 + 2 + 3 + 4 = 10." and not answers[3].get("tool_calls")
-    assert answers[5]["content"] == "15."
+    check_thinking_answers(answers, "<|")
 
 
 def check_one_exact_sample(trajectory: Trajectory, engine: ScriptedEngine, tokenizer: Any) -> None:
     """One segment: every scripted id under mask 1 (<|call|> and <|return|> too), its logprob
     beside it, each prompt the previous prompt and completion extended (the second question
     adds the new messages only: no copy of the history)."""
-    assert trajectory.segment_count == 1
-    (sample,) = trajectory.samples
-    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    scripted = [tokenizer.encode(text, add_special_tokens=False) for text in SCRIPT]
-    assert sampled == [token for ids in scripted for token in ids]
-    logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m]
-    assert logprobs == [-0.001 * rank for rank in range(1, len(sampled) + 1)]
-    for turn, (prompt, ids) in enumerate(zip(engine.prompts[1:], scripted, strict=False)):
-        before = engine.prompts[turn]
-        assert prompt[: len(before) + len(ids)] == before + ids, f"turn {turn + 1}"
+    scripted = common.check_one_exact_sample(trajectory, engine, tokenizer, SCRIPT)
     question = tokenizer.encode("<|start|>user<|message|>And plus 5?<|end|><|start|>assistant")
     assert engine.prompts[4] == engine.prompts[3] + scripted[3] + question
 
@@ -343,94 +310,37 @@ def test_gptoss_tool_loop_in_process_is_one_sample(
     gptoss_tokenizer: Any, gptoss_renderer: GptOssRenderer, echo: Echo
 ) -> None:
     gateway, engine = gptoss_gateway(gptoss_tokenizer, gptoss_renderer)
-    gateway.register("g1", {"max_tokens": 256})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("g1", body)).message)
-
-    check_answers(agent_loop(ask, echo))
+    check_answers(in_process_loop(gateway, "g1", echo))
     check_one_exact_sample(asyncio.run(gateway.trajectory("g1")), engine, gptoss_tokenizer)
 
 
 @pytest.fixture
-def served_gptoss(
-    gptoss_tokenizer: Any, gptoss_renderer: GptOssRenderer
-) -> Iterator[tuple[str, Gateway, ScriptedEngine]]:
-    gateway, engine = gptoss_gateway(gptoss_tokenizer, gptoss_renderer)
-    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
-        yield url, gateway, engine
+def served_gptoss(gptoss_tokenizer: Any, gptoss_renderer: GptOssRenderer) -> Iterator[Served]:
+    yield from serve(*gptoss_gateway(gptoss_tokenizer, gptoss_renderer))
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_gptoss_tool_loop_through_the_openai_sdk_is_one_sample(
-    served_gptoss: tuple[str, Gateway, ScriptedEngine],
-    gptoss_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_gptoss: Served, gptoss_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
     """reasoning_content (streamed as deltas, before any content) and tool_calls; the SDK's
     messages sent back as it returned them."""
-    url, gateway, engine = served_gptoss
-    registered = gateway.register("g1", {"max_tokens": 256})
-    client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/g1", api_key=registered.api_key))
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        if not stream:
-            reply = client.chat.completions.create(
-                model="gpt-oss", messages=messages, tools=[ADD_TOOL]
-            )
-            return reply.choices[0].message.model_dump(exclude_none=True)
-        return streamed_message(client, messages)
-
-    check_answers(agent_loop(ask, with_reasoning_field))
-    check_one_exact_sample(asyncio.run(gateway.trajectory("g1")), engine, gptoss_tokenizer)
+    _, gateway, engine = served_gptoss
+    check_answers(common.openai_loop(served_gptoss, closing, "gpt-oss", stream))
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, gptoss_tokenizer)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_gptoss_tool_loop_through_the_anthropic_sdk_is_one_sample_with_thinking_blocks(
-    served_gptoss: tuple[str, Gateway, ScriptedEngine],
-    gptoss_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_gptoss: Served, gptoss_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_gptoss
-    registered = gateway.register("g1", {"max_tokens": 256})
-    client = closing(
-        anthropic.Anthropic(base_url=f"{url}/v1/rollouts/g1", api_key=registered.api_key)
-    )
-
-    def ask(messages: list[dict[str, Any]]) -> Any:
-        asked = {"model": "gpt-oss", "max_tokens": 256, "messages": messages}
-        if not stream:
-            return client.messages.create(**asked, tools=[ANTHROPIC_ADD])
-        with client.messages.stream(**asked, tools=[ANTHROPIC_ADD]) as events:
-            return events.get_final_message()
-
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 1 + 2 + 3 + 4?"}]
-    thoughts, texts, calls = [], [], []
-    for turns, follow_up in ((4, "And plus 5?"), (2, None)):
-        for _ in range(turns):
-            reply = ask(messages)
-            thoughts += [b.thinking for b in reply.content if b.type == "thinking"]
-            texts += [b.text for b in reply.content if b.type == "text"]
-            uses = [b for b in reply.content if b.type == "tool_use"]
-            calls += [b.input for b in uses]
-            messages.append(
-                {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
-            )
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": str(sum(b.input.values()))}
-                for b in uses
-            ]
-            if results:
-                messages.append({"role": "user", "content": results})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
-    assert thoughts == REASONING
-    assert texts == ["1 + 2 + 3 + 4 = 10.", "15."]
+    _, gateway, engine = served_gptoss
+    replies = common.anthropic_replies(served_gptoss, closing, "gpt-oss", stream)
+    assert [b.thinking for b in blocks(replies, "thinking")] == REASONING
+    assert [b.text for b in blocks(replies, "text")] == ["1 + 2 + 3 + 4 = 10.", "15."]
+    calls = [b.input for b in blocks(replies, "tool_use")]
     assert calls == [{"a": 1, "b": 2}, {"a": 3, "b": 3}, {"a": 6, "b": 4}, {"a": 10, "b": 5}]
-    check_one_exact_sample(asyncio.run(gateway.trajectory("g1")), engine, gptoss_tokenizer)
+    check_one_exact_sample(asyncio.run(gateway.trajectory("r1")), engine, gptoss_tokenizer)
 
 
 def test_gptoss_history_as_the_template_renders_it_starts_a_segment_at_a_new_question(
@@ -439,13 +349,8 @@ def test_gptoss_history_as_the_template_renders_it_starts_a_segment_at_a_new_que
     """The template drops the loop's analysis once the final answer is given: as it renders
     history, the new question starts a segment whose prompt has no earlier analysis."""
     gateway, engine = gptoss_gateway(gptoss_tokenizer, gptoss_renderer)
-    gateway.register("g1", {"max_tokens": 256, "history": "as_template"})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("g1", body)).message)
-
-    check_answers(agent_loop(ask, with_reasoning_field))
+    settings = {"max_tokens": 256, "history": "as_template"}
+    check_answers(in_process_loop(gateway, "g1", with_reasoning_field, settings))
     trajectory = asyncio.run(gateway.trajectory("g1"))
     assert [turn.segment for turn in trajectory.turns] == [0, 0, 0, 0, 1, 1]
     second = gptoss_tokenizer.decode(engine.prompts[4])
@@ -505,10 +410,5 @@ def test_a_rollout_names_the_gptoss_renderer_over_the_gateways(
     made of them), so its tool loop is one sample under a gateway rendering Hermes."""
     gateway, engine = gptoss_gateway(gptoss_tokenizer, ChatRenderer(gptoss_tokenizer))
     gateway.register("g1", {"max_tokens": 256, "renderer": "gpt_oss"})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("g1", body)).message)
-
-    check_answers(agent_loop(ask, with_reasoning_dropped))
+    check_answers(agent_loop(in_process_ask(gateway, "g1"), with_reasoning_dropped))
     check_one_exact_sample(asyncio.run(gateway.trajectory("g1")), engine, gptoss_tokenizer)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 from renderers.llama_3 import Llama3Renderer as ReferenceLlama3
@@ -29,7 +28,15 @@ from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.trajectory import Trajectory
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing, family_folder
-from tests.gateway.test_families import ANTHROPIC_ADD, agent_loop, tool_results
+from tests.gateway import families_common as common
+from tests.gateway.families_common import (
+    Served,
+    agent_loop,
+    blocks,
+    in_process_ask,
+    serve,
+    tool_results,
+)
 
 
 def llama_call(a: int, b: int, end: str = "<|eot_id|>") -> str:
@@ -172,8 +179,7 @@ def test_llama3_tools_need_a_first_user_message(llama_renderer: Llama3Renderer) 
 def llama_gateway(
     tokenizer: Any, renderer: ChatRenderer, script: list[str]
 ) -> tuple[Gateway, ScriptedEngine]:
-    engine = ScriptedEngine(script, tokenizer)
-    return Gateway(engine, renderer, model_name="llama3"), engine
+    return common.scripted_gateway(script, tokenizer, renderer, "llama3")
 
 
 def check_answers(answers: list[dict[str, Any]]) -> None:
@@ -191,16 +197,8 @@ def check_one_exact_sample(
     """One segment; the sampled ids are exactly the script's, under mask 1, with the engine's
     logprobs beside them; each prompt extends the previous prompt and completion (a second
     question costs no copy of the history)."""
-    assert trajectory.segment_count == 1
+    scripted = common.check_one_exact_sample(trajectory, engine, tokenizer, script)
     (sample,) = trajectory.samples
-    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    scripted = [tokenizer.encode(text, add_special_tokens=False) for text in script]
-    assert sampled == [token for ids in scripted for token in ids]
-    logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m]
-    assert logprobs == [-0.001 * rank for rank in range(1, len(sampled) + 1)]
-    for turn, (prompt, ids) in enumerate(zip(engine.prompts[1:], scripted, strict=False)):
-        before = engine.prompts[turn]
-        assert prompt[: len(before) + len(ids)] == before + ids, f"turn {turn + 1}"
     assert len(sample.prompt_ids) + len(sample.response_ids) == len(engine.prompts[-1]) + len(
         scripted[-1]
     )
@@ -233,12 +231,7 @@ def test_llama3_tool_loop_in_process_is_one_sample_as_the_reference_renders_it(
 ) -> None:
     gateway, engine = llama_gateway(llama_tokenizer, llama_renderer, FIRST + SECOND)
     gateway.register("l1", {"max_tokens": 256})
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("l1", body)).message)
-
-    check_answers(agent_loop(with_system(ask), lambda m: m))
+    check_answers(agent_loop(with_system(in_process_ask(gateway, "l1")), lambda m: m))
     check_one_exact_sample(
         asyncio.run(gateway.trajectory("l1")), engine, llama_tokenizer, FIRST + SECOND
     )
@@ -246,107 +239,49 @@ def test_llama3_tool_loop_in_process_is_one_sample_as_the_reference_renders_it(
 
 
 @pytest.fixture
-def served_llama(
-    llama_tokenizer: Any, llama_renderer: Llama3Renderer
-) -> Iterator[tuple[str, Gateway, ScriptedEngine]]:
-    gateway, engine = llama_gateway(llama_tokenizer, llama_renderer, FIRST + SECOND)
-    with BackgroundServer(create_app(gateway, admin_key=f"ak-{secrets.token_hex(8)}")) as url:
-        yield url, gateway, engine
+def served_llama(llama_tokenizer: Any, llama_renderer: Llama3Renderer) -> Iterator[Served]:
+    yield from serve(*llama_gateway(llama_tokenizer, llama_renderer, FIRST + SECOND))
 
 
 def streamed(
     client: openai.OpenAI, messages: list[dict[str, Any]], shows_no_brace: bool = True
 ) -> dict[str, Any]:
     """The message an SDK user gathers from the stream; the text of a call is never shown."""
-    content, calls = "", []
-    chunks = client.chat.completions.create(
-        model="llama3", messages=messages, tools=[ADD_TOOL], stream=True
-    )
-    for chunk in chunks:
-        if chunk.choices:
-            delta = chunk.choices[0].delta
-            content += delta.content or ""
-            calls += [call.model_dump(exclude_none=True) for call in delta.tool_calls or []]
-    assert "{" not in content or not shows_no_brace
-    for call in calls:
-        call.pop("index")
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    return message | ({"tool_calls": calls} if calls else {})
+    message = common.streamed_message(client, messages, "llama3", thinks=False)
+    assert "{" not in (message["content"] or "") or not shows_no_brace
+    return message
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_llama3_tool_loop_through_the_openai_sdk_is_one_sample(
-    served_llama: tuple[str, Gateway, ScriptedEngine],
+    served_llama: Served,
     llama_tokenizer: Any,
     reference: ReferenceLlama3,
     closing: Closing,
     stream: bool,
 ) -> None:
-    url, gateway, engine = served_llama
-    registered = gateway.register("l1", {"max_tokens": 256})
-    client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/l1", api_key=registered.api_key))
-
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        if stream:
-            return streamed(client, messages)
-        reply = client.chat.completions.create(model="llama3", messages=messages, tools=[ADD_TOOL])
-        return reply.choices[0].message.model_dump(exclude_none=True)
-
-    check_answers(agent_loop(with_system(ask), lambda m: m))
+    _, gateway, engine = served_llama
+    answers = common.openai_loop(
+        served_llama, closing, "llama3", stream, streamed, wrap=with_system, echo=lambda m: m
+    )
+    check_answers(answers)
     check_one_exact_sample(
-        asyncio.run(gateway.trajectory("l1")), engine, llama_tokenizer, FIRST + SECOND
+        asyncio.run(gateway.trajectory("r1")), engine, llama_tokenizer, FIRST + SECOND
     )
     reference_loop(reference, engine.prompts)
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_llama3_tool_loop_through_the_anthropic_sdk_is_one_sample(
-    served_llama: tuple[str, Gateway, ScriptedEngine],
-    llama_tokenizer: Any,
-    closing: Closing,
-    stream: bool,
+    served_llama: Served, llama_tokenizer: Any, closing: Closing, stream: bool
 ) -> None:
-    url, gateway, engine = served_llama
-    registered = gateway.register("l1", {"max_tokens": 256})
-    client = closing(
-        anthropic.Anthropic(base_url=f"{url}/v1/rollouts/l1", api_key=registered.api_key)
-    )
-
-    def ask(messages: list[dict[str, Any]]) -> Any:
-        asked = {
-            "model": "llama3",
-            "max_tokens": 256,
-            "messages": messages,
-            "tools": [ANTHROPIC_ADD],
-        }
-        if not stream:
-            return client.messages.create(**asked)
-        with client.messages.stream(**asked) as events:
-            return events.get_final_message()
-
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 1 + 2 + 3 + 4?"}]
-    texts, inputs = [], []
-    for turns, follow_up in ((4, "And plus 5?"), (2, None)):
-        for _ in range(turns):
-            reply = ask(messages)
-            texts += [b.text for b in reply.content if b.type == "text"]
-            inputs += [b.input for b in reply.content if b.type == "tool_use"]
-            messages.append(
-                {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
-            )
-            results = [
-                {"type": "tool_result", "tool_use_id": b.id, "content": str(sum(b.input.values()))}
-                for b in reply.content
-                if b.type == "tool_use"
-            ]
-            if results:
-                messages.append({"role": "user", "content": results})
-        if follow_up:
-            messages.append({"role": "user", "content": follow_up})
-    assert texts == ["1 + 2 + 3 + 4 = 10.", "15."]
+    _, gateway, engine = served_llama
+    replies = common.anthropic_replies(served_llama, closing, "llama3", stream)
+    assert [b.text for b in blocks(replies, "text")] == ["1 + 2 + 3 + 4 = 10.", "15."]
+    inputs = [b.input for b in blocks(replies, "tool_use")]
     assert inputs == [{"a": 1, "b": 2}, {"a": 3, "b": 3}, {"a": 6, "b": 4}, {"a": 10, "b": 5}]
     check_one_exact_sample(
-        asyncio.run(gateway.trajectory("l1")), engine, llama_tokenizer, FIRST + SECOND
+        asyncio.run(gateway.trajectory("r1")), engine, llama_tokenizer, FIRST + SECOND
     )
 
 

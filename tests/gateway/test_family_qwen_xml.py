@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import openai
 import pytest
 from renderers.prime_qwen3 import PrimeQwen3Renderer
@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from rollway.engines.scripted import ScriptedEngine
 from rollway.errors import InvalidFieldsError
-from rollway.gateway import Gateway, build_gateway, create_app
+from rollway.gateway import Gateway, build_gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.qwen_xml import (
     QWEN3_CODER_TEMPLATE,
@@ -27,11 +27,17 @@ from rollway.gateway.render.qwen_xml import (
     parse_xml_tool_calls,
 )
 from rollway.gateway.render.renderers import choose_renderer, load_renderer
-from rollway.web.background_server import BackgroundServer
 from tests.conftest import ADD_TOOL, Closing
-from tests.gateway.test_families import ANTHROPIC_ADD, agent_loop
-
-QUESTION, FOLLOW_UP = "What is 1 + 2 + 3 + 4?", "And plus 5?"
+from tests.gateway import families_common as common
+from tests.gateway.families_common import (
+    FOLLOW_UP,
+    QUESTION,
+    Served,
+    agent_loop,
+    blocks,
+    in_process_ask,
+    serve,
+)
 
 
 def coder_calls(*adds: tuple[int, int], content: str = "") -> str:
@@ -105,13 +111,8 @@ def check_one_exact_sample(
     """One segment whose sampled ids are the script's, under mask 1 with the engine's logprobs;
     the last prompt is the reference's render of the whole conversation (the history once)."""
     trajectory = asyncio.run(gateway.trajectory("x1"))
-    assert trajectory.segment_count == 1
+    scripted = common.check_one_exact_sample(trajectory, engine, tokenizer, SCRIPT)
     (sample,) = trajectory.samples
-    sampled = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
-    scripted = [tokenizer.encode(text, add_special_tokens=False) for text in SCRIPT]
-    assert sampled == [token for ids in scripted for token in ids]
-    logprobs = [lp for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if m]
-    assert logprobs == [-0.001 * rank for rank in range(1, len(sampled) + 1)]
     expected = reference.render_ids(
         the_conversation(), tools=[ADD_TOOL], add_generation_prompt=True
     )
@@ -129,8 +130,7 @@ def check_answers(answers: list[dict[str, Any]]) -> None:
 
 def coder_gateway(tokenizer: Any, renderer: ChatRenderer) -> tuple[Gateway, ScriptedEngine, str]:
     """The gateway over the scripted model, its rollout ``x1`` registered (and its key)."""
-    engine = ScriptedEngine(SCRIPT, tokenizer)
-    gateway = Gateway(engine, renderer, model_name="qwen3-coder")
+    gateway, engine = common.scripted_gateway(SCRIPT, tokenizer, renderer, "qwen3-coder")
     return gateway, engine, gateway.register("x1", {"max_tokens": 256}).api_key
 
 
@@ -200,110 +200,61 @@ def test_tool_loop_in_process_is_one_sample(
 ) -> None:
     gateway, engine, _ = coder_gateway(tokenizer, coder)
 
-    def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        body = {"messages": messages, "tools": [ADD_TOOL]}
-        return dict(asyncio.run(gateway.chat("x1", body)).message)
-
     def sent_back(message: dict[str, Any]) -> dict[str, Any]:
         return message if echo == "as returned" else message | {"content": None}
 
-    answers = agent_loop(ask, sent_back)
+    answers = agent_loop(in_process_ask(gateway, "x1"), sent_back)
     check_answers(answers)
     if echo == "as returned":  # else the text before the first call is not the model's
         check_one_exact_sample(gateway, engine, tokenizer, reference)
 
 
+@pytest.fixture
+def served_coder(tokenizer: Any, coder: QwenXmlRenderer) -> Iterator[Served]:
+    yield from serve(*common.scripted_gateway(SCRIPT, tokenizer, coder, "qwen3-coder"))
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_loop_through_the_openai_sdk_is_one_sample(
+    served_coder: Served,
     tokenizer: Any,
-    coder: QwenXmlRenderer,
     reference: PrimeQwen3Renderer,
     closing: Closing,
     stream: bool,
 ) -> None:
-    gateway, engine, api_key = coder_gateway(tokenizer, coder)
-    with BackgroundServer(create_app(gateway, admin_key="ak-coder")) as url:
-        client = closing(openai.OpenAI(base_url=f"{url}/v1/rollouts/x1", api_key=api_key))
-
-        def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
-            if stream:
-                return streamed_message(client, messages)
-            reply = client.chat.completions.create(
-                model="qwen3-coder", messages=messages, tools=[ADD_TOOL]
-            )
-            return reply.choices[0].message.model_dump(exclude_none=True)
-
-        check_answers(agent_loop(ask, dict))
+    _, gateway, engine = served_coder
+    answers = common.openai_loop(
+        served_coder, closing, "qwen3-coder", stream, streamed_message, echo=dict, rollout="x1"
+    )
+    check_answers(answers)
     check_one_exact_sample(gateway, engine, tokenizer, reference)
 
 
+def no_call_text(delta: Any) -> None:
+    """No delta shows any of a call's text (the stream holds back from ``<tool_call>``), nor
+    the newlines the parse drops before it."""
+    assert "<" not in (delta.content or "") and "\n" not in (delta.content or "")
+
+
 def streamed_message(client: openai.OpenAI, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """The message gathered from the stream's deltas: no delta shows any of a call's text
-    (the stream holds back from ``<tool_call>``), nor the newlines the parse drops before it."""
-    content, calls = "", []
-    chunks = client.chat.completions.create(
-        model="qwen3-coder", messages=messages, tools=[ADD_TOOL], stream=True
+    """The message gathered from the stream's deltas, each checked."""
+    return common.streamed_message(
+        client, messages, "qwen3-coder", thinks=False, check_delta=no_call_text
     )
-    for chunk in chunks:
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        assert "<" not in (delta.content or "") and "\n" not in (delta.content or "")
-        content += delta.content or ""
-        calls += [call.model_dump(exclude_none=True) for call in delta.tool_calls or []]
-    for call in calls:
-        call.pop("index")
-    message: dict[str, Any] = {"role": "assistant", "content": content or None}
-    return message | ({"tool_calls": calls} if calls else {})
 
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_loop_through_the_anthropic_sdk_is_one_sample(
+    served_coder: Served,
     tokenizer: Any,
-    coder: QwenXmlRenderer,
     reference: PrimeQwen3Renderer,
     closing: Closing,
     stream: bool,
 ) -> None:
-    gateway, engine, api_key = coder_gateway(tokenizer, coder)
-    with BackgroundServer(create_app(gateway, admin_key="ak-coder")) as url:
-        client = closing(anthropic.Anthropic(base_url=f"{url}/v1/rollouts/x1", api_key=api_key))
-
-        def ask(messages: list[dict[str, Any]]) -> Any:
-            asked = {"model": "qwen3-coder", "max_tokens": 256, "messages": messages}
-            if not stream:
-                return client.messages.create(**asked, tools=[ANTHROPIC_ADD])
-            with client.messages.stream(**asked, tools=[ANTHROPIC_ADD]) as events:
-                return events.get_final_message()
-
-        messages: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
-        texts, inputs = [], []
-        for turns, follow_up in ((4, FOLLOW_UP), (2, None)):
-            for _ in range(turns):
-                reply = ask(messages)
-                texts += [b.text for b in reply.content if b.type == "text"]
-                uses = [b for b in reply.content if b.type == "tool_use"]
-                inputs.append([b.input for b in uses])
-                messages.append(
-                    {"role": "assistant", "content": [b.model_dump() for b in reply.content]}
-                )
-                if uses:
-                    messages.append(
-                        {
-                            "role": "user",
-                            "content": [
-                                {
-                                    "type": "tool_result",
-                                    "tool_use_id": b.id,
-                                    "content": str(sum(b.input.values())),
-                                }
-                                for b in uses
-                            ],
-                        }
-                    )
-            if follow_up:
-                messages.append({"role": "user", "content": follow_up})
-    assert texts == [c for c in CONTENTS if c]
+    _, gateway, engine = served_coder
+    replies = common.anthropic_replies(served_coder, closing, "qwen3-coder", stream, "x1")
+    assert [b.text for b in blocks(replies, "text")] == [c for c in CONTENTS if c]
+    inputs = [[b.input for b in r.content if b.type == "tool_use"] for r in replies]
     assert inputs == [[{"a": a, "b": b} for a, b in calls] for calls in CALLS]
     check_one_exact_sample(gateway, engine, tokenizer, reference)
 

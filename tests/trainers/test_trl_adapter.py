@@ -72,6 +72,28 @@ def logprob_gap(trainer: Any, model: Any, inputs: dict[str, Any]) -> float:
     return float((ours - inputs["sampling_per_token_logps"])[sampled].abs().max())
 
 
+def watch_loss(trainer: Any, engine: Any) -> Seen:
+    """Wraps the trainer's loss to record each row it consumes, whether ``engine`` held the
+    trainer's weights then, and the gap between TRL's logprobs and the recorded ones."""
+    seen = Seen()
+    compute_loss = trainer.compute_loss
+
+    def consume(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        for i, completion_mask in enumerate(inputs["completion_mask"]):
+            seen.rows.append((
+                unpadded(inputs["prompt_ids"][i], inputs["prompt_mask"][i]),
+                unpadded(inputs["completion_ids"][i], completion_mask),
+                unpadded(inputs["tool_mask"][i], completion_mask),
+            ))  # fmt: skip
+        theirs = engine.model.state_dict()
+        seen.in_sync.append(all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items()))
+        seen.logprob_gaps.append(logprob_gap(trainer, model, inputs))
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = consume
+    return seen
+
+
 def train_two_steps(client: RolloutClient, out: Path) -> tuple[Any, Seen]:
     path = resolve_model_path(None)
     args = trl.GRPOConfig(
@@ -89,23 +111,7 @@ def train_two_steps(client: RolloutClient, out: Path) -> tuple[Any, Seen]:
         processing_class=transformers.AutoTokenizer.from_pretrained(path),
         rollout_func=rollway_rollout_func(client),
     )
-    engine = client.gateway.gateway.engine
-    seen = Seen()
-    compute_loss = trainer.compute_loss
-
-    def consume(model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        for i, completion_mask in enumerate(inputs["completion_mask"]):
-            seen.rows.append((
-                unpadded(inputs["prompt_ids"][i], inputs["prompt_mask"][i]),
-                unpadded(inputs["completion_ids"][i], completion_mask),
-                unpadded(inputs["tool_mask"][i], completion_mask),
-            ))  # fmt: skip
-        theirs = engine.model.state_dict()
-        seen.in_sync.append(all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items()))
-        seen.logprob_gaps.append(logprob_gap(trainer, model, inputs))
-        return compute_loss(model, inputs, *args, **kwargs)
-
-    trainer.compute_loss = consume  # type: ignore[method-assign]
+    seen = watch_loss(trainer, client.gateway.gateway.engine)
     trainer.train()
     return trainer, seen
 

@@ -15,7 +15,7 @@ from rollway.client import RolloutClient, StepBatch
 from rollway.model_folders import resolve_model_path
 from rollway.trainers.trl import rollway_reward, trainer_sampling
 from rollway.trainers.trl_steps import step_rollout_func
-from tests.trainers.test_trl_adapter import Seen, logprob_gap, unpadded
+from tests.trainers.test_trl_adapter import Seen, watch_loss
 from tests.trainers.test_trl_steps import ParityAgent, tasks
 
 trl = pytest.importorskip("trl")
@@ -57,23 +57,7 @@ def train_two_steps(client: RolloutClient, out: Path) -> tuple[Seen, list[StepBa
         processing_class=transformers.AutoTokenizer.from_pretrained(path),
         rollout_func=rollout,
     )
-    engine = client.gateway.gateway.engine
-    seen = Seen()
-    compute_loss = trainer.compute_loss
-
-    def consume(model: Any, inputs: dict[str, Any], *rest: Any, **kwargs: Any) -> Any:
-        for i, completion_mask in enumerate(inputs["completion_mask"]):
-            seen.rows.append((
-                unpadded(inputs["prompt_ids"][i], inputs["prompt_mask"][i]),
-                unpadded(inputs["completion_ids"][i], completion_mask),
-                unpadded(inputs["tool_mask"][i], completion_mask),
-            ))  # fmt: skip
-        theirs = engine.model.state_dict()
-        seen.in_sync.append(all(torch.equal(v, theirs[k]) for k, v in model.state_dict().items()))
-        seen.logprob_gaps.append(logprob_gap(trainer, model, inputs))
-        return compute_loss(model, inputs, *rest, **kwargs)
-
-    trainer.compute_loss = consume  # type: ignore[method-assign]
+    seen = watch_loss(trainer, client.gateway.gateway.engine)
     with source:
         trainer.train()
     return seen, drawn
