@@ -96,7 +96,11 @@ def test_an_edited_reasoning_is_the_next_prompts_history(
     assert trajectory.segment_count == 2
 
 
-@pytest.mark.parametrize("echo", [kept, dropped_as(...), dropped_as(None), dropped_as("")], ids=str)
+@pytest.mark.parametrize(
+    "echo",
+    [kept, dropped_as(...), dropped_as(None), dropped_as("")],
+    ids=["kept", "key_absent", "none", "empty"],  # stable ids: xdist's workers must agree
+)
 def test_a_reasoning_kept_or_dropped_extends_the_sampled_ids(
     served: Served, echo: Callable[..., dict[str, Any]]
 ) -> None:
