@@ -19,10 +19,9 @@ import jinja2
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.template_marks import require_template
 from rollway.generation import Message
 
-#: What Gemma's template writes: a renderer for another family's template is refused.
-GEMMA3_MARKS = ("<start_of_turn>", "<end_of_turn>", "model")
 _PROBES = ("  spaced\n", "{{ x }} {% raw %} 'q' \"d\" <end_of_turn>", "", "émoji ✓\n\nlines")
 
 
@@ -32,14 +31,7 @@ class Gemma3Renderer(ChatRenderer):
     name = "gemma3"
 
     def __init__(self, tokenizer: Any) -> None:
-        template = str(getattr(tokenizer, "chat_template", None) or "")
-        if not all(mark in template for mark in GEMMA3_MARKS):
-            raise InvalidFieldsError(
-                f"renderer 'gemma3': the chat template of {tokenizer.name_or_path!r} is not "
-                "Gemma's (it must write <start_of_turn> / <end_of_turn> turns); choose the "
-                "renderer of its family, or 'hermes'",
-                param="renderer",
-            )
+        require_template(tokenizer, "gemma3", "Gemma", "<start_of_turn> / <end_of_turn> turns")
         super().__init__(tokenizer)
         #: Whether a new question is written here (its text agrees with the template's).
         self._written = all(self._question(p) == self._template_question(p) for p in _PROBES)

@@ -20,11 +20,10 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
+from rollway.gateway.render.template_marks import require_template
 from rollway.gateway.render.tool_calls import ParsedToolCalls, _parse_block
 from rollway.generation import Message
 
-#: What a Llama 3 template writes: a renderer for another family's template is refused.
-LLAMA3_MARKS = ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 EOT = "<|eot_id|>"
 #: Meta's 3.1 template's ``Today Date`` where it is given none (and the reference's default).
 DATE = "26 Jul 2024"
@@ -58,14 +57,9 @@ class Llama3Renderer(ChatRenderer):
     tool_call_open = "{"
 
     def __init__(self, tokenizer: Any) -> None:
-        template = str(getattr(tokenizer, "chat_template", None) or "")
-        if not all(mark in template for mark in LLAMA3_MARKS):
-            raise InvalidFieldsError(
-                f"renderer 'llama3': the chat template of {tokenizer.name_or_path!r} is not "
-                "Llama 3's (it must write <|start_header_id|> role headers and <|eot_id|>); "
-                "choose the renderer of its family, or 'hermes'",
-                param="renderer",
-            )
+        require_template(
+            tokenizer, "llama3", "Llama 3", "<|start_header_id|> role headers and <|eot_id|>"
+        )
         super().__init__(tokenizer)
         #: A turn the model ended itself: nothing closes it (after ``<|eom_id|>`` the result
         #: follows at once).

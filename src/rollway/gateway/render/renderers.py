@@ -14,6 +14,7 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.template_marks import TEMPLATE_MARKS, template_fits
 
 #: name -> "module:class" of its renderer (an unknown name is refused naming these, in order).
 RENDERERS: dict[str, str] = {
@@ -34,23 +35,6 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama3",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
-}
-#: What a family's template writes: its architecture chooses it only where the template has
-#: these (SmolLM2 is a LlamaForCausalLM with a ChatML template: ``hermes``), and a folder
-#: without config.json by them alone, tried in this order.
-TEMPLATE_MARKS: dict[str, tuple[str, ...]] = {
-    "qwen3_coder": ("<tool_call>", "<function=", "<|im_start|>"),
-    "qwen3": ("<tool_call>", "<think>", "tools", "<|im_start|>"),
-    "deepseek_v3": ("<｜tool▁calls▁begin｜>",),
-    "llama3": ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-    "gemma3": ("<start_of_turn>", "<end_of_turn>", "model"),
-    "gpt_oss": ("<|channel|>", "<|start|>", "<|message|>"),
-}
-#: What a family's template never writes: Qwen3-Coder's and DeepSeek V3's do not think (a
-#: template that writes XML calls and thinks is Qwen3.5's, DeepSeek's that thinks R1's).
-TEMPLATE_LACKS: dict[str, tuple[str, ...]] = {
-    "qwen3_coder": ("<think>",),
-    "deepseek_v3": ("<think>",),
 }
 
 
@@ -74,9 +58,7 @@ def choose_renderer(tokenizer: Any) -> str:
     template = str(tokenizer.chat_template or "")
 
     def fits(name: str) -> bool:
-        return all(mark in template for mark in TEMPLATE_MARKS.get(name, ())) and not any(
-            mark in template for mark in TEMPLATE_LACKS.get(name, ())
-        )
+        return template_fits(template, name)
 
     for architecture in _architectures(Path(str(getattr(tokenizer, "name_or_path", "")))):
         if architecture in ARCHITECTURES and fits(ARCHITECTURES[architecture]):
