@@ -2,8 +2,8 @@
 
 The README is the front door (install, the two commands, a first agent, run, view, export); the
 rest lives on the pages under docs/, listed by docs/index.md. Other tests hold the pages' content
-true (tests/test_layers.py: docs/layout.md; tests/test_package.py: imports, classes and the
-/metrics table).
+true (tests/test_layers.py: docs/layout.md; tests/test_public_api.py: imports and classes;
+tests/test_package.py: the /metrics table).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ from examples.grpo.objective import (
     token_logprobs,
 )
 from examples.grpo.tasks import TaskSet, load_task_set
+from rollway import resolve_model_path
 from rollway.client import RolloutClient, StepBatch, StepSource
-from rollway.model_folders import resolve_model_path
 from rollway.results import RolloutRecord
 from rollway.trainers.mismatch import mismatch_metrics
 

@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from examples.calculator.agent import CalculatorAgent
-from rollway import Rubric
+from rollway import RewardFn, Rubric
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.results import AgentResult
-from rollway.rollouts.rewards import RewardFn
 from rollway.trajectory import Trajectory
 
 SYSTEM_PROMPT = "Answer with exactly one word."

@@ -19,8 +19,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rollway.agents import AgentLoop, RolloutContext
-from rollway.agents.folding import ContextFolding, KeepLastTurns, SummarizeOlder
+from rollway.agents import (
+    AgentLoop,
+    ContextFolding,
+    KeepLastTurns,
+    RolloutContext,
+    SummarizeOlder,
+)
 from rollway.results import AgentResult
 
 SYSTEM = (

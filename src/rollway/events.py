@@ -168,3 +168,19 @@ class EventBus:
                 sink(event)
             except Exception:
                 log.exception("an event listener failed on %s", event.kind)
+
+
+__all__ = [
+    "EventBus",
+    "EventSink",
+    "EventsDropped",
+    "RewardScored",
+    "RolloutEvent",
+    "RolloutFinished",
+    "RolloutStarted",
+    "RolloutStuck",
+    "StepHandedOver",
+    "ToolCalled",
+    "TurnFinished",
+    "TurnStarted",
+]

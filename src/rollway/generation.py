@@ -317,3 +317,17 @@ class ChatResult:
             "completion_tokens": self.completion_tokens,
             "total_tokens": total,
         }
+
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "PER_TOKEN_EXTRAS",
+    "ChatGeneration",
+    "ChatResult",
+    "FinishReason",
+    "GenerationChunk",
+    "GenerationResult",
+    "LogprobKind",
+    "Message",
+    "SamplingParams",
+]

@@ -22,8 +22,7 @@ RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_
 
 @dataclass(frozen=True, slots=True)
 class AgentResult:
-    """What an agent's ``run`` returns: made by ``ctx.complete(...)`` or ``ctx.error(...)``.
-    Formerly ``RolloutResult``, a deprecated alias for one release."""
+    """What an agent's ``run`` returns: made by ``ctx.complete(...)`` or ``ctx.error(...)``."""
 
     messages: list[dict[str, Any]]
     finish_reason: str = "stop"
@@ -216,3 +215,14 @@ class AgentReport(WireModel):
     @property
     def finished(self) -> bool:
         return self.status != "running"
+
+
+__all__ = [
+    "AgentReport",
+    "AgentResult",
+    "ReportStatus",
+    "RolloutMetrics",
+    "RolloutRecord",
+    "Status",
+    "TrajectoryStats",
+]

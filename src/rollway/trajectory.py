@@ -284,3 +284,6 @@ class Trajectory(WireModel):
     def oldest_policy_version(self) -> int | None:
         """The oldest weights version among its sampled tokens (None: no versioned token)."""
         return min((min(t.policy_versions) for t in self.turns if t.policy_versions), default=None)
+
+
+__all__ = ["Drift", "Sample", "StepDistribution", "Trajectory", "Turn", "build_samples"]

@@ -7,8 +7,6 @@ from rollway.agents.program import ProgramAgent
 from rollway.agents.registry import list_agents, load_agent, register_agent, unregister_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
 from rollway.agents.validate import IssueCode, ValidationIssue, ValidationResult, validate
-from rollway.deprecated import deprecated_alias as _deprecated_alias
-from rollway.generation import ChatResult
 
 __all__ = [
     "AgentLoop",
@@ -30,7 +28,3 @@ __all__ = [
     "unregister_agent",
     "validate",
 ]
-
-
-def __getattr__(name: str) -> object:
-    return _deprecated_alias(__name__, name, {"ChatReply": ("rollway.ChatResult", ChatResult)})

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 import orjson
 
-from rollway.deprecated import deprecated_alias
 from rollway.events import EventBus, ToolCalled
 from rollway.generation import ChatResult
 from rollway.logs import log_stage
@@ -138,12 +137,3 @@ class RolloutContext:
         line = {"t": time.time(), "rollout_id": self.rollout_id, "kind": kind, **data}
         with self.debug_path.open("ab") as out:
             out.write(orjson.dumps(line, default=str) + b"\n")
-
-
-#: ``ctx.chat`` used to answer a ``ChatReply`` (message and usage only); the old name stays,
-#: deprecated, for one release.
-_RENAMED = {"ChatReply": ("rollway.generation.ChatResult", ChatResult)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

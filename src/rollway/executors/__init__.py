@@ -3,9 +3,6 @@ Ray is an optional extra, imported only when a ``RayExecutor`` starts."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from rollway.deprecated import deprecated_alias
 from rollway.errors import ConfigError
 from rollway.executors.base import Executor, WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
@@ -26,12 +23,3 @@ def executor_from(executor: str | Executor) -> Executor:
 
 
 __all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "WorkerConfig", "executor_from"]
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"WorkerSetup": ("rollway.executors.WorkerConfig", WorkerConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
-from rollway.deprecated import deprecated_alias
 from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
 from rollway.gateway.core import Gateway
@@ -74,12 +73,3 @@ class Executor(Protocol):
     def describe(self) -> dict[str, Any]:
         """What goes into the run's config: which executor, how many workers."""
         ...
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"WorkerSetup": ("rollway.executors.base.WorkerConfig", WorkerConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

@@ -1,9 +1,6 @@
 """One rollout, run where an executor puts it: register at the gateway, run the agent under a
 timeout and a cancel signal, score, retry infrastructure failures, store one record."""
 
-from typing import Any
-
-from rollway.deprecated import deprecated_alias
 from rollway.rollouts.config import (
     RolloutConfig,
     RolloutLimits,
@@ -35,12 +32,3 @@ __all__ = [
     "score",
     "task_key",
 ]
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"RolloutSettings": ("rollway.rollouts.RolloutConfig", RolloutConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

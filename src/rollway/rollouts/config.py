@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 from rollway.checks import MAX_SEQ_LEN, check_count, check_seconds
-from rollway.deprecated import deprecated_alias
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
 from rollway.generation import SamplingParams
@@ -307,12 +306,3 @@ def _rollout_policy(policy: RetryPolicy) -> RetryPolicy:
     if policy.retry_on or policy.retry_result is not None:
         return policy
     return dataclasses.replace(policy, retry_result=is_transient)
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"RolloutSettings": ("rollway.rollouts.config.RolloutConfig", RolloutConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

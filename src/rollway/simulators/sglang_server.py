@@ -65,7 +65,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from rollway.deprecated import deprecated_alias
 from rollway.engines.sim import SimConfig
 from rollway.generation import GenerationResult, SamplingParams
 from rollway.simulators.common import (
@@ -469,14 +468,3 @@ async def _no_events() -> AsyncIterator[bytes]:
 
 async def _ok(request: Request) -> Response:
     return Response(status_code=200)
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {
-    "SGLangSimOptions": ("rollway.simulators.sglang_server.SGLangSimConfig", SGLangSimConfig)
-}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

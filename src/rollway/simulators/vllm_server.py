@@ -61,7 +61,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from rollway.deprecated import deprecated_alias
 from rollway.engines.base import PauseMode
 from rollway.engines.remote.vllm_wire import PAUSED_REFUSAL, release_of
 from rollway.engines.sim import SimConfig
@@ -483,12 +482,3 @@ def _processed(logprobs: list[float], sampling: SamplingParams) -> list[float]:
         return logprobs
     temperature = sampling.temperature or 1.0
     return [lp / temperature * (0.5 if filtered else 1.0) for lp in logprobs]
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"VLLMSimOptions": ("rollway.simulators.vllm_server.VLLMSimConfig", VLLMSimConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)

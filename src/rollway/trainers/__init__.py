@@ -5,3 +5,5 @@
 ``rollway.trainers.trl_steps``: its batches from a step source instead (``client.step_source``).
 Importing this package imports no trainer library; see ``docs/trainers.md`` for the others.
 """
+
+__all__: list[str] = []  # each adapter is its own public module (docs/trainers.md)

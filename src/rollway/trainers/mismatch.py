@@ -57,3 +57,6 @@ def mismatch_metrics(
         "ratio_outside": float(((ratio < low) | (ratio > high)).double().mean()),
         "tokens": tokens,
     }
+
+
+__all__ = ["RATIO_BAND", "mismatch_metrics"]

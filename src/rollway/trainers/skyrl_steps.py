@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from skyrl.train.generators.base import GeneratorInput, GeneratorOutput, TrajectoryID
-
 from rollway.client import RolloutClient
 from rollway.errors import ConfigError
 from rollway.trainers.skyrl import (
@@ -36,6 +34,14 @@ from rollway.trainers.step_rounds import (
     check_sampling,
 )
 from rollway.trainers.trl import full_record
+
+try:
+    from skyrl.train.generators.base import GeneratorInput, GeneratorOutput, TrajectoryID
+except ImportError as error:  # the main venv has no SkyRL: its pins conflict with rollway's
+    raise ImportError(
+        f"rollway.trainers.skyrl_steps needs SkyRL (skyrl==0.4.0), which lives in its own venv: "
+        f"run `scripts/trainer_venvs.sh skyrl` and use .venv-skyrl/bin/python ({error})"
+    ) from error
 
 if TYPE_CHECKING:
     from rollway.client import StepBatch, StepSource

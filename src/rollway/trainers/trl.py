@@ -252,3 +252,14 @@ def trainer_eos_id(processing_class: Any) -> int:
     """The placeholder token of a failed rollout: the tokenizer's EOS."""
     tokenizer = getattr(processing_class, "tokenizer", processing_class)  # a processor's own
     return int(tokenizer.eos_token_id)
+
+
+__all__ = [
+    "Prompt",
+    "PromptAgent",
+    "TaskFn",
+    "prompt_task",
+    "rollway_reward",
+    "rollway_rollout_func",
+    "trainer_sampling",
+]

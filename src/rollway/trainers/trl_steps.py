@@ -96,3 +96,6 @@ def check_trainer(source: StepSource, rows: int, trainer: Any) -> None:
     check_rows(source, rows, what, "per_device_train_batch_size")
     check_group_size(source, trainer.num_generations, "num_generations")
     check_sampling(source, trainer_sampling(trainer.args), lambda name: f"GRPOConfig.{name}")
+
+
+__all__ = ["StepRolloutFunc", "step_rollout_func"]

@@ -306,3 +306,14 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return _plain(value.tolist())
     return value
+
+
+__all__ = [
+    "ROW_FIELDS",
+    "RollwayAgentLoop",
+    "RowAgent",
+    "agent_loop_output",
+    "close_clients",
+    "rollout_options",
+    "use_client",
+]

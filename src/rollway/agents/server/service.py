@@ -23,7 +23,6 @@ from rollway.agents.context import RolloutContext
 from rollway.agents.execution import AgentOutcome, run_agent
 from rollway.agents.server.agent_schema import InitRequest
 from rollway.agents.server.report_sender import Delivery, deliver_report
-from rollway.deprecated import deprecated_alias
 from rollway.errors import (
     InvalidFieldsError,
     OverloadedError,
@@ -309,12 +308,3 @@ def _key_reused(key: str, owner: str, asked: str) -> RolloutClosedError:
         f"idempotency key {key!r} belongs to rollout {owner!r} (experiment/rollout), not {asked!r}",
         param="idempotency_key",
     )
-
-
-#: Renamed in this release (one suffix per kind of setting: docs/architecture.md#names);
-#: the old names import, with a DeprecationWarning, for one more.
-_RENAMED = {"ServiceConfig": ("rollway.agents.server.service.AgentServerConfig", AgentServerConfig)}
-
-
-def __getattr__(name: str) -> Any:
-    return deprecated_alias(__name__, name, _RENAMED)
