@@ -94,6 +94,8 @@ bench: setup
 	# Rollouts in flight on a local multi-node Ray cluster: 1,000 and 10,000 (add 100000 where
 	# memory allows: some 1.3 GB in the driver and 3.2 GB across the workers here, ~10 min).
 	$(BIN)/python benchmarks/ray_nodes.py
+	# A 100 MB weight update against 1, 2, 4 and 8 nodes of one and two workers (~10 min here).
+	$(BIN)/python benchmarks/ray_weights.py
 	$(BIN)/python benchmarks/peers.py
 	# Long conversations: what a turn costs as the history grows.
 	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60
