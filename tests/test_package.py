@@ -21,7 +21,10 @@ PACKAGE = ROOT / "src" / "rollway"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Adapters whose trainer lives in its own venv (scripts/trainer_venvs.sh): here, importing
 #: them must fail with an ImportError that says how to make that venv.
-OWN_VENV = {"rollway.trainers.skyrl": "trainer_venvs.sh skyrl"}
+OWN_VENV = {
+    "rollway.trainers.skyrl": "trainer_venvs.sh skyrl",
+    "rollway.trainers.verl_steps": "trainer_venvs.sh verl",
+}
 
 
 def test_all_lists_every_public_name() -> None:
@@ -94,8 +97,8 @@ def test_every_rollway_class_the_docs_call_is_exported_from_the_root() -> None:
     }
     called = {name for doc in DOCS for code in _code(doc.read_text())
               for name in re.findall(r"\b([A-Z]\w+)\(", code)}  # fmt: skip
-    # From rollway.trainers.trl and rollway.trainers.skyrl, as the docs say.
-    imported_elsewhere = {"PromptAgent", "RollwayGenerator"}
+    # From rollway.trainers.trl, .skyrl and .verl_steps, as the docs say.
+    imported_elsewhere = {"PromptAgent", "RollwayGenerator", "StepSourceManager"}
     assert {"PollPolicy", "RemoteGateway", "RolloutClient"} <= called
     assert sorted((called & defined) - imported_elsewhere - set(rollway.__all__)) == []
 
