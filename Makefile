@@ -74,9 +74,10 @@ test-skyrl:
 	scripts/trainer_venvs.sh skyrl
 	.venv-skyrl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/skyrl tests/trainers/skyrl
 
-# verl's agent-loop worker running the rollway agent loop (rollway.trainers.verl), in its own
-# venv: verl 0.9.1 into .venv-verl (~2 GB, a few minutes, once; its transformers pin conflicts
-# with rollway's, docs/trainers.md). Without verl this fails, it never skips.
+# verl's agent-loop worker running the rollway agent loop (rollway.trainers.verl) and verl's
+# batches from a step source (rollway.trainers.verl_steps), in its own venv: verl 0.9.1 into
+# .venv-verl (~2 GB, a few minutes, once; its transformers pin conflicts with rollway's,
+# docs/trainers.md). Without verl this fails, it never skips.
 test-verl:
 	scripts/trainer_venvs.sh verl
 	.venv-verl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/verl tests/trainers/verl
