@@ -204,6 +204,8 @@ class BatchRuns:
                 stored = (
                     self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
                 )
+                if stored is not None and stored.trajectory is not None:
+                    stored.trajectory.check()  # a record its samples refuse is never handed back
                 why = None if stored is None else rerun_reason(stored, request.fingerprint)
             except BadRecordError as exc:
                 log.warning("running rollout %s again: %s", spec.rollout_key, exc)
