@@ -73,6 +73,7 @@ def run(
     executor: o.ExecutorOption = "local",
     ray_address: o.RayAddressOption = None,
     workers: o.WorkersOption = None,
+    workers_per_node: o.WorkersPerNodeOption = None,
     events: o.EventsOption = None,
     stuck_after: o.StuckAfterOption = DEFAULT_STUCK_AFTER_S,
     abort_stuck: o.AbortStuckOption = False,
@@ -124,7 +125,7 @@ def _client(
         retry={"attempts": s["max_attempts"]} if s["max_attempts"] else None,
         serving=ServingConfig(host=s["http_host"], port=s["http_port"], public_url=s["public_url"]),
         max_concurrent=s["concurrency"],
-        executor=_executor(s["executor"], s["ray_address"], s["workers"]),
+        executor=_executor(s),
         show_progress=True,
         status_interval=s["status_interval"],
         on_event=on_event,
@@ -177,12 +178,25 @@ def _event_log(path: Path | None) -> AbstractContextManager[JsonlEventLog | None
     return contextlib.closing(JsonlEventLog(path)) if path else contextlib.nullcontext()
 
 
-def _executor(name: str, ray_address: str | None, workers: int | None) -> str | Executor:
-    if name != "ray":
-        if ray_address or workers:
-            raise ConfigError("--ray-address and --workers go with --executor ray")
-        return name
-    return RayExecutor(address=ray_address, num_workers=workers)
+def _executor(s: dict[str, Any]) -> str | Executor:
+    """The executor the settings name; the Ray options refused, by name, without Ray."""
+    ray_options = ("ray_address", "workers", "workers_per_node")
+    if s["executor"] != "ray":
+        given = [name for name in ray_options if s[name]]
+        if given:
+            flags = " and ".join(f"--{name.replace('_', '-')}" for name in given)
+            verb = "goes" if len(given) == 1 else "go"
+            raise ConfigError(f"{flags} {verb} with --executor ray", param=given[0])
+        return str(s["executor"])
+    if s["workers"] and s["workers_per_node"]:
+        raise ConfigError(
+            "give --workers or --workers-per-node, not both (with --workers-per-node the count "
+            "is the live nodes times it)",
+            param="workers_per_node",
+        )
+    return RayExecutor(
+        address=s["ray_address"], num_workers=s["workers"], workers_per_node=s["workers_per_node"]
+    )
 
 
 def _agent(

@@ -148,6 +148,14 @@ WorkersOption = Annotated[
     int | None,
     typer.Option(min=1, help="For --executor ray: worker actors (default: cluster CPUs)."),
 ]
+WorkersPerNodeOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="For --executor ray, instead of --workers: this many workers pinned to each live "
+        "node with room for one (a lost node takes only its own).",
+    ),
+]
 
 # Watching a run.
 EventsOption = Annotated[

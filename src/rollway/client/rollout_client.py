@@ -4,6 +4,7 @@ groups, timeouts, retries, rewards, resume and a store. Sync and async."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -140,7 +141,8 @@ class RolloutClient:
         check_environment(reward, self.agent)
         self.show_progress = show_progress
         self.status_interval = status_interval
-        self._live: set[RolloutFuture] = set()
+        #: Rollouts running, by their concurrent future.
+        self._live: dict[concurrent.futures.Future[RolloutRecord], RolloutFuture] = {}
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         self._watch(max_concurrent, tps_limit, on_event, stuck_after_s, abort_stuck)
@@ -469,7 +471,7 @@ class RolloutClient:
         if self._following is not None:
             self._following.cancel()
         self._watching.cancel()
-        cancel_and_wait(list(self._live))
+        cancel_and_wait(list(self._live.values()))
         self._lease.close(self._loop)  # every rollout has ended
         try:
             self.executor.close(self._loop)
@@ -499,8 +501,10 @@ class RolloutClient:
         gate = CancelGate(self._loop.loop)
         cf = self._loop.submit(self._run_settled(spec, settings, gate))
         future = RolloutFuture(cf, gate)
-        self._live.add(future)
-        cf.add_done_callback(lambda _: self._live.discard(future))
+        # By its concurrent future, let go by the dict's own method: a callback holding the
+        # handle would keep it and its record in a cycle once done (see ``RolloutFuture``).
+        self._live[cf] = future
+        cf.add_done_callback(self._live.pop)
         return future
 
     async def _run_settled(
