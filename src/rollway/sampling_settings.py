@@ -201,7 +201,7 @@ def _items(value: Any, kind: type) -> tuple[Any, ...] | None:
         return (value,)
     if isinstance(value, str | bytes | dict) or not hasattr(value, "__iter__"):
         return None
-    items = tuple(value)
+    items = value if isinstance(value, tuple) else tuple(value)
     ok = all(isinstance(i, kind) and not isinstance(i, bool) for i in items)
     return items if ok else None
 

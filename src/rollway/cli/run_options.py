@@ -47,6 +47,11 @@ class SettingParser:
         return float(held) if self.setting.kind == "number" else held
 
 
+def _shown(bound: float | None) -> float | None:
+    """A bound as ``--help`` shows it: ``0<=x<=1``, not ``0.0<=x<=1.0``."""
+    return int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+
+
 def _reason(refusal: InvalidFieldsError) -> str:
     """A setting's refusal without its field's name: click's message names the option."""
     return refusal.message.removeprefix(f"{refusal.param}: ")
@@ -62,7 +67,7 @@ def _number(text: str, kind: type[float] | type[int]) -> object:
 def sampling_option(name: str, *, help: str, show_range: bool = True) -> typer.models.OptionInfo:
     """The option of setting ``name``: its rule, and its range in ``--help``."""
     setting = SETTING[name]
-    low, high = (setting.low, setting.high) if show_range else (None, None)
+    low, high = (_shown(setting.low), _shown(setting.high)) if show_range else (None, None)
     option: typer.models.OptionInfo = typer.Option(
         help=help, parser=SettingParser(setting), min=low, max=high
     )
