@@ -26,9 +26,11 @@ from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.generation import SamplingParams
 from rollway.ids import id_from
 from rollway.rollouts.config import DEFAULT_TIMEOUT_S, RolloutLimits, ServingConfig
 from rollway.rollouts.rewards import RewardFn
+from rollway.sampling_settings import SAMPLING_NAMES
 from rollway.sandbox import SandboxLimits, sandbox_factory
 
 
@@ -147,20 +149,12 @@ def _run_batch(
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def _sampling(s: dict[str, Any]) -> dict[str, Any]:
-    """The sampling settings given (None: the engine's default)."""
-    sampling = {"temperature": s["temperature"], "top_p": s["top_p"], "top_k": s["top_k"]}
-    for name in ("seed", "max_tokens"):
-        if s[name] is not None:
-            sampling[name] = s[name]
-    if s["stop"]:
-        sampling["stop"] = tuple(s["stop"])
-    # Recording extras are asked only when given; a turn records the most either side asked.
-    if s["top_logprobs"]:
-        sampling["top_logprobs"] = s["top_logprobs"]
-    if s["record_entropy"]:
-        sampling["record_entropy"] = True
-    return sampling
+def _sampling(s: dict[str, Any]) -> SamplingParams:
+    """The sampling the settings give, typed once here: it fixes temperature, top_p and top_k,
+    and the others where given (a turn records the most top logprobs either side asked)."""
+    return SamplingParams(
+        **{name: s[name] for name in SAMPLING_NAMES if name in s and s[name] is not None}
+    )
 
 
 def _limits(s: dict[str, Any]) -> RolloutLimits:
