@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollway.sampling_settings import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS  # rollway.types'
+from rollway.sampling_settings import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 from rollway.sampling_settings import SETTING, SETTINGS
 
 #: A chat message as OpenAI's API sends it (role, content, tool_calls...): a plain dict, because
