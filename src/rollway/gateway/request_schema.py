@@ -230,11 +230,14 @@ MAX_VERSION = 2**53
 
 class WeightUpdateRequest(_Strict):
     """``POST /admin/weights``: a checkpoint folder the engine can read (on a remote engine's
-    server, a path there), the version it becomes (default: the next), and the pause mode."""
+    server, a path there), the version it becomes (default: the next), and the pause mode.
+    ``loaded``: another gateway sharing the engine's servers loaded it (``--workers``): take the
+    version, load nothing (a remote engine only)."""
 
     source: str = Field(min_length=1, strict=True)
     version: int | None = Field(default=None, ge=0, le=MAX_VERSION, strict=True)
     mode: Literal["abort", "drain", "keep"] = "abort"
+    loaded: bool = Field(default=False, strict=True)
 
 
 class PauseRequest(_Strict):

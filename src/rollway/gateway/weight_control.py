@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from rollway.engines.base import PauseMode, WeightSource, WeightSync
+from rollway.engines.base import PauseMode, SharedWeights, WeightSource, WeightSync
 from rollway.errors import ConfigError, InvalidFieldsError, RequestError
 
 log = logging.getLogger(__name__)
@@ -100,15 +100,27 @@ class WeightControl:
         return self.engine.policy_version if isinstance(self.engine, WeightSync) else None
 
     def describe(self) -> dict[str, Any]:
+        """``engine_shared``: the engine's weights live in servers other gateways may use too
+        (a remote engine), so one of them loads an update and the others adopt it."""
         engine = self.engine
         modes = sorted(engine.pause_modes) if isinstance(engine, WeightSync) else []
-        return {"policy_version": self.version, "paused": self.paused, "pause_modes": modes}
+        shared = isinstance(engine, SharedWeights)
+        return {"policy_version": self.version, "paused": self.paused, "pause_modes": modes,
+                "engine_shared": shared}  # fmt: skip
 
     async def update(
-        self, source: WeightSource, version: int | None = None, mode: PauseMode = "abort"
+        self,
+        source: WeightSource,
+        version: int | None = None,
+        mode: PauseMode = "abort",
+        *,
+        loaded: bool = False,
     ) -> WeightUpdate:
         """Pause (``mode``), load ``source`` as ``version`` (default: the next one), resume.
-        Within a pause the caller made, it loads only and leaves the engine paused."""
+        Within a pause the caller made, it loads only and leaves the engine paused. ``loaded``:
+        another gateway on the same servers loaded it; the engine only adopts the version."""
+        if loaded:
+            return await self._adopt(source, version, mode)
         engine = self._engine()
         self._check_mode(engine, mode)
         if not isinstance(source, str | os.PathLike | Mapping) or source == "":
@@ -135,6 +147,24 @@ class WeightControl:
             done = time.perf_counter()
         log.info("weights updated", extra={"stage": "weights", "version": version})
         return WeightUpdate(version, held or mode, paused - started, done - paused)
+
+    async def _adopt(
+        self, source: WeightSource, version: int | None, mode: PauseMode
+    ) -> WeightUpdate:
+        engine = self._engine()
+        if not isinstance(engine, SharedWeights):
+            name = type(engine).__name__
+            raise InvalidFieldsError(
+                f"this gateway's engine ({name}) holds its own weights: it must load them, "
+                "no other gateway loads them for it",
+                "loaded",
+            )
+        async with self._lock:
+            version = engine.policy_version + 1 if version is None else version
+            self._check_version(engine, version)
+            await _engine_side(engine.adopt_weights(source, version))
+        log.info("weights adopted", extra={"stage": "weights", "version": version})
+        return WeightUpdate(version, self.paused or mode, 0.0, 0.0)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         engine = self._engine()

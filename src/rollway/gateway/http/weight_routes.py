@@ -13,7 +13,8 @@ from rollway.web.handlers import JSONResponse, parse_model
 async def update_weights(request: Request) -> Response:
     require_admin(request)
     body = parse_model(WeightUpdateRequest, await read_body(request))
-    update = await gateway_of(request).weights.update(body.source, body.version, body.mode)
+    weights = gateway_of(request).weights
+    update = await weights.update(body.source, body.version, body.mode, loaded=body.loaded)
     return JSONResponse(update.to_dict())
 
 

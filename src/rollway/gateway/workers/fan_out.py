@@ -2,9 +2,12 @@
 every worker, and a worker started again is brought up to the weights the others sample
 before it takes a rollout (else its tokens would carry an old version, a wrong answer).
 
-An update pauses every worker first, loads the weights into each in turn within that pause
-(one worker's answer fixes the version the others load as), and resumes them all: no worker
-samples new weights while another still samples old ones under the same version."""
+An update pauses every worker first, loads the weights within that pause (one worker's answer
+fixes the version the others take), and resumes them all: no worker samples new weights while
+another still samples old ones under the same version. Workers whose engine is a shared server
+(``engine_shared``: a remote engine) have the first load it and the others adopt the version
+(``loaded``), so the server loads each update once, not once per worker; the loader resumes
+first, once every other worker stamps the new version."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import asyncio
 import time
 from typing import Any
 
-from rollway.errors import RollwayError, error_from_body
+from rollway.errors import InfrastructureError, RollwayError, error_from_body
 from rollway.gateway.workers.proxy import call_json
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 
@@ -26,6 +29,7 @@ class WorkerWeights:
         self.last_update: dict[str, Any] | None = None
         self.paused: str | None = None
         self.lock = asyncio.Lock()
+        self._shared: bool | None = None  # the workers' engine is a shared server: asked once
         pool.catch_up = self.catch_up
 
     async def update(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -37,13 +41,10 @@ class WorkerWeights:
                 await self._on_all("POST", "/admin/pause", {"mode": mode})
             paused = time.perf_counter()
             try:
-                answer: dict[str, Any] = {}
-                for worker in self._up():
-                    answer = await self._call(worker, "POST", "/admin/weights", body)
-                    body = {**body, "version": answer["policy_version"]}
+                answer, body = await self._load(body)
             finally:
                 if held is None:
-                    await self._on_all("POST", "/admin/resume")
+                    await self._resume_all()
             self.last_update = body
             done = time.perf_counter()
         return {
@@ -61,18 +62,47 @@ class WorkerWeights:
 
     async def resume(self) -> Any:
         async with self.lock:
-            answers = await self._on_all("POST", "/admin/resume")
+            answers = await self._resume_all()
             self.paused = None
         return answers[0]
 
     async def catch_up(self, worker: Worker) -> None:
-        """A worker started again loads the last weights and takes the pause in force; an
-        error here fails its start (it is started again)."""
+        """A worker started again takes the last weights (adopts them, from a shared server
+        that holds them already) and the pause in force; an error here fails its start (it
+        is started again)."""
         async with self.lock:
             if self.last_update is not None:
-                await self._call(worker, "POST", "/admin/weights", self.last_update)
+                shared = await self._engine_shared(worker)
+                update = {**self.last_update, "loaded": shared}
+                await self._call(worker, "POST", "/admin/weights", update)
             if self.paused is not None:
                 await self._call(worker, "POST", "/admin/pause", {"mode": self.paused})
+
+    async def _load(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Load ``body`` into the first worker up, then each other: by a load of its own, or
+        by adopting the version when the engine is a server they share. The first's answer,
+        and the update as it was done (its version fixed)."""
+        first, *others = self._up_or_fail()
+        answer: dict[str, Any] = await self._call(first, "POST", "/admin/weights", body)
+        body = {**body, "version": answer["policy_version"]}
+        adopted = {**body, "loaded": await self._engine_shared(first)}
+        for worker in others:
+            await self._call(worker, "POST", "/admin/weights", adopted)
+        return answer, body
+
+    async def _engine_shared(self, worker: Worker) -> bool:
+        if self._shared is None:
+            policy = await self._call(worker, "GET", "/admin/policy")
+            self._shared = bool(policy.get("engine_shared"))
+        return self._shared
+
+    async def _resume_all(self) -> list[Any]:
+        """The first worker (the one that loaded) resumes first: on a shared server its resume
+        lets the server sample again, once every worker stamps the new version."""
+        first, *others = self._up_or_fail()
+        answers = [await self._call(first, "POST", "/admin/resume")]
+        answers += await asyncio.gather(*(self._call(w, "POST", "/admin/resume") for w in others))
+        return answers
 
     async def _on_all(self, method: str, path: str, body: Any = None) -> list[Any]:
         calls = [self._call(w, method, path, body) for w in self._up()]
@@ -81,6 +111,12 @@ class WorkerWeights:
     def _up(self) -> list[Worker]:
         # One being started again is brought up to date by ``catch_up`` (under the lock).
         return [worker for worker in self.pool.workers if worker.up]
+
+    def _up_or_fail(self) -> list[Worker]:
+        up = self._up()
+        if not up:
+            raise InfrastructureError("no gateway worker is up: each is being started again")
+        return up
 
     async def _call(self, worker: Worker, method: str, path: str, body: Any = None) -> Any:
         status, answer = await call_json(worker, method, path, self.admin_key, body)
