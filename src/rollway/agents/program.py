@@ -10,7 +10,10 @@ function scores the recorded conversation. A result file that is there but is no
 of that shape (``reward`` a finite number or null, ``finish_reason`` a string or null, other
 keys ignored) is an agent error saying what is wrong. The record's final messages are the
 gateway's recorded conversation, and its metrics count the turns the gateway recorded. A
-non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
+non-zero exit (a signal's too) is an agent error carrying the tail of stderr; a sandbox whose
+supervisor died before the program's exit status was written raises ``InfrastructureError`` from
+its ``wait`` (``rollway.sandbox.supervisor_death``): rollway's machinery failed, not the program,
+so the rollout is retried and never scored as the policy's. The sandbox is torn down on every
 path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
 ``cleanup_errors`` and leaves the program's outcome as it was. A reward that uses the
 environment (``@uses_environment``) gets the sandbox of a program that ended first: lent to it
