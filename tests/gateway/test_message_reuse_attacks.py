@@ -416,7 +416,7 @@ def whole_check_param(body: Body) -> str | None:
     try:
         validated(body)
     except Exception as error:  # pydantic's, named as parse_model names it
-        from rollway.web.handlers import parse_model
+        from rollway.validation import parse_model
 
         try:
             parse_model(ChatCompletionRequest, body)

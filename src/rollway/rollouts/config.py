@@ -17,7 +17,7 @@ from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.gateway.request_schema import SamplingFields
 from rollway.generation import SamplingParams
 from rollway.retry import Backoff, RetryPolicy, is_transient
-from rollway.web.handlers import parse_model
+from rollway.validation import parse_model
 
 #: A rollout run again from the start (a new attempt) while its outcome says nothing about
 #: the policy (an infrastructure or engine error).
