@@ -1,6 +1,6 @@
 """Shared fixtures: the embedded engine (loaded once), gateways in-process and over HTTP.
 
-The demo's add tool and few-shot prefix (which make the 135M model call tools) are reused.
+The add tool and few-shot prefix (which make the 135M model call tools) are tests/tool_calls.py's.
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from rollway.cli.demo_command import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.web.background_server import BackgroundServer
+from tests.tool_calls import ADD_TOOL, FEW_SHOT, tool_call
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "Closing", "tool_call"]
 
