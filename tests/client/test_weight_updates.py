@@ -161,6 +161,7 @@ def perturbed(engine: EmbeddedEngine) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.slow  # the embedded model, loaded by the test itself
 @pytest.mark.timeout(300)
 def test_after_an_update_the_recorded_logprobs_are_the_new_models(
     renderer: ChatRenderer, tmp_path: Path
