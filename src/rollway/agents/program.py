@@ -72,8 +72,8 @@ class ProgramAgent(AgentLoop):
     async def run(self, ctx: RolloutContext) -> AgentResult:
         if ctx.base_url is None or ctx.api_key is None:
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
-        ctx.log_event("create_sandbox", sandbox=type(self).__name__)
         box = self.make_sandbox(self.limits)
+        ctx.log_event("create_sandbox", sandbox=type(box).__name__)
         lent = False
         try:
             task_file = box.workdir / "task.json"

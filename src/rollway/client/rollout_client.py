@@ -288,6 +288,8 @@ class RolloutClient:
     async def update_weights_async(
         self, source: Any, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
+        """``update_weights`` for a trainer in an event loop: awaitable from any loop, which
+        goes on while the update runs on the client's own."""
         self._check_open("to update weights")
         return await asyncio.wrap_future(
             self._loop.submit(self._update_weights(source, version, mode))

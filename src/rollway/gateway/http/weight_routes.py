@@ -7,7 +7,8 @@ from starlette.responses import Response
 
 from rollway.gateway.http.app_state import gateway_of, read_body, require_admin
 from rollway.gateway.request_schema import PauseRequest, WeightUpdateRequest
-from rollway.web.handlers import JSONResponse, parse_model
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse
 
 
 async def update_weights(request: Request) -> Response:
