@@ -61,7 +61,10 @@ def run(
 def test_the_examples_tests_run_in_the_programs_sandbox_and_score_it(
     renderer: ChatRenderer, tmp_path: Path, sandbox: type[Sandbox]
 ) -> None:
-    right, wrong = run(renderer, tmp_path, [RIGHT, WRONG], passing_tests, sandbox=sandbox)
+    # One at a time: the scripted engine answers in call order, and two programs race for it.
+    right, wrong = run(
+        renderer, tmp_path, [RIGHT, WRONG], passing_tests, sandbox=sandbox, max_concurrent=1
+    )
     assert right.status == "completed", right.reason
     assert (right.reward, right.reward_components) == (1.0, {"passed": 3.0})
     assert (wrong.reward, wrong.reward_components) == (pytest.approx(1 / 3), {"passed": 1.0})
