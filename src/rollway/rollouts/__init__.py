@@ -8,7 +8,6 @@ from rollway.rollouts.config import (
     ServingConfig,
 )
 from rollway.rollouts.judge import Judge, parse_score
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.rubric import Rubric
@@ -17,7 +16,6 @@ from rollway.rollouts.spec import RolloutSpec, attempt_id, task_key
 
 __all__ = [
     "Judge",
-    "LoopThread",
     "RewardFn",
     "RolloutConfig",
     "RolloutLimits",
