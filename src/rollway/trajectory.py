@@ -1,6 +1,7 @@
 """What the gateway records: a rollout's ``Trajectory`` of ``Turn``s (each with its
-``StepDistribution`` where asked), the training ``Sample``s made from them, and the ``Drift``
-from a fresh render. Pydantic models: they go over the wire and into stores."""
+``StepDistribution`` where asked), the training ``Sample``s made from them (built in
+``rollway.samples``, public here), and the ``Drift`` from a fresh render. Pydantic models: they
+go over the wire and into stores."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollway import trajectory_format
 from rollway.errors import BadRecordError
 from rollway.generation import GenerationResult, LogprobKind
+from rollway.samples import Sample, build_samples
 from rollway.trajectory_format import FORMAT_VERSION
 
 
@@ -140,49 +142,6 @@ class Turn(WireModel):
     @property
     def entropy(self) -> list[float] | None:
         return self.distribution.entropy if self.distribution else None
-
-
-class Sample(WireModel):
-    """The training view of one segment: exact ids, a loss mask and aligned logprobs."""
-
-    segment: int
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int] = Field(description="1 on engine-sampled tokens, 0 elsewhere.")
-    logprobs: list[float] = Field(description="Aligned with response_ids; 0.0 where mask is 0.")
-    policy_versions: list[int] | None = Field(
-        default=None,
-        description="Aligned with response_ids: the weights version of each sampled token, "
-        "-1 where mask is 0; None when the engine has no versions.",
-    )
-    raw_logprobs: list[float] | None = Field(
-        default=None,
-        description="Aligned with response_ids: the temperature-1 logprobs (0.0 where mask is "
-        "0); None when every turn's logprobs are raw already, or an engine gave none.",
-    )
-    kept_mass: list[float] | None = Field(
-        default=None,
-        description="Aligned with response_ids: the mass top-p/top-k kept for each sampled "
-        "token (1.0 where nothing was cut and where mask is 0); None when no turn was cut.",
-    )
-    top_ids: list[list[int]] | None = Field(
-        default=None,
-        description="Aligned with response_ids: each sampled token's top ids (from "
-        "Turn.distribution; [] where mask is 0); None when no turn of the segment has them.",
-    )
-    top_logprobs: list[list[float]] | None = Field(
-        default=None, description="Aligned with top_ids: their logprobs ([] where mask is 0)."
-    )
-    entropy: list[float] | None = Field(
-        default=None,
-        description="Aligned with response_ids: each sampled token's entropy (0.0 where mask "
-        "is 0); None when no turn of the segment has it.",
-    )
-
-
-def build_samples(turns: list[Turn]) -> list[Sample]:
-    """One training sample per segment of ``turns`` (``trajectory_format.sample_fields``)."""
-    return [Sample.model_construct(**fields) for fields in trajectory_format.sample_fields(turns)]
 
 
 class Drift(WireModel):

@@ -1,6 +1,6 @@
-"""The trajectory's stored format: turns that grow linearly with the conversation, the
-training samples made from them, each turn's whole prompt on demand, and records of the
-previous format read into this one.
+"""The trajectory's stored format: turns that grow linearly with the conversation, their
+checks, each turn's whole prompt on demand, and records of the previous format read into this
+one. The training samples are made from the turns by ``rollway.samples``.
 
 Format 2 (this one): a turn keeps the prompt ids past the previous turn of its segment (that
 turn's prompt and completion): the template glue and the new messages; the turn that starts
@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 
 class Turn(Protocol):
-    """What this module reads of a turn (``rollway.trajectory.Turn``, which imports this module)."""
+    """What this module and ``rollway.samples`` read of a turn (``rollway.trajectory.Turn``,
+    which imports both)."""
 
     index: int
     segment: int
@@ -142,66 +143,6 @@ def prompt_hash(ids: list[int]) -> str:
 
 def int32_bytes(ids: list[int]) -> bytes:
     return array("i", ids).tobytes()
-
-
-def sample_fields(turns: Sequence[Turn]) -> list[dict[str, Any]]:
-    """The fields of each segment's training sample (``rollway.trajectory.build_samples`` makes
-    them ``Sample``s): its first prompt, then completions (mask 1) and each later turn's new
-    prompt ids, the glue (mask 0). Policy versions follow the tokens (-1 on glue), where every
-    turn of the segment has them; so do raw logprobs where some turn's logprobs are not raw,
-    and the kept mass, top logprobs and entropy where some turn of the segment has them."""
-    samples: dict[int, dict[str, Any]] = {}
-    versioned = {t.segment for t in turns if t.policy_versions is not None}
-    versioned -= {t.segment for t in turns if t.policy_versions is None}
-    scaled = {t.segment for t in turns if t.logprob_kind != "raw_logprobs"}
-    scaled -= {t.segment for t in turns if t.segment in scaled and _no_raw(t)}
-    recorded = {
-        name: {t.segment for t in turns if getattr(t, name) is not None} for name in _BLANKS
-    }
-    for turn in turns:
-        sample = samples.get(turn.segment)
-        if sample is None:
-            sample = samples[turn.segment] = {
-                "segment": turn.segment,
-                "prompt_ids": list(turn.new_prompt_ids),
-                "response_ids": [],
-                "loss_mask": [],
-                "logprobs": [],
-                "policy_versions": [] if turn.segment in versioned else None,
-                "raw_logprobs": [] if turn.segment in scaled else None,
-                **{name: [] if turn.segment in recorded[name] else None for name in _BLANKS},
-            }
-            glue: list[int] = []
-        else:
-            glue = turn.new_prompt_ids
-        tokens = len(turn.completion_ids)
-        sample["response_ids"] += glue + turn.completion_ids
-        sample["loss_mask"] += [0] * len(glue) + [1] * tokens
-        sample["logprobs"] += [0.0] * len(glue) + list(turn.logprobs)
-        if sample["policy_versions"] is not None and turn.policy_versions is not None:
-            sample["policy_versions"] += [-1] * len(glue) + list(turn.policy_versions)
-        if sample["raw_logprobs"] is not None:
-            raw = turn.logprobs if turn.logprob_kind == "raw_logprobs" else turn.raw_logprobs
-            sample["raw_logprobs"] += _per_token(len(glue), raw, tokens, 0.0)
-        for name, blank in _BLANKS.items():
-            if sample[name] is not None:
-                sample[name] += _per_token(len(glue), getattr(turn, name), tokens, blank)
-    return [samples[k] for k in sorted(samples)]
-
-
-#: The per-token lists a sample keeps where some turn of its segment has them, and the value on
-#: glue and on a turn without them: a kept mass of 1.0 is a turn that cut nothing.
-_BLANKS: dict[str, Any] = {"kept_mass": 1.0, "top_ids": [], "top_logprobs": [], "entropy": 0.0}
-
-
-def _no_raw(turn: Turn) -> bool:
-    return turn.logprob_kind != "raw_logprobs" and turn.raw_logprobs is None
-
-
-def _per_token(glue: int, values: list[Any] | None, tokens: int, blank: Any) -> list[Any]:
-    """A turn's per-token values after its glue (``blank`` there, and on every token of a turn
-    that has none)."""
-    return [blank] * glue + (list(values) if values is not None else [blank] * tokens)
 
 
 def upgrade(data: Any) -> Any:

@@ -23,7 +23,7 @@ from rollway.gateway import Gateway, create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.leases import Lease
-from rollway.rollouts.loop_thread import LoopThread
+from rollway.loop_thread import LoopThread
 from rollway.store.file import FileStore
 from rollway.web.background_server import BackgroundServer
 from tests.agents.server.fixtures import wait_until
@@ -37,7 +37,7 @@ HOLD_LEASE = """
 import sys
 from rollway.client.lease_keeper import LeaseKeeper
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.rollouts.loop_thread import LoopThread
+from rollway.loop_thread import LoopThread
 from rollway.store import store_from_uri
 store, url, key = sys.argv[1:]
 keeper = LeaseKeeper("held", store_from_uri(store, "held"), RemoteGateway(url, admin_key=key))

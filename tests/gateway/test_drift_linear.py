@@ -13,7 +13,7 @@ import pytest
 
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.gateway.samples import compare_ids
+from rollway.gateway.trajectory_build import compare_ids
 from rollway.web.background_server import BackgroundServer
 from tests.conftest import Served, sim_gateway
 from tests.gateway.health_probe import while_probing_health

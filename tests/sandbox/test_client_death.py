@@ -37,7 +37,7 @@ PROGRAM = "import os, sys, time; os.fork(); time.sleep(600)"
 # killed; with "copy", a forked copy of it first keeps every pipe of the client open.
 CLIENT = """
 import json, os, sys, time
-from rollway.rollouts.loop_thread import LoopThread
+from rollway.loop_thread import LoopThread
 from rollway.sandbox import SANDBOXES, SandboxLimits
 from rollway.web.background_server import LoopServer
 

@@ -1,4 +1,8 @@
-"""The rollout client: tasks in, one recorded outcome per rollout out."""
+"""The rollout client: what runs and when. Tasks in, one recorded outcome per rollout out:
+batches and groups, resume, admission (concurrency, rate, starts held during updates,
+staleness), the experiment's lease, weight updates, events and progress, rescoring, and the
+trainers' step sources. It never runs a rollout itself: where one runs is ``rollway.executors``,
+one rollout's life is ``rollway.rollouts`` (docs/architecture.md, "who owns what")."""
 
 from rollway.client.batch import BatchItem, GroupStats, RunSummary
 from rollway.client.future import RolloutFuture

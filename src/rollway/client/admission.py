@@ -13,7 +13,7 @@ from typing import Any
 from aiolimiter import AsyncLimiter
 
 from rollway.client.event_stream import ClientEvents
-from rollway.client.policy import PolicyTracker
+from rollway.client.policy_tracker import PolicyTracker
 from rollway.executors import Executor, LocalExecutor
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec

@@ -28,9 +28,9 @@ from rollway.client.progress import BatchProgress, summary_table
 from rollway.client.watchdog import Watchdog
 from rollway.errors import BadRecordError
 from rollway.executors import Executor, LocalExecutor
+from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
 
 log = logging.getLogger(__name__)

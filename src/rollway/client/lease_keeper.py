@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from rollway.errors import ExperimentInUseError
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.leases import DEFAULT_TTL_S, Lease, LeaseHolder
-from rollway.rollouts.loop_thread import LoopThread
+from rollway.loop_thread import LoopThread
 from rollway.store.base import Store
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventL
 from rollway.client.fingerprint import fingerprint
 from rollway.client.future import CancelGate, RolloutFuture, recorded
 from rollway.client.lease_keeper import LeaseKeeper
-from rollway.client.policy import PolicyTracker
+from rollway.client.policy_tracker import PolicyTracker
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
@@ -37,6 +37,7 @@ from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.generation import SamplingParams
+from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
 from rollway.rollouts import (
@@ -47,7 +48,6 @@ from rollway.rollouts import (
     ServingConfig,
     task_key,
 )
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.sandbox import remove_leftovers
 from rollway.sandbox.environment import check_environment

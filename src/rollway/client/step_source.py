@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any
 
 from rollway.client.future import RolloutFuture
-from rollway.client.policy import PolicyTracker
+from rollway.client.policy_tracker import PolicyTracker
 from rollway.client.step_groups import (
     Group,
     Slot,

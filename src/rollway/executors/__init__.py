@@ -1,4 +1,7 @@
 """Where rollouts run: in this process (``local``, the default) or on a Ray cluster (``ray``).
+An executor takes one rollout at a time from the client and runs its life
+(``rollway.rollouts``) there: placement, dispatch, re-dispatch of lost work, each worker's
+gateway. What runs and when (batches, admission, resume) is the client's (``rollway.client``).
 Ray is an optional extra, imported only when a ``RayExecutor`` starts."""
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
 from rollway.gateway.core import Gateway
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.rewards import RewardFn
 from rollway.store.base import Store
 

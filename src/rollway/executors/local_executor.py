@@ -20,10 +20,10 @@ from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutRunner, RolloutSpec
 from rollway.rollouts.availability import Availability, Component
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.runner import RunningAttempts
 from rollway.web.background_server import LoopServer
 

@@ -37,10 +37,10 @@ from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.logs import log_stage
+from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
 from rollway.rollouts import RolloutConfig, RolloutSpec, attempt_id, make_record
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.store.base import Store
 
 #: A rollout whose Ray worker died, dispatched to another: three dispatches in all (the Ray

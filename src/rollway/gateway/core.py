@@ -34,8 +34,8 @@ from rollway.gateway.render.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.request_messages import ChatCompletionAsSent, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
 from rollway.gateway.rollout_state import RolloutState
-from rollway.gateway.samples import build_trajectory
 from rollway.gateway.token_turns import TokenTurns
+from rollway.gateway.trajectory_build import build_trajectory
 from rollway.gateway.weight_control import WeightControl
 from rollway.generation import ChatResult, Message
 from rollway.ids import check_id, keys_match

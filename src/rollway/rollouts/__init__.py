@@ -1,5 +1,8 @@
-"""One rollout, run where an executor puts it: register at the gateway, run the agent under a
-timeout and a cancel signal, score, retry infrastructure failures, store one record."""
+"""One rollout's life, wherever an executor puts it: register at the gateway, run the agent
+under a timeout and a cancel signal, clean up, score, retry infrastructure failures, wait out
+outages, store one record; with its settings, ids and record. Nothing here knows of batches
+(``rollway.client``: what runs and when) or of processes and nodes (``rollway.executors``:
+where it runs)."""
 
 from rollway.rollouts.config import (
     RolloutConfig,
@@ -8,7 +11,6 @@ from rollway.rollouts.config import (
     ServingConfig,
 )
 from rollway.rollouts.judge import Judge, parse_score
-from rollway.rollouts.loop_thread import LoopThread
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.rubric import Rubric
@@ -17,7 +19,6 @@ from rollway.rollouts.spec import RolloutSpec, attempt_id, task_key
 
 __all__ = [
     "Judge",
-    "LoopThread",
     "RewardFn",
     "RolloutConfig",
     "RolloutLimits",

@@ -1,11 +1,13 @@
-"""A rollout's record: the trajectory a trainer reads (its samples are made from the turns,
-``rollway.trajectory_format``) and the drift figure."""
+"""A rollout's Trajectory built from its state at the gateway, and the drift figure (its last
+segment's ids against a fresh render). Samples are built by ``rollway.samples``: the drift
+needs the last segment's."""
 
 from __future__ import annotations
 
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
-from rollway.trajectory import Drift, Sample, Trajectory, build_samples, truncation_reason
+from rollway.samples import Sample, build_samples
+from rollway.trajectory import Drift, Trajectory, truncation_reason
 
 
 def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRenderer) -> Drift:
