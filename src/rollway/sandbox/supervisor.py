@@ -39,7 +39,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -54,10 +54,9 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def descendants() -> list[int]:
-    """Every live process below this one, from a fresh look at ``/proc``."""
-    children: dict[int, list[int]] = {}
-    alive: set[int] = set()
+def process_stats() -> Iterator[tuple[int, list[str]]]:
+    """Each live-or-zombie process's pid and the fields of its ``/proc/PID/stat`` after its
+    name ("state ppid pgrp session ..."), from a fresh look at ``/proc``."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -67,10 +66,18 @@ def descendants() -> list[int]:
         except OSError:  # ended meanwhile
             continue
         # "pid (comm) state ppid ...": comm may hold anything, so split after its last ")".
-        state, ppid = stat[stat.rindex(")") + 2 :].split(maxsplit=2)[:2]
-        children.setdefault(int(ppid), []).append(int(entry.name))
+        yield int(entry.name), stat[stat.rindex(")") + 2 :].split(maxsplit=4)
+
+
+def descendants() -> list[int]:
+    """Every live process below this one, from a fresh look at ``/proc``."""
+    children: dict[int, list[int]] = {}
+    alive: set[int] = set()
+    for pid, fields in process_stats():
+        state, ppid = fields[:2]
+        children.setdefault(int(ppid), []).append(pid)
         if state not in ("Z", "X"):
-            alive.add(int(entry.name))
+            alive.add(pid)
     found: list[int] = []
     stack = [os.getpid()]
     while stack:

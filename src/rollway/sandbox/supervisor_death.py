@@ -23,8 +23,9 @@ there is one, ends too. In the namespace sandbox the kernel ends the whole PID n
 
 from __future__ import annotations
 
-import os
 import signal
+
+from rollway.sandbox.supervisor import process_stats
 
 _UNSHARE_SAYS = "unshare:"
 
@@ -62,18 +63,10 @@ def session_members(session: int) -> list[int]:
     """The live processes of ``session`` (a dead supervisor's: it led its session), from a
     fresh look at ``/proc``. A session's id is never reused while a member lives."""
     members: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                stat = f.read()
-        except OSError:  # ended meanwhile
-            continue
-        # "pid (comm) state ppid pgrp session ...": comm may hold anything.
-        state, _, _, sid = stat[stat.rindex(")") + 2 :].split(maxsplit=4)[:4]
+    for pid, fields in process_stats():
+        state, _, _, sid = fields[:4]
         if int(sid) == session and state not in ("Z", "X"):
-            members.append(int(entry.name))
+            members.append(pid)
     return members
 
 
