@@ -16,8 +16,25 @@ from rollway.client import RolloutClient, batch_runs
 from rollway.engines.sim import SimConfig
 
 
+def _run_sync(client: RolloutClient, tasks: list[dict[str, Any]]) -> list[Any]:
+    return list(client.run_batch(tasks))
+
+
+def _run_async(client: RolloutClient, tasks: list[dict[str, Any]]) -> list[Any]:
+    """``run_batch_async`` starts its rollouts in the same slices, each awaited (the caller's
+    loop goes on meanwhile), not the whole batch submitted at once."""
+
+    async def collect() -> list[Any]:
+        return [item async for item in client.run_batch_async(tasks)]
+
+    return asyncio.run(collect())
+
+
+@pytest.mark.parametrize("run", [_run_sync, _run_async], ids=["sync", "async"])
 def test_a_batch_never_has_more_than_a_slice_of_starts_waiting_on_the_loop(
-    make_client: Callable[..., RolloutClient], monkeypatch: pytest.MonkeyPatch
+    make_client: Callable[..., RolloutClient],
+    monkeypatch: pytest.MonkeyPatch,
+    run: Callable[[RolloutClient, list[dict[str, Any]]], list[Any]],
 ) -> None:
     monkeypatch.setattr(batch_runs, "START_SLICE", 8)
     client = make_client(SimConfig(output_len=1), exp_id="slices")
@@ -39,9 +56,9 @@ def test_a_batch_never_has_more_than_a_slice_of_starts_waiting_on_the_loop(
         return submit(started())
 
     monkeypatch.setattr(client._loop, "submit", counted)
-    tasks = [{"task_id": f"t{i}"} for i in range(200)]
-    items = list(client.run_batch(tasks))
+    items = run(client, [{"task_id": f"t{i}"} for i in range(200)])
     assert len(items) == 200 and all(item.success for item in items)
+    assert sorted(item.index for item in items) == list(range(200))
     assert most <= 8 + 1  # a slice, and the call that waits for the loop to take it
 
 
@@ -58,42 +75,6 @@ def test_a_batch_left_early_still_records_the_rollouts_it_had_not_started(
     assert summary is None or summary["total"] <= 40
     keys = client.store.keys()
     assert len(keys) == 40  # each rollout recorded: finished, or cancelled
-
-
-def test_an_async_batch_never_has_more_than_a_slice_of_starts_waiting_on_the_loop(
-    make_client: Callable[..., RolloutClient], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``run_batch_async`` starts its rollouts in the same slices, each awaited (the caller's
-    loop goes on meanwhile), not the whole batch submitted at once."""
-    monkeypatch.setattr(batch_runs, "START_SLICE", 8)
-    client = make_client(SimConfig(output_len=1), exp_id="async-slices")
-    waiting, most, lock = 0, 0, threading.Lock()
-    submit = client._loop.submit
-
-    def counted(coro: Coroutine[Any, Any, Any]) -> Any:
-        nonlocal waiting, most
-        with lock:
-            waiting += 1
-            most = max(most, waiting)
-
-        async def started() -> Any:
-            nonlocal waiting
-            with lock:
-                waiting -= 1
-            return await coro
-
-        return submit(started())
-
-    monkeypatch.setattr(client._loop, "submit", counted)
-    tasks = [{"task_id": f"t{i}"} for i in range(200)]
-
-    async def collect() -> list[Any]:
-        return [item async for item in client.run_batch_async(tasks)]
-
-    items = asyncio.run(collect())
-    assert len(items) == 200 and all(item.success for item in items)
-    assert sorted(item.index for item in items) == list(range(200))
-    assert most <= 8 + 1  # a slice, and the call that says when the loop took it
 
 
 def test_a_batch_freezes_its_rollouts_in_flight_out_of_collections_until_it_ends(
