@@ -28,13 +28,14 @@ from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
 from rollway.client.step_source import StepHooks, StepSource
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
-from rollway.engines.base import ChatEngine, Engine
+from rollway.engines.base import ChatEngine, Engine, WeightSource
 from rollway.errors import ConfigError
 from rollway.events import EventSink
 from rollway.executors import Executor, LocalExecutor, WorkerConfig, executor_from
 from rollway.gateway.core import Gateway
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights
 from rollway.generation import SamplingParams
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
@@ -271,7 +272,7 @@ class RolloutClient:
         return self.policy.version
 
     def update_weights(
-        self, source: Any, version: int | None = None, *, mode: str = "abort"
+        self, source: WeightSource, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
         """Load new weights into every engine the rollouts use, as ``version`` (default: the
         next). ``source``: a checkpoint folder (every engine; a path on the servers for remote
@@ -279,17 +280,17 @@ class RolloutClient:
         ``abort`` (turns in flight stop and are sent again under the new weights; the agent
         sees a slower turn), ``drain`` (they finish on the old weights first) or ``keep``
         (they freeze and go on under the new ones). Rollout starts wait meanwhile. Safe to
-        call from another thread while a batch runs. Returns what the update did."""
+        call from another thread while a batch runs. Returns what the update did:
+        ``policy_version``, ``mode``, ``pause_s``, ``load_s`` and ``stale_restarts``."""
         self._check_open("to update weights")
-        return self._loop.call(self._update_weights(source, version, mode))
+        return self._loop.call(self._update_weights(NewWeights.of(source, version, mode)))
 
     async def update_weights_async(
-        self, source: Any, version: int | None = None, *, mode: str = "abort"
+        self, source: WeightSource, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
         self._check_open("to update weights")
-        return await asyncio.wrap_future(
-            self._loop.submit(self._update_weights(source, version, mode))
-        )
+        new = NewWeights.of(source, version, mode)
+        return await asyncio.wrap_future(self._loop.submit(self._update_weights(new)))
 
     async def _follow_policy(self, every_s: float = 1.0) -> None:
         while True:
@@ -304,15 +305,15 @@ class RolloutClient:
             ):
                 self.policy.advance(version)
 
-    async def _update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def _update_weights(self, new: NewWeights) -> dict[str, Any]:
         async with self._updating:
             self.policy.hold_starts()
             try:
-                update = await self.executor.update_weights(source, version, mode)
+                update = await self.executor.update_weights(new)
             finally:
                 self.policy.open_starts()
-            update["stale_restarts"] = self.policy.advance(update["policy_version"])
-        return update
+            stale_restarts = self.policy.advance(update.version)
+        return {**update.to_dict(), "stale_restarts": stale_restarts}
 
     # -- batches -----------------------------------------------------------------------------
 

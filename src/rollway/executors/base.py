@@ -13,6 +13,7 @@ from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
 from rollway.gateway.core import Gateway
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
 from rollway.rollouts.loop_thread import LoopThread
@@ -57,9 +58,9 @@ class Executor(Protocol):
         for the rollout's own failures: they are the record's status."""
         ...
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
-        """Give every engine the rollouts sample from the new weights (pause in ``mode``, load,
-        resume); what the update did (``policy_version``, ...) comes back."""
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        """Give every engine the rollouts sample from the new weights (pause in ``new.mode``,
+        load, resume); what the update did comes back."""
         ...
 
     async def policy(self) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutRunner, RolloutSpec
 from rollway.rollouts.availability import Availability, Component
@@ -148,8 +149,8 @@ class LocalExecutor:
         assert self._runner is not None, "start first"
         return self._runner.attempts.abort(rollout_id, reason)
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
-        return await self.gateway.update_weights(source, version, mode)
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        return await self.gateway.update_weights(new)
 
     async def policy(self) -> dict[str, Any]:
         return await self.gateway.policy()

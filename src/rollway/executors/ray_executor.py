@@ -36,6 +36,7 @@ from rollway.executors.ray_workers import (
 from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.logs import log_stage
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
@@ -131,7 +132,7 @@ class RayExecutor:
         self._engine: Any = None
         #: The last weight update, replayed on a worker Ray restarts (it starts from the
         #: weights its engine loads at start).
-        self._last_update: tuple[Any, int, str] | None = None
+        self._last_update: tuple[Any, int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -221,13 +222,13 @@ class RayExecutor:
 
     # -- weights -----------------------------------------------------------------------------
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
         """A shared ``RemoteGateway`` takes the update once; workers that each own an engine
         (``embedded``, ``sim``) all take it, the source shipped once through Ray's object
         store. Workers sharing remote servers through their own engines would update those
         servers once per worker: serve one ``rollway gateway`` and share it instead."""
         if isinstance(self._engine, RemoteGateway):
-            return await self._engine.update_weights(source, version, mode)
+            return await self._engine.update_weights(new)
         spec = self._engine if isinstance(self._engine, str) else ""
         if spec.partition("://")[0] not in ("embedded", "sim"):
             raise ConfigError(
@@ -235,14 +236,14 @@ class RayExecutor:
                 "by every worker (serve `rollway gateway --engine ...` and pass RemoteGateway)",
                 "engine",
             )
+        version = new.version
         if version is None:
             version = (await self.policy())["policy_version"] + 1
-        ref = self._ray.put(source)
-        answers = await self._on_workers(
-            lambda w: w.actor.update_weights.remote(ref, version, mode)
-        )
-        self._last_update = (ref, version, mode)
-        update: dict[str, Any] = answers[0]  # each worker's is the same
+        # Put whole, passed as a top-level argument: each worker gets the NewWeights itself.
+        ref = self._ray.put(dataclasses.replace(new, version=version))
+        answers = await self._on_workers(lambda w: w.actor.update_weights.remote(ref))
+        self._last_update = (ref, version)
+        update: WeightUpdate = answers[0]  # each worker's is the same
         return update
 
     async def policy(self) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 from rollway import tracing
 from rollway.executors.base import WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
+from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 
@@ -107,10 +108,10 @@ class RolloutWorker:
         elif len(self._cancelled_early) < 100_000:  # the cancel overtook its run
             self._cancelled_early.add(token)
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
         """Load new weights into this worker's own engine (the driver sends the same update
-        to every worker)."""
-        return await self._executor.update_weights(source, version, mode)
+        to every worker, through Ray's object store)."""
+        return await self._executor.update_weights(new)
 
     async def policy(self) -> dict[str, Any]:
         return await self._executor.policy()

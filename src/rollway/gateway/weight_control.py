@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypeGuard, get_args
 
 from rollway.engines.base import PauseMode, WeightSource, WeightSync
 from rollway.errors import ConfigError, InvalidFieldsError, RequestError
@@ -26,6 +26,56 @@ from rollway.errors import ConfigError, InvalidFieldsError, RequestError
 log = logging.getLogger(__name__)
 
 PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
+
+
+def is_pause_mode(mode: object) -> TypeGuard[PauseMode]:
+    return mode in PAUSE_MODES
+
+
+def checked_mode(mode: object) -> PauseMode:
+    """``mode`` as a ``PauseMode``, or an error naming the known ones."""
+    if not is_pause_mode(mode):
+        raise InvalidFieldsError(
+            f"unknown pause mode {mode!r}: expected one of {', '.join(PAUSE_MODES)}", "mode"
+        )
+    return mode
+
+
+def checked_source(source: object) -> WeightSource:
+    """``source`` as a ``WeightSource`` (a folder, or a state dict), or an error naming it."""
+    if not isinstance(source, str | os.PathLike | Mapping) or source == "":
+        raise InvalidFieldsError(
+            f"weights come as a checkpoint folder or a state dict, not {source!r:.60}", "source"
+        )
+    return source
+
+
+@dataclass(frozen=True, slots=True)
+class NewWeights:
+    """An update asked for: ``source`` (a checkpoint folder or a state dict) loaded as
+    ``version`` (None: the engine's next), the engine paused in ``mode`` around the load.
+    Built once where a caller asks (``of``) and carried as is to the gateway's engine."""
+
+    source: WeightSource
+    version: int | None = None
+    mode: PauseMode = "abort"
+
+    @classmethod
+    def of(cls, source: object, version: int | None = None, mode: object = "abort") -> NewWeights:
+        """What a caller passed, checked: a bad source or mode is named here, not in a worker."""
+        return cls(checked_source(source), version, checked_mode(mode))
+
+
+def served_folder(source: WeightSource) -> str:
+    """``source`` as ``POST /admin/weights`` takes it: a folder path, since in-memory weights
+    cannot cross HTTP."""
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(
+            "a served gateway takes new weights as a checkpoint folder path, not "
+            f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
+            "source",
+        )
+    return os.fspath(source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +88,22 @@ class WeightUpdate:
     load_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``POST /admin/weights``'s answer (and, with ``stale_restarts``, of
+        ``RolloutClient.update_weights``)."""
         return {
             "policy_version": self.version,
             "mode": self.mode,
             "pause_s": self.pause_s,
             "load_s": self.load_s,
         }
+
+    @classmethod
+    def from_dict(cls, answer: Mapping[str, Any]) -> WeightUpdate:
+        """``to_dict``'s JSON read back (a served gateway's answer)."""
+        mode = answer["mode"]
+        if not is_pause_mode(mode):
+            raise ValueError(f"a weight update answered an unknown pause mode {mode!r}")
+        return cls(int(answer["policy_version"]), mode, answer["pause_s"], answer["load_s"])
 
 
 class ProtectedTurns:
@@ -111,11 +171,7 @@ class WeightControl:
         Within a pause the caller made, it loads only and leaves the engine paused."""
         engine = self._engine()
         self._check_mode(engine, mode)
-        if not isinstance(source, str | os.PathLike | Mapping) or source == "":
-            raise InvalidFieldsError(
-                f"weights come as a checkpoint folder or a state dict, not {source!r:.60}",
-                "source",
-            )
+        checked_source(source)
         async with self._lock:
             version = engine.policy_version + 1 if version is None else version
             self._check_version(engine, version)
@@ -188,11 +244,7 @@ class WeightControl:
 
     @staticmethod
     def _check_mode(engine: WeightSync, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            raise InvalidFieldsError(
-                f"unknown pause mode {mode!r}: expected one of {', '.join(PAUSE_MODES)}", "mode"
-            )
-        if mode not in engine.pause_modes:
+        if checked_mode(mode) not in engine.pause_modes:
             known = ", ".join(sorted(engine.pause_modes))
             raise InvalidFieldsError(
                 f"this engine cannot pause with {mode!r}; it supports {known}", "mode"

@@ -9,10 +9,13 @@ samples new weights while another still samples old ones under the same version.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
-from rollway.errors import RollwayError, error_from_body
+from rollway.engines.base import PauseMode
+from rollway.errors import InfrastructureError, RollwayError, error_from_body
+from rollway.gateway.weight_control import NewWeights, WeightUpdate, checked_mode, served_folder
 from rollway.gateway.workers.proxy import call_json
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 
@@ -23,40 +26,37 @@ class WorkerWeights:
 
     def __init__(self, pool: WorkerPool, admin_key: str) -> None:
         self.pool, self.admin_key = pool, admin_key
-        self.last_update: dict[str, Any] | None = None
-        self.paused: str | None = None
+        self.last_update: NewWeights | None = None
+        self.paused: PauseMode | None = None
         self.lock = asyncio.Lock()
         pool.catch_up = self.catch_up
 
-    async def update(self, body: dict[str, Any]) -> dict[str, Any]:
-        mode = str(body.get("mode") or "abort")
+    async def update(self, new: NewWeights) -> WeightUpdate:
         async with self.lock:
             held = self.paused  # the caller's own pause, if it made one
             started = time.perf_counter()
             if held is None:
-                await self._on_all("POST", "/admin/pause", {"mode": mode})
+                await self._on_all("POST", "/admin/pause", {"mode": new.mode})
             paused = time.perf_counter()
             try:
-                answer: dict[str, Any] = {}
+                version = new.version
                 for worker in self._up():
-                    answer = await self._call(worker, "POST", "/admin/weights", body)
-                    body = {**body, "version": answer["policy_version"]}
+                    answer = await self._call(worker, "POST", "/admin/weights", _body(new))
+                    version = WeightUpdate.from_dict(answer).version
+                    new = dataclasses.replace(new, version=version)
             finally:
                 if held is None:
                     await self._on_all("POST", "/admin/resume")
-            self.last_update = body
+            self.last_update = new
             done = time.perf_counter()
-        return {
-            **answer,
-            "mode": held or mode,
-            "pause_s": paused - started,
-            "load_s": done - paused,
-        }
+        if version is None:
+            raise InfrastructureError("no gateway worker is up to take the weights")
+        return WeightUpdate(version, held or new.mode, paused - started, done - paused)
 
     async def pause(self, body: dict[str, Any]) -> Any:
         async with self.lock:
             answers = await self._on_all("POST", "/admin/pause", body)
-            self.paused = str(body.get("mode") or "abort")
+            self.paused = checked_mode(body.get("mode") or "abort")  # the workers took it
         return answers[0]
 
     async def resume(self) -> Any:
@@ -70,7 +70,7 @@ class WorkerWeights:
         error here fails its start (it is started again)."""
         async with self.lock:
             if self.last_update is not None:
-                await self._call(worker, "POST", "/admin/weights", self.last_update)
+                await self._call(worker, "POST", "/admin/weights", _body(self.last_update))
             if self.paused is not None:
                 await self._call(worker, "POST", "/admin/pause", {"mode": self.paused})
 
@@ -87,6 +87,11 @@ class WorkerWeights:
         if status >= 400:
             raise _from_worker(worker, status, answer)
         return answer
+
+
+def _body(new: NewWeights) -> dict[str, Any]:
+    """``new`` as ``POST /admin/weights`` takes it (a served source is a folder path)."""
+    return {"source": served_folder(new.source), "version": new.version, "mode": new.mode}
 
 
 def _from_worker(worker: Worker, status: int, answer: Any) -> RollwayError:
