@@ -28,13 +28,12 @@ from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
 from rollway.client.step_source import StepHooks, StepSource
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
-from rollway.engines.base import ChatEngine, Engine, WeightSource
+from rollway.engines.base import WeightSource
 from rollway.errors import ConfigError
 from rollway.events import EventSink
 from rollway.executors import Executor, LocalExecutor, WorkerConfig, executor_from
-from rollway.gateway.core import Gateway
+from rollway.gateway.engine_choice import EngineArgument, EngineChoice
 from rollway.gateway.handle import GatewayHandle
-from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.gateway.weight_control import NewWeights
 from rollway.generation import SamplingParams
 from rollway.results import RolloutRecord
@@ -94,7 +93,7 @@ class RolloutClient:
     def __init__(
         self,
         agent: AgentLoop | type[AgentLoop] | str,
-        engine: str | Engine | ChatEngine | Gateway | RemoteGateway = "embedded",
+        engine: EngineArgument = "embedded",
         *,
         model: str | None = None,
         store: str | Store = "rollway-runs",
@@ -145,7 +144,8 @@ class RolloutClient:
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         self._watch(max_concurrent, tps_limit, on_event, stuck_after_s, abort_stuck)
-        self._start(engine, model, config.serving, following=max_staleness is not None)
+        choice = EngineChoice.of(engine, model)
+        self._start(choice, config.serving, following=max_staleness is not None)
 
     def _watch(
         self,
@@ -169,8 +169,7 @@ class RolloutClient:
 
     def _start(
         self,
-        engine: str | Engine | ChatEngine | Gateway | RemoteGateway,
-        model: str | None,
+        engine: EngineChoice,
         serving: ServingConfig,
         *,
         following: bool,
@@ -180,7 +179,6 @@ class RolloutClient:
         setup = WorkerConfig(
             agent=self.agent,
             engine=engine,
-            model=model,
             store=self.store,
             settings=self.settings,
             reward=self.reward_fn,
@@ -190,8 +188,7 @@ class RolloutClient:
         )
         # Batches hold the experiment: another live client's batch would run, cancel and
         # unregister the same rollouts. Made before the executor ships the gateway to workers.
-        shared = engine if isinstance(engine, RemoteGateway) else None
-        self._lease = LeaseKeeper(self.exp_id, self.store, shared)
+        self._lease = LeaseKeeper(self.exp_id, self.store, engine.shared)
         self._loop = LoopThread()
         try:
             self.executor.start(setup, self._loop)

@@ -9,10 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
-from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
-from rollway.gateway.core import Gateway
-from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.engine_choice import EngineChoice
 from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
@@ -23,13 +21,12 @@ from rollway.store.base import Store
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Everything needed to run a client's rollouts somewhere: what the client was given. For
-    Ray it is pickled to every worker, so the engine is a spec string or a ``RemoteGateway``
-    there, not an object holding a model."""
+    """Everything needed to run a client's rollouts somewhere: what the client was given, its
+    engine argument sorted once (``EngineChoice``). For Ray it is pickled to every worker, so
+    the engine is a spec or a shared gateway there, not an object holding a model."""
 
     agent: AgentLoop
-    engine: str | Engine | ChatEngine | Gateway | RemoteGateway
-    model: str | None
+    engine: EngineChoice
     store: Store
     settings: RolloutConfig
     reward: RewardFn | None = None

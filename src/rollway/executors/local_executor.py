@@ -15,8 +15,6 @@ from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.engines.base import HealthChecked
 from rollway.executors.base import WorkerConfig
-from rollway.gateway.core import Gateway
-from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
@@ -57,15 +55,8 @@ class LocalExecutor:
 
     def prepare(self, setup: WorkerConfig) -> None:
         """The blocking part of starting (an embedded engine loads its model here)."""
-        engine = setup.engine
         self._setup = setup
-        self._gateway = (
-            engine
-            if isinstance(engine, RemoteGateway)
-            else LocalGateway(
-                engine if isinstance(engine, Gateway) else build_gateway(engine, model=setup.model)
-            )
-        )
+        self._gateway = setup.engine.handle()
         self.model_name = self._gateway.model_name
         if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
             self._gateway.gateway.events.subscribe(setup.events)
@@ -172,7 +163,7 @@ class LocalExecutor:
             await setup.agent.aclose()
         if isinstance(self._gateway, RemoteGateway):
             await self._gateway.close()
-        elif isinstance(self._gateway, LocalGateway) and isinstance(setup.engine, str):
+        elif isinstance(self._gateway, LocalGateway) and setup.engine.owns_engine:
             await self._gateway.gateway.engine.close()  # built here, from a spec
 
     def describe(self) -> dict[str, Any]:

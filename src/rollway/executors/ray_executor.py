@@ -35,7 +35,7 @@ from rollway.executors.ray_workers import (
 )
 from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
-from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.engine_choice import EngineChoice
 from rollway.gateway.weight_control import NewWeights, WeightUpdate
 from rollway.logs import log_stage
 from rollway.results import RolloutRecord
@@ -129,7 +129,7 @@ class RayExecutor:
         self._store: Store | None = None
         self._owns_ray = False
         self._ray: Any = None
-        self._engine: Any = None
+        self._engine = EngineChoice()
         #: The last weight update, replayed on a worker Ray restarts (it starts from the
         #: weights its engine loads at start).
         self._last_update: tuple[Any, int] | None = None
@@ -184,8 +184,8 @@ class RayExecutor:
     def close(self, loop: LoopThread) -> None:
         if self._ray is None:
             return
-        if isinstance(self._engine, RemoteGateway):  # the driver's own calls (weights, policy)
-            loop.call(self._engine.close())
+        if self._engine.shared is not None:  # the driver's own calls (weights, policy)
+            loop.call(self._engine.shared.close())
         ray, self._ray = self._ray, None
         for probe in list(self._probes):
             loop.loop.call_soon_threadsafe(probe.cancel)
@@ -227,13 +227,13 @@ class RayExecutor:
         (``embedded``, ``sim``) all take it, the source shipped once through Ray's object
         store. Workers sharing remote servers through their own engines would update those
         servers once per worker: serve one ``rollway gateway`` and share it instead."""
-        if isinstance(self._engine, RemoteGateway):
-            return await self._engine.update_weights(new)
-        spec = self._engine if isinstance(self._engine, str) else ""
-        if spec.partition("://")[0] not in ("embedded", "sim"):
+        if self._engine.shared is not None:
+            return await self._engine.shared.update_weights(new)
+        if not self._engine.engine_per_worker:
             raise ConfigError(
-                f"with Ray, update weights through a shared gateway: engine {spec!r} is shared "
-                "by every worker (serve `rollway gateway --engine ...` and pass RemoteGateway)",
+                "with Ray, update weights through a shared gateway: engine "
+                f"{self._engine.describe()} is shared by every worker (serve "
+                "`rollway gateway --engine ...` and pass RemoteGateway)",
                 "engine",
             )
         version = new.version
@@ -247,8 +247,8 @@ class RayExecutor:
         return update
 
     async def policy(self) -> dict[str, Any]:
-        if isinstance(self._engine, RemoteGateway):
-            return await self._engine.policy()
+        if self._engine.shared is not None:
+            return await self._engine.shared.policy()
         policy: dict[str, Any] = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
         return policy
 
@@ -489,11 +489,11 @@ class RayExecutor:
 def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
     """Every part of the setup goes to every worker: say which one cannot, before starting."""
     engine = setup.engine
-    if not isinstance(engine, str | RemoteGateway):
+    if engine.in_process is not None:
         raise ConfigError(
             "executor='ray' builds each worker's gateway from an engine spec ('sim', "
             "'embedded', 'vllm://HOST:PORT', ...) or uses a shared RemoteGateway; "
-            f"a {type(engine).__name__} object stays in one process"
+            f"{engine.describe()} stays in one process"
         )
     for name in (type(setup.agent).__module__, getattr(setup.reward, "__module__", None)):
         if name and name.startswith(_FILE_MODULE_PREFIX) and name in sys.modules:
