@@ -17,7 +17,7 @@ from rollway.checks import check_count
 from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem
 from rollway.client.batch_runs import BatchRequest, BatchRuns, cancel_and_wait
-from rollway.client.client_config import ClientConfig, check_pacing
+from rollway.client.client_config import ClientConfig, Pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.fingerprint import fingerprint
 from rollway.client.future import CancelGate, RolloutFuture, recorded
@@ -118,11 +118,16 @@ class RolloutClient:
         trace: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
-        # Checked before anything starts: a bad value is named here, not met as a hang later.
-        check_pacing(max_concurrent, tps_limit, status_interval, stuck_after_s)
+        # Grouped and checked before anything starts: a bad value is named here, not met as a
+        # hang later.
+        pacing = Pacing(
+            max_concurrent, tps_limit, show_progress, status_interval, stuck_after_s, abort_stuck
+        )
         config = ClientConfig.build(
             agent,
             exp_id,
+            engine=EngineChoice.of(engine, model),
+            pacing=pacing,
             agent_key=agent_key,
             poll=poll,
             trace=trace,
@@ -138,34 +143,26 @@ class RolloutClient:
         remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
         self.reward_fn = reward
         check_environment(reward, self.agent)
-        self.show_progress = show_progress
-        self.status_interval = status_interval
+        self.pacing = config.pacing
         self._live: set[RolloutFuture] = set()
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
-        self._watch(max_concurrent, tps_limit, on_event, stuck_after_s, abort_stuck)
-        choice = EngineChoice.of(engine, model)
-        self._start(choice, config.serving, following=max_staleness is not None)
+        self._watch(on_event)
+        self._start(config.engine, config.serving, following=max_staleness is not None)
 
-    def _watch(
-        self,
-        max_concurrent: int,
-        tps_limit: float | None,
-        on_event: EventSink | None,
-        stuck_after_s: float | None,
-        abort_stuck: bool,
-    ) -> None:
+    def _watch(self, on_event: EventSink | None) -> None:
         """The parts that watch rollouts: events, admission (the cap and the rate), the
         watchdog."""
+        pacing = self.pacing
         self._events = ClientEvents()
         self._admission = Admission(
-            self.executor, self.policy, self._events, max_concurrent, tps_limit
+            self.executor, self.policy, self._events, pacing.max_concurrent, pacing.tps_limit
         )
         if on_event is not None:
             self._events.bus.subscribe(on_event)
-        # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
-        watch_after_s = stuck_after_s or None
-        self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
+        self._watchdog = Watchdog(
+            self.executor, self._events.bus, pacing.watch_after_s, pacing.abort_stuck
+        )
 
     def _start(
         self,
@@ -364,8 +361,8 @@ class RolloutClient:
             resume,
             settings,
             self._fingerprint(settings),
-            self.show_progress,
-            self.status_interval,
+            self.pacing.show_progress,
+            self.pacing.status_interval,
         )
 
     def step_source(
@@ -417,7 +414,7 @@ class RolloutClient:
             fingerprint=self._fingerprint,
             lease=lambda: self._lease.held(self._loop),
             events=self._events.bus,
-            status_interval=self.status_interval,
+            status_interval=self.pacing.status_interval,
         )
         return StepSource(hooks, plan, tasks, epochs=epochs, resume=resume)
 
