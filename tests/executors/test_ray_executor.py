@@ -488,7 +488,7 @@ def test_every_worker_takes_a_weight_update_and_a_sglang_spec_is_refused(
         update = client.update_weights({"w": [1.0]}, mode="drain")
         assert update["policy_version"] == 1 == client.policy_version
         workers = [w.actor for w in executor._workers]
-        assert [p["policy_version"] for p in ray.get([w.policy.remote() for w in workers])] == [
+        assert [p.version for p in ray.get([w.policy.remote() for w in workers])] == [
             1,
             1,
         ]

@@ -24,7 +24,7 @@ from rollway.errors import (
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.generation import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
@@ -202,7 +202,7 @@ async def test_updates_are_checked_before_the_engine_pauses(renderer: ChatRender
     fixed = gateway_over(Fixed(), renderer)
     with pytest.raises(RequestError, match="cannot take new weights"):
         await fixed.weights.update("a")
-    assert fixed.weights.describe()["policy_version"] is None
+    assert fixed.weights.describe() == PolicyState(None, None, ())
 
 
 @pytest.fixture
@@ -284,17 +284,19 @@ def test_a_served_update_is_sent_and_answered_as_typed_values(
     admin, gateway = served
     admin_key = admin.headers["Authorization"].removeprefix("Bearer ")
 
-    async def update() -> list[WeightUpdate]:
+    async def update() -> tuple[WeightUpdate, WeightUpdate, PolicyState]:
         remote = RemoteGateway(str(admin.base_url), admin_key=admin_key)
         try:
             first = await remote.update_weights(NewWeights("/ckpt/step-1", mode="drain"))
             with pytest.raises(ConfigError, match="a checkpoint folder path, not dict"):
                 await remote.update_weights(NewWeights({"w": [1.0]}))
-            return [first, await remote.update_weights(NewWeights("/ckpt/step-3", 3, "keep"))]
+            second = await remote.update_weights(NewWeights("/ckpt/step-3", 3, "keep"))
+            return first, second, await remote.policy()
         finally:
             await remote.close()
 
-    first, second = asyncio.run(update())
+    first, second, policy = asyncio.run(update())
+    assert policy == PolicyState(3, None, ("abort", "drain", "keep"))
     assert (first.version, first.mode, second.version, second.mode) == (1, "drain", 3, "keep")
     assert first.pause_s >= 0 and first.load_s >= 0
     assert gateway.weights.version == 3 and gateway.weights.paused is None

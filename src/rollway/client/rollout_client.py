@@ -189,7 +189,7 @@ class RolloutClient:
         self._loop = LoopThread()
         try:
             self.executor.start(setup, self._loop)
-            self.policy.version = self._loop.call(self.executor.policy())["policy_version"]
+            self.policy.version = self._loop.call(self.executor.policy()).version
         except BaseException:
             self.executor.close(self._loop)
             self._loop.close()
@@ -290,7 +290,7 @@ class RolloutClient:
         while True:
             await asyncio.sleep(every_s)
             try:
-                version = (await self.executor.policy())["policy_version"]
+                version = (await self.executor.policy()).version
             except Exception as exc:  # the gateway is down: rollouts will say so
                 log.debug("policy check failed: %r", exc)
                 continue

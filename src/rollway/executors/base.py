@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from rollway.agents.base import AgentLoop
 from rollway.events import EventBus
 from rollway.gateway.engine_choice import EngineChoice
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
 from rollway.rollouts.loop_thread import LoopThread
@@ -60,7 +60,7 @@ class Executor(Protocol):
         load, resume); what the update did comes back."""
         ...
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         """The engines' policy version (None: no versions), pause state and pause modes."""
         ...
 

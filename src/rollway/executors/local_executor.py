@@ -18,7 +18,7 @@ from rollway.executors.base import WorkerConfig
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutRunner, RolloutSpec
 from rollway.rollouts.availability import Availability, Component
@@ -143,7 +143,7 @@ class LocalExecutor:
     async def update_weights(self, new: NewWeights) -> WeightUpdate:
         return await self.gateway.update_weights(new)
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return await self.gateway.policy()
 
     def close(self, loop: LoopThread) -> None:

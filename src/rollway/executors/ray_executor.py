@@ -36,7 +36,7 @@ from rollway.executors.ray_workers import (
 from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.engine_choice import EngineChoice
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.logs import log_stage
 from rollway.results import RolloutRecord
 from rollway.retry import RetryPolicy
@@ -238,7 +238,7 @@ class RayExecutor:
             )
         version = new.version
         if version is None:
-            version = (await self.policy())["policy_version"] + 1
+            version = ((await self.policy()).version or 0) + 1
         # Put whole, passed as a top-level argument: each worker gets the NewWeights itself.
         ref = self._ray.put(dataclasses.replace(new, version=version))
         answers = await self._on_workers(lambda w: w.actor.update_weights.remote(ref))
@@ -246,10 +246,10 @@ class RayExecutor:
         update: WeightUpdate = answers[0]  # each worker's is the same
         return update
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         if self._engine.shared is not None:
             return await self._engine.shared.policy()
-        policy: dict[str, Any] = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
+        policy: PolicyState = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
         return policy
 
     async def _on_workers(self, call: Any) -> list[Any]:

@@ -12,7 +12,7 @@ from typing import Any
 from rollway import tracing
 from rollway.executors.base import WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 
@@ -113,7 +113,7 @@ class RolloutWorker:
         to every worker, through Ray's object store)."""
         return await self._executor.update_weights(new)
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return await self._executor.policy()
 
     async def close(self) -> None:

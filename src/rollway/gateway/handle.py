@@ -9,7 +9,7 @@ from rollway.engines.base import PauseMode
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.core import Gateway
 from rollway.gateway.request_schema import RegisterRequest
-from rollway.gateway.weight_control import NewWeights, WeightUpdate
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.generation import ChatResult
 from rollway.trajectory import Trajectory
 
@@ -43,7 +43,7 @@ class GatewayHandle(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def policy(self) -> dict[str, Any]: ...
+    async def policy(self) -> PolicyState: ...
 
 
 class LocalGateway:
@@ -83,5 +83,5 @@ class LocalGateway:
     async def resume(self) -> None:
         await self.gateway.weights.resume()
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return self.gateway.weights.describe()

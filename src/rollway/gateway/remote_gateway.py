@@ -19,7 +19,7 @@ from rollway.engines.base import PauseMode
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.request_schema import RegisterRequest
-from rollway.gateway.weight_control import NewWeights, WeightUpdate, served_folder
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate, served_folder
 from rollway.generation import ChatResult
 from rollway.leases import LeaseHolder
 from rollway.trajectory import Trajectory
@@ -148,10 +148,9 @@ class RemoteGateway:
     async def resume(self) -> None:
         await self._admin("POST", f"{self.url}/admin/resume")
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         """The engine's policy version (None: no versions), pause state and pause modes."""
-        policy: dict[str, Any] = await self._admin("GET", f"{self.url}/admin/policy")
-        return policy
+        return PolicyState.from_dict(await self._admin("GET", f"{self.url}/admin/policy"))
 
     async def health(self) -> bool:
         """Whether the gateway answers its liveness route (rollouts wait while it does not)."""

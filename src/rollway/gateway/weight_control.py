@@ -106,6 +106,34 @@ class WeightUpdate:
         return cls(int(answer["policy_version"]), mode, answer["pause_s"], answer["load_s"])
 
 
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """The engine's policy: the version sampling now (None: the engine has no versions), the
+    pause in force, and the pause modes the engine supports."""
+
+    version: int | None
+    paused: PauseMode | None
+    pause_modes: tuple[PauseMode, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``GET /admin/policy`` (and of the pause and resume routes)."""
+        return {
+            "policy_version": self.version,
+            "paused": self.paused,
+            "pause_modes": list(self.pause_modes),
+        }
+
+    @classmethod
+    def from_dict(cls, answer: Mapping[str, Any]) -> PolicyState:
+        """``to_dict``'s JSON read back (a served gateway's answer)."""
+        paused = answer["paused"]
+        return cls(
+            answer["policy_version"],
+            None if paused is None else checked_mode(paused),
+            tuple(checked_mode(mode) for mode in answer["pause_modes"]),
+        )
+
+
 class ProtectedTurns:
     """The engine calls of turns that abort-mode pauses already sent back ``after`` times:
     a pause in abort mode waits for them to finish before it aborts the others."""
@@ -159,10 +187,10 @@ class WeightControl:
         """The version sampling now; None when the engine has no versions."""
         return self.engine.policy_version if isinstance(self.engine, WeightSync) else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PolicyState:
         engine = self.engine
-        modes = sorted(engine.pause_modes) if isinstance(engine, WeightSync) else []
-        return {"policy_version": self.version, "paused": self.paused, "pause_modes": modes}
+        modes = tuple(sorted(engine.pause_modes)) if isinstance(engine, WeightSync) else ()
+        return PolicyState(self.version, self.paused, modes)
 
     async def update(
         self, source: WeightSource, version: int | None = None, mode: PauseMode = "abort"
