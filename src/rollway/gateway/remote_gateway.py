@@ -19,7 +19,7 @@ from rollway.engines.base import PauseMode
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.request_schema import RegisterRequest
-from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate, served_folder
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate, served_body
 from rollway.generation import ChatResult
 from rollway.leases import LeaseHolder
 from rollway.trajectory import Trajectory
@@ -139,8 +139,8 @@ class RemoteGateway:
     async def update_weights(self, new: NewWeights) -> WeightUpdate:
         """Pause, load, resume the served gateway's engine; ``new.source`` is a folder path the
         engine can read (in-memory weights cannot cross HTTP). Returns what the update did."""
-        body = {"source": served_folder(new.source), "version": new.version, "mode": new.mode}
-        return WeightUpdate.from_dict(await self._admin("POST", f"{self.url}/admin/weights", body))
+        answer = await self._admin("POST", f"{self.url}/admin/weights", served_body(new))
+        return WeightUpdate.from_dict(answer)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         await self._admin("POST", f"{self.url}/admin/pause", {"mode": mode})

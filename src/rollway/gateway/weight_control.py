@@ -66,16 +66,17 @@ class NewWeights:
         return cls(checked_source(source), version, checked_mode(mode))
 
 
-def served_folder(source: WeightSource) -> str:
-    """``source`` as ``POST /admin/weights`` takes it: a folder path, since in-memory weights
-    cannot cross HTTP."""
+def served_body(new: NewWeights) -> dict[str, Any]:
+    """``new`` as ``POST /admin/weights`` takes it: the source a folder path, since in-memory
+    weights cannot cross HTTP."""
+    source = new.source
     if not isinstance(source, str | os.PathLike):
         raise ConfigError(
             "a served gateway takes new weights as a checkpoint folder path, not "
             f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
             "source",
         )
-    return os.fspath(source)
+    return {"source": os.fspath(source), "version": new.version, "mode": new.mode}
 
 
 @dataclass(frozen=True, slots=True)

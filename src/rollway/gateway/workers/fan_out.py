@@ -15,7 +15,7 @@ from typing import Any
 
 from rollway.engines.base import PauseMode
 from rollway.errors import InfrastructureError, RollwayError, error_from_body
-from rollway.gateway.weight_control import NewWeights, WeightUpdate, checked_mode, served_folder
+from rollway.gateway.weight_control import NewWeights, WeightUpdate, checked_mode, served_body
 from rollway.gateway.workers.proxy import call_json
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 
@@ -41,7 +41,7 @@ class WorkerWeights:
             try:
                 version = new.version
                 for worker in self._up():
-                    answer = await self._call(worker, "POST", "/admin/weights", _body(new))
+                    answer = await self._call(worker, "POST", "/admin/weights", served_body(new))
                     version = WeightUpdate.from_dict(answer).version
                     new = dataclasses.replace(new, version=version)
             finally:
@@ -70,7 +70,7 @@ class WorkerWeights:
         error here fails its start (it is started again)."""
         async with self.lock:
             if self.last_update is not None:
-                await self._call(worker, "POST", "/admin/weights", _body(self.last_update))
+                await self._call(worker, "POST", "/admin/weights", served_body(self.last_update))
             if self.paused is not None:
                 await self._call(worker, "POST", "/admin/pause", {"mode": self.paused})
 
@@ -87,11 +87,6 @@ class WorkerWeights:
         if status >= 400:
             raise _from_worker(worker, status, answer)
         return answer
-
-
-def _body(new: NewWeights) -> dict[str, Any]:
-    """``new`` as ``POST /admin/weights`` takes it (a served source is a folder path)."""
-    return {"source": served_folder(new.source), "version": new.version, "mode": new.mode}
 
 
 def _from_worker(worker: Worker, status: int, answer: Any) -> RollwayError:
