@@ -180,7 +180,6 @@ class RolloutClient:
             settings=self.settings,
             reward=self.reward_fn,
             serving=serving,
-            events=self._events.bus,
             trace=tracing.enabled(),
         )
         # Batches hold the experiment: another live client's batch would run, cancel and
@@ -188,7 +187,7 @@ class RolloutClient:
         self._lease = LeaseKeeper(self.exp_id, self.store, engine.shared)
         self._loop = LoopThread()
         try:
-            self.executor.start(setup, self._loop)
+            self.executor.start(setup, self._loop, self._events.bus)
             self.policy.version = self._loop.call(self.executor.policy()).version
         except BaseException:
             self.executor.close(self._loop)

@@ -23,7 +23,8 @@ from rollway.store.base import Store
 class WorkerConfig:
     """Everything needed to run a client's rollouts somewhere: what the client was given, its
     engine argument sorted once (``EngineChoice``). For Ray it is pickled to every worker, so
-    the engine is a spec or a shared gateway there, not an object holding a model."""
+    the engine is a spec or a shared gateway there, not an object holding a model; the
+    client's event bus is no part of it (``Executor.start`` takes it)."""
 
     agent: AgentLoop
     engine: EngineChoice
@@ -31,8 +32,6 @@ class WorkerConfig:
     settings: RolloutConfig
     reward: RewardFn | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
-    #: Where rollout and turn events go in this process (a Ray worker gets an empty bus).
-    events: EventBus = field(default_factory=EventBus)
     #: Trace the rollouts (``rollway.tracing``): a Ray worker turns tracing on in its process.
     trace: bool = False
 
@@ -43,9 +42,10 @@ class Executor(Protocol):
     #: Records come back without their trajectories (those are in the store).
     light_records: bool
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
         """Get ready to run rollouts (called once, on the caller's thread); errors in the
-        setup surface here, before any rollout."""
+        setup surface here, before any rollout. ``events``: where the rollouts and turns that
+        run in this process are heard (the client's bus; not shipped with ``setup``)."""
         ...
 
     async def run(

@@ -14,6 +14,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.engines.base import HealthChecked
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
@@ -40,6 +41,7 @@ class LocalExecutor:
         self._inbox: CallbackInbox | None = None
         self._http: LoopServer | None = None
         self._runner: RolloutRunner | None = None
+        self._events = EventBus()
         #: What the rollouts wait for while it is down (the status lines show it).
         self.availability = Availability()
 
@@ -49,17 +51,17 @@ class LocalExecutor:
             raise RuntimeError("the executor has not started")
         return self._gateway
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
-        self.prepare(setup)
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
+        self.prepare(setup, events)
         loop.call(self.serve())
 
-    def prepare(self, setup: WorkerConfig) -> None:
+    def prepare(self, setup: WorkerConfig, events: EventBus) -> None:
         """The blocking part of starting (an embedded engine loads its model here)."""
-        self._setup = setup
+        self._setup, self._events = setup, events
         self._gateway = setup.engine.handle()
         self.model_name = self._gateway.model_name
         if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
-            self._gateway.gateway.events.subscribe(setup.events)
+            self._gateway.gateway.events.subscribe(events)
         agent = setup.agent
         self.availability = Availability(components(self._gateway, agent))
         if isinstance(agent, RemoteAgent):
@@ -72,7 +74,7 @@ class LocalExecutor:
             setup.store,
             setup.settings,
             setup.reward,
-            setup.events,
+            events,
             RunningAttempts(),
             self.availability,
         )
@@ -156,7 +158,7 @@ class LocalExecutor:
         self._setup = None
         await self.availability.aclose()
         if isinstance(self._gateway, LocalGateway):  # it may outlive this client
-            self._gateway.gateway.events.unsubscribe(setup.events)
+            self._gateway.gateway.events.unsubscribe(self._events)
         if self._http is not None:
             await self._http.stop()
         if isinstance(setup.agent, RemoteAgent):

@@ -21,6 +21,7 @@ import time
 from typing import Any, Literal
 
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.executors.ray_chunks import CallLost, ChunkedCalls
 from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
@@ -136,7 +137,8 @@ class RayExecutor:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
+        # ``events`` stays here: each worker's rollouts are heard on the worker's own bus.
         if self._all_workers:
             raise ConfigError("a RayExecutor serves one client: make one per client")
         ray = self._ray = import_ray()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 from rollway import tracing
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
 from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
@@ -24,7 +25,8 @@ class RolloutWorker:
     def __init__(self, setup: WorkerConfig, full_records: bool = False) -> None:
         tracing.enable_if(setup.trace)  # exported as this node's OTEL_* variables say
         self._executor = LocalExecutor()
-        self._executor.prepare(setup)  # an embedded engine loads here, once per worker
+        # An embedded engine loads here, once per worker; its events stay in the worker.
+        self._executor.prepare(setup, EventBus())
         self._setup = setup
         self._full_records = full_records
         self._serving: asyncio.Future[None] | None = None
