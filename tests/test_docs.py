@@ -92,6 +92,7 @@ def python_block(markdown: str, heading: str) -> str:
     return section.split("```python\n", 1)[1].split("\n```", 1)[0]
 
 
+@pytest.mark.slow  # the embedded model, as the README's snippet builds it
 @pytest.mark.timeout(600)
 def test_the_readmes_first_agent_runs_as_pasted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -39,6 +39,8 @@ def test_record_entropy_bools_are_taken_as_given(value: bool) -> None:
         ("top_k", -2),
         ("top_k", 2.0),
         ("max_tokens", -1),
+        ("max_tokens", 0),
+        ("temperature", 2.5),
         ("max_tokens", "16"),
         ("seed", 1.5),
         ("seed", 2**63),
@@ -58,9 +60,9 @@ def test_sampling_fields_of_the_wrong_type_or_range_are_refused_naming_them(
 
 
 def test_the_edges_of_each_range_are_taken() -> None:
-    edges = SamplingParams(temperature=0, top_p=1, top_k=0, max_tokens=0, seed=-(2**63))
+    edges = SamplingParams(temperature=0, top_p=1, top_k=0, max_tokens=1, seed=-(2**63))
     assert edges.to_dict()["temperature"] == 0 and edges.seed == -(2**63)
-    assert SamplingParams(temperature=3.0, top_p=1e-9, seed=2**63 - 1).top_p == 1e-9
+    assert SamplingParams(temperature=2.0, top_p=1e-9, seed=2**63 - 1).top_p == 1e-9
     assert SamplingParams(top_k=-1).top_k == 0  # vLLM's "off", as the HTTP schema takes it
 
 

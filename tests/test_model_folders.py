@@ -33,5 +33,5 @@ def test_sim_spec_takes_latency_and_output_length() -> None:
 
 @pytest.mark.parametrize("spec", ["sim://?speed=9", "sim://?output_len=many"])
 def test_bad_sim_options_are_named(spec: str) -> None:
-    with pytest.raises(ConfigError, match="sim option"):
+    with pytest.raises(ConfigError, match="sim:// option"):
         engine_from_spec(spec)

@@ -33,6 +33,7 @@ OWN_VENV = {
     "rollway.trainers.skyrl": "trainer_venvs.sh skyrl",
     "rollway.trainers.skyrl_steps": "trainer_venvs.sh skyrl",
     "rollway.trainers.verl": "trainer_venvs.sh verl",
+    "rollway.trainers.verl_steps": "trainer_venvs.sh verl",
 }
 
 ROOT_NAMES = {
@@ -107,6 +108,7 @@ PUBLIC: dict[str, set[str]] = {
         "ROW_FIELDS", "RollwayAgentLoop", "RowAgent", "agent_loop_output", "close_clients",
         "rollout_options", "use_client",
     },
+    "rollway.trainers.verl_steps": {"StepSourceManager"},
 }  # fmt: skip
 
 #: What a trainer's process must be able to import without the server stack.
@@ -271,8 +273,8 @@ def test_every_rollway_class_the_docs_call_is_exported_from_the_root() -> None:
     }
     called = {name for doc in DOCS for code in _code(doc.read_text())
               for name in re.findall(r"\b([A-Z]\w+)\(", code)}  # fmt: skip
-    # From rollway.trainers.trl and rollway.trainers.skyrl, as the docs say.
-    imported_elsewhere = {"PromptAgent", "RollwayGenerator"}
+    # From rollway.trainers.trl, .skyrl and .verl_steps, as the docs say.
+    imported_elsewhere = {"PromptAgent", "RollwayGenerator", "StepSourceManager"}
     assert {"PollPolicy", "RemoteGateway", "RolloutClient"} <= called
     assert sorted((called & defined) - imported_elsewhere - set(rollway.__all__)) == []
 

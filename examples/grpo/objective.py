@@ -68,6 +68,16 @@ def group_advantages(records: Sequence[RolloutRecord]) -> dict[str, float]:
     return advantages
 
 
+def informative_groups(records: Sequence[RolloutRecord]) -> int:
+    """The groups whose rewards differ: the only ones with an advantage, hence a gradient
+    (dynamic sampling hands over no others; without it flat groups are trained on for nothing)."""
+    rewards: dict[str, set[float]] = {}
+    for record in records:
+        if record.reward is not None:
+            rewards.setdefault(record.group_id, set()).add(float(record.reward))
+    return sum(len(found) > 1 for found in rewards.values())
+
+
 def pack(samples: Sequence[tuple[Sample, float]], pad_id: int = 0) -> TokenBatch:
     """``(sample, advantage)`` pairs as one ``TokenBatch`` (padding is masked: any id does);
     every sample needs its versions."""

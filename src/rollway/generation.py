@@ -7,11 +7,11 @@ recorded turn and answers every chat call, in process or over HTTP, with a ``Cha
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from rollway.errors import InvalidFieldsError
+from rollway.sampling_settings import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
+from rollway.sampling_settings import SETTING, SETTINGS
 
 #: A chat message as OpenAI's API sends it (role, content, tool_calls...): a plain dict, because
 #: agents and HTTP bodies hand over their own and the gateway keeps them as given.
@@ -23,10 +23,6 @@ FinishReason = Literal["stop", "length", "abort"]
 #: distribution, ``log_softmax(logits / T)``: the behaviour policy a trainer recomputes at its
 #: sampling temperature (vLLM's processed logprobs are also renormalised over the top-p/top-k set).
 LogprobKind = Literal["raw_logprobs", "processed_logprobs"]
-#: The most top logprobs a turn records per token (OpenAI's and vLLM's chat cap).
-MAX_TOP_LOGPROBS = 20
-#: The largest token id anything accepts: engines keep ids as int32.
-MAX_TOKEN_ID = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,43 +31,26 @@ class SamplingParams:
     vLLM's -1, made 0) and ``top_p=1.0`` switch those filters off; ``temperature=0`` means
     greedy decoding. ``top_logprobs`` (0 to 20) records the ids and logprobs of that many most
     likely tokens at each step; ``record_entropy`` records each step's entropy (engines that
-    see the logits). Each field is checked as the HTTP schema checks it (``InvalidFieldsError``
+    see the logits). Each field is declared once, in ``rollway.sampling_settings`` (type,
+    range, default): checked here by the rule every surface applies (``InvalidFieldsError``
     naming the field)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    seed: int | None = None
-    top_logprobs: int = 0
-    record_entropy: bool = False
+    temperature: float = SETTING["temperature"].default
+    top_p: float = SETTING["top_p"].default
+    top_k: int = SETTING["top_k"].default
+    max_tokens: int | None = SETTING["max_tokens"].default
+    stop: tuple[str, ...] = SETTING["stop"].default
+    stop_token_ids: tuple[int, ...] = SETTING["stop_token_ids"].default
+    seed: int | None = SETTING["seed"].default
+    top_logprobs: int = SETTING["top_logprobs"].default
+    record_entropy: bool = SETTING["record_entropy"].default
 
     def __post_init__(self) -> None:
-        _check_number("temperature", self.temperature, low=0.0)
-        _check_number("top_p", self.top_p, low=0.0, high=1.0, above_low=True)
-        if self.top_k == -1:
-            object.__setattr__(self, "top_k", 0)  # vLLM's and SGLang's "off", as over HTTP
-        _check_whole("top_k", self.top_k, low=0, hint=" (0 or -1 switch it off)")
-        if self.max_tokens is not None:
-            _check_whole("max_tokens", self.max_tokens, low=0)
-        if self.seed is not None:
-            _check_whole("seed", self.seed, low=-(2**63), high=2**63 - 1)
-        object.__setattr__(self, "stop", stop_strings(self.stop))
-        object.__setattr__(self, "stop_token_ids", stop_token_ids(self.stop_token_ids))
-        top = self.top_logprobs
-        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidFieldsError(
-                f"top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}, not {top!r}",
-                param="top_logprobs",
-            )
-        # Not merely truthy: "no" would record entropy on every turn.
-        if not isinstance(self.record_entropy, bool):
-            raise InvalidFieldsError(
-                f"record_entropy must be True or False, not {self.record_entropy!r}",
-                param="record_entropy",
-            )
+        for setting in SETTINGS:
+            value = getattr(self, setting.name)
+            held = setting.check(value)
+            if held is not value:
+                object.__setattr__(self, setting.name, held)
 
     def replace(self, **changes: Any) -> SamplingParams:
         return dataclasses.replace(self, **changes)
@@ -94,78 +73,6 @@ class SamplingParams:
         if self.record_entropy:
             fields["record_entropy"] = True
         return fields
-
-
-def stop_strings(value: Any) -> tuple[str, ...]:
-    """``stop`` as a tuple, checked: the one rule of every surface (the CLI, the config file,
-    in-process, HTTP). An empty stop string would end every answer before it began."""
-    items = _items("stop", value, str)
-    if "" in items:
-        raise InvalidFieldsError(
-            "stop strings must not be empty (an empty one ends every answer at once): "
-            "drop it, or give the text that ends an answer",
-            param="stop",
-        )
-    return items
-
-
-def stop_token_ids(value: Any) -> tuple[int, ...]:
-    """``stop_token_ids`` as a tuple, checked as ``stop_strings`` is: token ids are 0 to
-    ``MAX_TOKEN_ID`` (an int32, what engines take); the gateway also checks them against its
-    model's vocabulary."""
-    items = _items("stop_token_ids", value, int)
-    bad = next((i for i in items if not 0 <= i <= MAX_TOKEN_ID), None)
-    if bad is not None:
-        raise InvalidFieldsError(
-            f"stop_token_ids must hold token ids from 0 to {MAX_TOKEN_ID}, not {bad}",
-            param="stop_token_ids",
-        )
-    return items
-
-
-def _items(name: str, value: Any, kind: type) -> tuple[Any, ...]:
-    # One stop string or id is a tuple of one: ``stop="</answer>"`` must not become one stop
-    # string per character.
-    items = (value,) if isinstance(value, kind) else value
-    try:
-        items = tuple(items)
-    except TypeError:
-        raise InvalidFieldsError(
-            f"{name} must be a {kind.__name__} or a list of them", param=name
-        ) from None
-    if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
-        raise InvalidFieldsError(f"{name} must hold only {kind.__name__}s", param=name)
-    return items
-
-
-def _check_number(
-    name: str, value: Any, *, low: float, high: float = math.inf, above_low: bool = False
-) -> None:
-    """A real number (not a bool, not a string, finite) within ``low`` to ``high``."""
-    real = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if (
-        not real
-        or not math.isfinite(value)
-        or not low <= value <= high
-        or (above_low and value == low)
-    ):
-        bound = f"above {low:g}" if above_low else f"at least {low:g}"
-        upto = f" and at most {high:g}" if math.isfinite(high) else ""
-        raise InvalidFieldsError(
-            f"{name} must be a number {bound}{upto}, not {value!r}", param=name
-        )
-
-
-def _check_whole(
-    name: str, value: Any, *, low: int, high: int | None = None, hint: str = ""
-) -> None:
-    """A whole number (not a bool) within ``low`` to ``high``."""
-    whole = isinstance(value, int) and not isinstance(value, bool)
-    if not whole or value < low or (high is not None and value > high):
-        within = f"from {low} to {high}" if high is not None else f"of at least {low}"
-        raise InvalidFieldsError(
-            f"{name} must be a whole number {within}{hint}, not {value!r}", param=name
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,10 @@ def test_each_stage_of_a_program_rollout_is_a_log_line_with_its_rollout_id(
     ]  # fmt: skip
     line = KeyValueFormatter().format(next(r for r in caplog.records if r.stage == "wait"))
     assert f"rollout_id={record.rollout_id} stage=wait exit_code=0 timed_out=False" in line
+    created = next(r for r in caplog.records if getattr(r, "stage", None) == "create_sandbox")
+    assert f"stage=create_sandbox sandbox={LocalSandbox.__name__}" in KeyValueFormatter().format(
+        created
+    )  # the sandbox's own type, not the agent's
 
 
 def test_the_run_summary_counts_what_a_program_agent_sampled(

@@ -78,3 +78,36 @@ def test_a_stuck_rollout_is_reported_in_status_lines_and_aborted_by_flag(workdir
     assert record["status"] == "timeout"
     assert record["reason"].startswith("stuck: no progress for")
     assert record["reason"].endswith("in its agent (no model call pending)")
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--workers-per-node", "2"], "--workers-per-node goes with --executor ray"),
+        (["--workers", "2", "--ray-address", "auto"], "--ray-address and --workers go with"),
+        (
+            ["--executor", "ray", "--workers", "2", "--workers-per-node", "1"],
+            "give --workers or --workers-per-node, not both",
+        ),
+    ],
+)
+def test_the_ray_options_are_refused_without_the_ray_executor_naming_them(
+    workdir: Path, flags: list[str], said: str
+) -> None:
+    ran = rollway(
+        "run", "agents.py:Quick", "--tasks", "tasks.jsonl", "--engine", "sim", "--out", "runs",
+        *flags, cwd=workdir,
+    )  # fmt: skip
+    assert ran.returncode != 0 and said in ran.stderr, ran.stderr
+    assert not (workdir / "runs").exists()  # refused before anything ran
+
+
+def test_workers_per_node_is_a_config_key_refused_there_too_without_ray(workdir: Path) -> None:
+    (workdir / "run.toml").write_text("workers_per_node = 2\n")
+    shown = rollway("run", "--config", "run.toml", "--print-config", cwd=workdir)
+    assert shown.returncode == 0 and "workers_per_node = 2" in shown.stdout.splitlines()
+    ran = rollway(
+        "run", "agents.py:Quick", "--tasks", "tasks.jsonl", "--engine", "sim", "--out", "runs",
+        "--config", "run.toml", cwd=workdir,
+    )  # fmt: skip
+    assert ran.returncode != 0 and "--workers-per-node goes with --executor ray" in ran.stderr

@@ -464,5 +464,5 @@ def test_a_timeout_that_is_not_positive_fails_at_construction(
 
 
 def test_a_temperature_that_is_not_finite_fails_at_construction(make_client: MakeClient) -> None:
-    with pytest.raises(InvalidFieldsError, match="finite"):
+    with pytest.raises(InvalidFieldsError, match=r"^temperature: must be a number from 0 to 2"):
         make_client(temperature=float("nan"))

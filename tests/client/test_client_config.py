@@ -185,7 +185,7 @@ def test_a_whole_sampling_params_fixes_every_field_it_sets(make_client: MakeClie
 
 
 @pytest.mark.parametrize(
-    "sampling", [{"temperature": 9.0}, SamplingParams(temperature=9.0), {"temprature": 1.0}]
+    "sampling", [{"temperature": 9.0}, {"temperature": True}, {"temprature": 1.0}]
 )
 def test_bad_sampling_fails_at_construction_naming_the_field(
     make_client: MakeClient, sampling: Any

@@ -4,6 +4,7 @@ and on the embedded model the logprobs after an update are the new model's."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -15,23 +16,35 @@ import torch
 from rollway.client import RolloutClient
 from rollway.engines.embedded import EmbeddedEngine
 from rollway.engines.sim import SimConfig
+from rollway.errors import ConfigError
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.results import RolloutRecord
+from tests.agents.server.fixtures import wait_until
 from tests.client.conftest import ScriptedAgent
 from tests.gateway.test_invariants import forward_logprobs
 
 MakeClient = Callable[..., RolloutClient]
 
 
+def requests_in_flight(client: RolloutClient) -> int:
+    """The engine requests in flight at the client's gateway, read from this thread while the
+    client's loop runs."""
+    try:
+        return client.gateway.gateway.requests_in_flight()
+    except RuntimeError:  # the loop registered a rollout meanwhile: read again
+        return -1
+
+
 def run_while(client: RolloutClient, tasks: list[dict], action: Callable[[], object]) -> list:
-    """Run a batch on a thread and ``action`` (an update) on this one once it is under way."""
+    """Run a batch on a thread and ``action`` (an update) on this one once every task's first
+    turn is in the engine."""
     records: list[RolloutRecord] = []
     batch = threading.Thread(
         target=lambda: records.extend(i.result for i in client.run_batch(tasks))
     )
     batch.start()
-    time.sleep(0.3)  # the turns are in flight
+    wait_until(lambda: requests_in_flight(client) == len(tasks), timeout=30)
     answer = action()
     batch.join(60)
     assert not batch.is_alive()
@@ -148,6 +161,7 @@ def perturbed(engine: EmbeddedEngine) -> dict[str, torch.Tensor]:
     return state
 
 
+@pytest.mark.slow  # the embedded model, loaded by the test itself
 @pytest.mark.timeout(300)
 def test_after_an_update_the_recorded_logprobs_are_the_new_models(
     renderer: ChatRenderer, tmp_path: Path
@@ -179,8 +193,6 @@ def test_after_an_update_the_recorded_logprobs_are_the_new_models(
         assert max(abs(a - b) for a, b in zip(turn.logprobs, old_lps, strict=True)) > 1e-2
     finally:
         client.close()
-        import asyncio
-
         asyncio.run(engine.close())
 
 
@@ -200,12 +212,39 @@ def test_max_staleness_follows_updates_made_around_the_client(make_client: MakeC
 
 
 def test_a_closed_client_refuses_an_update(make_client: MakeClient) -> None:
-    from rollway.errors import ConfigError
-
     client = make_client(SimConfig())
     client.close()
     with pytest.raises(ConfigError, match="closed"):
         client.update_weights("a")
+
+
+@pytest.mark.timeout(60)
+def test_a_trainer_in_an_event_loop_awaits_an_update_that_leaves_its_loop_free(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(SimConfig(output_len=2))
+    ticks: list[int] = []
+
+    async def ticking() -> None:  # the trainer's own loop work while the update runs
+        while True:
+            ticks.append(len(ticks))
+            await asyncio.sleep(0)
+
+    async def trainer_step() -> tuple[dict, RolloutRecord]:
+        beside = asyncio.ensure_future(ticking())
+        try:
+            update = await client.update_weights_async("ckpt-1")
+        finally:
+            beside.cancel()
+        return update, await client.invoke_async({"task_id": "after"})
+
+    update, record = asyncio.run(trainer_step())
+    assert update["policy_version"] == 1 == client.policy_version
+    assert record.status == "completed" and record.policy_version == 1
+    assert ticks  # the loop ran on while it waited
+    client.close()
+    with pytest.raises(ConfigError, match="closed"):
+        asyncio.run(client.update_weights_async("ckpt-2"))
 
 
 @pytest.mark.timeout(60)

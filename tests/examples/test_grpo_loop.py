@@ -215,6 +215,8 @@ def test_the_step_sources_figures_are_written_with_the_ratio_check_passing(
         assert m["groups_used"] == 2 and m["lacking"] == 0 and m["set_aside_failed"] == 0
         assert m["set_aside_flat"] >= 0 and m["refilled"] == {} and m["failures"] == []
         assert 0 <= m["carried_over"] <= 2 and m["wait_s"] >= 0
+        # Dynamic sampling (on): every group handed over has rewards that differ.
+        assert m["informative_groups"] == m["groups_used"]
         # Every handed token, by versions behind the trainer's weights: 0 (checked) or 1
         # (importance-corrected, its mismatch logged apart).
         behind = {int(k): v for k, v in m["staleness"].items() if v}

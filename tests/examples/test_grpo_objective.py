@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from examples.grpo.objective import group_advantages, grpo_loss, pack
+from examples.grpo.objective import group_advantages, grpo_loss, informative_groups, pack
 from examples.grpo.tasks import one_word_reward
 
 from rollway.results import RolloutRecord
@@ -46,6 +46,13 @@ def test_advantages_are_normalised_within_each_group_and_zero_for_a_uniform_grou
     records = [record("a", "g1", 1.0), record("b", "g1", 0.0), record("c", "g2", 0.5)]
     records.append(record("d", "g2", 0.5))
     assert group_advantages(records) == {"a": 1.0, "b": -1.0, "c": 0.0, "d": 0.0}
+
+
+def test_only_groups_whose_rewards_differ_count_as_informative() -> None:
+    records = [record("a", "g1", 1.0), record("b", "g1", 0.0), record("c", "g2", 0.5)]
+    records += [record("d", "g2", 0.5), record("e", "g3", 0.0), record("f", "g3", 0.25)]
+    assert informative_groups(records) == 2  # g2 is flat
+    assert informative_groups([record("g", "g4", 1.0)]) == 0
 
 
 def test_pack_keeps_only_sampled_tokens_at_their_positions_with_their_logprobs() -> None:

@@ -445,8 +445,12 @@ def test_without_ray_installed_the_error_says_how_to_get_it(
         RolloutClient(ProbeAgent, "sim", store=str(tmp_path), executor="dask")
 
 
+@pytest.mark.parametrize(
+    ("placement", "workers", "per_node"),
+    [(["--workers", "1"], 1, None), (["--workers-per-node", "2"], 2, 2)],
+)
 def test_rollway_run_on_a_ray_cluster_from_the_command_line(
-    ray_cluster: None, tmp_path: Path
+    ray_cluster: None, tmp_path: Path, placement: list[str], workers: int, per_node: int | None
 ) -> None:
     root = Path(__file__).resolve().parents[2]
     address = ray.get_runtime_context().gcs_address  # the cluster this module started
@@ -454,13 +458,15 @@ def test_rollway_run_on_a_ray_cluster_from_the_command_line(
         [sys.executable, "-m", "rollway", "run", f"{root}/{CALCULATOR}",
          "--tasks", str(root / "examples/calculator/tasks.jsonl"), "--limit", "2",
          "--group-size", "2", "--max-tokens", "8", "--seed", "1", "--out", str(tmp_path),
-         "--executor", "ray", "--ray-address", address, "--workers", "1"],
+         "--executor", "ray", "--ray-address", address, *placement],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     exp = tmp_path / "calculator-tasks"
     config = orjson.loads((exp / "config.json").read_bytes())
-    assert (config["executor"], config["workers"]) == ("ray", 1)  # not the cluster's 4 CPUs
+    # Not the cluster's 4 CPUs: one worker, or two on its one node.
+    assert (config["executor"], config["workers"]) == ("ray", workers)
+    assert config["workers_per_node"] == per_node
     records = list(store_from_uri(str(tmp_path), "calculator-tasks").records())
     assert len(records) == 4 and all(r.trajectory and r.trajectory.turns for r in records)
     assert orjson.loads((exp / "summary.json").read_bytes())["total"] == 4

@@ -1,6 +1,7 @@
 """The Ray executor on a multi-node cluster started on this machine (``ray.cluster_utils.
 Cluster``: a head with no CPUs and nodes of one CPU, each its own raylet and object store):
-workers pinned one per node, a node lost mid-batch, and the driver killed and restarted.
+workers pinned one per node, a node lost mid-batch, the driver killed and restarted, and a
+weight update shipped once per node to every worker.
 
 The cluster is this module's (another module initialises Ray its own way, and a process joins
 one cluster at a time). Each worker builds its own gateway over ``sim`` (a few seconds of CPU
@@ -16,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 import ray
@@ -27,6 +29,7 @@ from rollway.executors import RayExecutor
 from rollway.store import store_from_uri
 from tests.agents.server.fixtures import wait_until
 from tests.executors.agents import ProbeAgent, events
+from tests.executors.probes import least_done, weights_memory
 from tests.outcomes import ENDED
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -183,6 +186,73 @@ def test_a_driver_killed_mid_batch_resumes_from_the_store_without_running_anythi
     assert len({r.rollout_id for r in records}) == len(tasks)
     # The quick ones written once, by the first driver; the held ones once, after the restart.
     assert len(index.read_text().splitlines()) == len(tasks)
+
+
+def test_a_weight_update_reaches_every_worker_once_through_one_copy_per_node(
+    nodes: Cluster, tmp_path: Path
+) -> None:
+    """Three nodes of two workers, each with its own ``sim`` engine, twelve rollouts in
+    flight (two per worker), halfway through their turn, when a 16 MB state dict of numpy
+    arrays comes in ``keep`` mode. One copy per node: Ray's object directory lists the update
+    on each node once, and both workers of a node read its arrays in place from the same bytes
+    of their node's object store (the same shared-memory file and offset: neither pickled
+    into each worker's call, which would put one object per call, nor copied per worker).
+    Every token says the weights that sampled it: the turns frozen mid-way carry both."""
+    third = nodes.add_node(num_cpus=1, object_store_memory=STORE_BYTES)
+    nodes.wait_for_nodes()
+    try:
+        check_update_across_nodes(nodes, tmp_path)
+    finally:
+        nodes.remove_node(third)
+
+
+def check_update_across_nodes(nodes: Cluster, tmp_path: Path) -> None:
+    log = tmp_path / "events"
+    tasks = [{"task_id": f"w{i}", "log": str(log)} for i in range(12)]
+    weights = {f"layer{i}": np.full((1024, 1024), i, np.float32) for i in range(4)}
+    executor = RayExecutor(workers_per_node=2, resources_per_worker={"CPU": 0.5})
+    with RolloutClient(
+        ProbeAgent, "sim://?output_len=4&latency_s=5", store=str(tmp_path), exp_id="weights",
+        executor=executor, max_concurrent=len(tasks),
+    ) as client:  # fmt: skip
+        node_of = {info["pid"]: info["node"] for info in executor.worker_info}
+        workers = [(w.actor, w.node) for w in executor._workers]
+        assert len(workers) == 6 and len(set(node_of.values())) == 3
+        items: list = []
+        batch = ray_thread(lambda: items.extend(client.run_batch(tasks)))
+
+        def halfway() -> bool:  # each worker's two turns past half their wait
+            probes = ray.get([actor.__ray_call__.remote(least_done) for actor, _ in workers])
+            return all(count == 2 and share >= 0.5 for count, share in probes)
+
+        wait_until(halfway, timeout=60)
+        update = client.update_weights(weights, mode="keep")
+        assert update["policy_version"] == 1 == client.policy_version
+        taken = ray.get([actor.__ray_call__.remote(weights_memory) for actor, _ in workers])
+        batch.join(timeout=60)
+        assert not batch.is_alive()
+
+    # Each worker's engine took the update once, as version 1, read in place (not writable).
+    assert all([(u["version"], u["writable"]) for u in t] == [(1, False)] for t in taken)
+    copies: dict[str, set[tuple[str, int, int]]] = {}
+    for (_, node), (memory,) in zip(workers, taken, strict=True):
+        copies.setdefault(node, set()).add((memory["device"], memory["inode"], memory["offset"]))
+    assert all(len(places) == 1 for places in copies.values()), copies  # one per node
+    assert len({inode for places in copies.values() for _, inode, _ in places}) == 3
+    (located,) = ray.experimental.get_object_locations([executor._last_update[0]]).values()
+    head = nodes.head_node.node_id
+    assert sorted(located["node_ids"]) == sorted({head, *copies})  # the driver's, one a node
+    assert located["object_size"] >= 16 * 2**20
+
+    records = list(store_from_uri(str(tmp_path), "weights").records())
+    assert len(records) == len(tasks) and {r.status for r in records} == {"completed"}
+    ran_on = {rid: node_of[pid] for event, _, pid, rid in events(log) if event == "start"}
+    assert Counter(ran_on[r.rollout_id] for r in records) == dict.fromkeys(copies, 4)
+    for record in records:
+        (turn,) = record.trajectory.turns
+        old = turn.policy_versions.count(0)  # frozen past half its wait: 2 or 3 tokens of 4
+        assert turn.policy_versions == [0] * old + [1] * (4 - old) and 2 <= old <= 3
+        assert turn.reissued == 0 and record.attempts == 1 and record.policy_version == 0
 
 
 def ray_thread(target):  # type: ignore[no-untyped-def]

@@ -416,7 +416,7 @@ def whole_check_param(body: Body) -> str | None:
     try:
         validated(body)
     except Exception as error:  # pydantic's, named as parse_model names it
-        from rollway.web.handlers import parse_model
+        from rollway.validation import parse_model
 
         try:
             parse_model(ChatCompletionRequest, body)
@@ -723,18 +723,13 @@ def test_hashes_hold_when_a_weight_update_aborts_and_reissues_turns(
     check_turns(renderer, turns, rollout.sent)
 
 
-# Message keys sort the arguments' keys (older than the change, on purpose: an agent's
-# re-serialized echo of the model's call must still extend the turn). An edit that only
-# reorders the keys of an older call is therefore not rendered, though the template renders
-# keys in the order sent. Kept as a record of that choice against claim 1 ("key order").
+# Message keys sort the arguments' keys (on purpose: an agent's re-serialized echo of the
+# model's call must still extend the turn). An edit that only reorders the keys of an older call
+# is therefore not rendered, though the template renders keys in the order sent: the known
+# limitation docs/gateway.md states, against claim 1 ("key order").
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (pre-existing, by design of message_key's sorted keys): reordering the keys of "
-    "an earlier call's arguments is not rendered",
-)
-def test_reordered_argument_keys_in_an_earlier_call_are_rendered(
+def test_reordered_argument_keys_in_an_earlier_call_keep_the_order_first_sent(
     sim_http: tuple[httpx.Client, str, Gateway], renderer: ChatRenderer
 ) -> None:
     client, admin_key, _ = sim_http
@@ -742,7 +737,14 @@ def test_reordered_argument_keys_in_an_earlier_call_are_rendered(
     reply = rollout.reply({"messages": history('{"a": 1, "b": 2}'), "tools": [ADD_TOOL]})
     edited = [*history('{"b": 2, "a": 1}'), reply, {"role": "user", "content": "More."}]
     rollout.reply({"messages": edited, "tools": [ADD_TOOL]})
-    check_turns(renderer, rollout.trajectory()["turns"], rollout.sent)
+    turns = rollout.trajectory()["turns"]
+    assert [t["segment"] for t in turns] == [0, 0]  # not taken as an edit: the turn extends
+    as_first_sent = [*history('{"a": 1, "b": 2}'), reply, {"role": "user", "content": "More."}]
+    check_turns(
+        renderer, turns, {0: rollout.sent[0], 1: {**rollout.sent[1], "messages": as_first_sent}}
+    )
+    with pytest.raises(AssertionError):  # what the template would write of the request as sent
+        check_turns(renderer, turns, rollout.sent)
 
 
 # --- Random sessions over HTTP, judged by the render oracle alone. ---------------------------

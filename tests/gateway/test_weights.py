@@ -230,7 +230,12 @@ def test_the_admin_routes_update_pause_and_report_the_version(
         "policy_version": 0,
         "paused": None,
         "pause_modes": ["abort", "drain", "keep"],
+        "engine_shared": False,
     }
+    # Only an engine whose servers another gateway loads can take a version it did not load.
+    adopted = admin.post("/admin/weights", json={"source": "/ckpt/step-1", "loaded": True})
+    assert adopted.status_code == 422 and adopted.json()["error"]["param"] == "loaded"
+    assert "holds its own weights" in adopted.text
     answer = admin.post("/admin/weights", json={"source": "/ckpt/step-1", "mode": "drain"})
     assert answer.status_code == 200 and answer.json()["policy_version"] == 1
     stale = admin.post("/admin/weights", json={"source": "/ckpt/old", "version": 1})
@@ -257,6 +262,7 @@ def test_the_admin_routes_update_pause_and_report_the_version(
             "policy_version": 2,
             "paused": None,
             "pause_modes": ["abort", "drain", "keep"],
+            "engine_shared": False,
         }
         reply = agent.post(
             "/v1/rollouts/p1/chat/completions",

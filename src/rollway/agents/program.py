@@ -10,7 +10,10 @@ function scores the recorded conversation. A result file that is there but is no
 of that shape (``reward`` a finite number or null, ``finish_reason`` a string or null, other
 keys ignored) is an agent error saying what is wrong. The record's final messages are the
 gateway's recorded conversation, and its metrics count the turns the gateway recorded. A
-non-zero exit is an agent error carrying the tail of stderr. The sandbox is torn down on every
+non-zero exit (a signal's too) is an agent error carrying the tail of stderr; a sandbox whose
+supervisor died before the program's exit status was written raises ``InfrastructureError`` from
+its ``wait`` (``rollway.sandbox.supervisor_death``): rollway's machinery failed, not the program,
+so the rollout is retried and never scored as the policy's. The sandbox is torn down on every
 path (success, failure, timeout, cancellation); a teardown that fails is one of the record's
 ``cleanup_errors`` and leaves the program's outcome as it was. A reward that uses the
 environment (``@uses_environment``) gets the sandbox of a program that ended first: lent to it
@@ -69,8 +72,8 @@ class ProgramAgent(AgentLoop):
     async def run(self, ctx: RolloutContext) -> AgentResult:
         if ctx.base_url is None or ctx.api_key is None:
             raise AgentError("a program agent needs the client to serve its gateway over HTTP")
-        ctx.log_event("create_sandbox", sandbox=type(self).__name__)
         box = self.make_sandbox(self.limits)
+        ctx.log_event("create_sandbox", sandbox=type(box).__name__)
         lent = False
         try:
             task_file = box.workdir / "task.json"

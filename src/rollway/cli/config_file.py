@@ -15,7 +15,7 @@ from typing import Any
 
 import tomli_w
 
-from rollway.errors import ConfigError
+from rollway.errors import ConfigError, InvalidFieldsError
 
 #: Options about the file itself, never settings in it.
 OWN_OPTIONS = frozenset({"config", "print_config"})
@@ -44,7 +44,9 @@ def merged_settings(ctx: Any, path: Path | None) -> dict[str, Any]:
             continue  # the command line and the environment win over the file
         _check_kind(param, value, f"{path}: {key}")
         try:
-            settings[name] = param.process_value(ctx, value)  # converted and checked
+            settings[name] = _file_value(ctx, param, value)
+        except InvalidFieldsError as exc:  # a declared setting's own refusal, naming it
+            raise ConfigError(f"{path}: {exc.message}", param=name) from None
         except Exception as exc:  # click's BadParameter, from Typer's copy of click
             if not hasattr(exc, "format_message"):
                 raise
@@ -63,8 +65,11 @@ _TOML_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
 
 
 def _check_kind(param: Any, value: Any, where: str) -> None:
-    """Refuse a TOML ``value`` whose type is not the option's (``ConfigError`` naming it)."""
+    """Refuse a TOML ``value`` whose type is not the option's (``ConfigError`` naming it); an
+    option made from a declared setting (``run_options.SettingParser``) refuses by its rule."""
     _check_shape(param, value, where)
+    if _declared(param) is not None:
+        return  # checked as it is, by its rule (``_file_value``)
     descriptor = getattr(param, "type_descriptor", None)
     kinds, wanted = _TOML_KINDS.get(getattr(descriptor, "annotation", None), ((), ""))
     if not kinds or (isinstance(value, kinds) and isinstance(value, bool) == (bool in kinds)):
@@ -72,6 +77,20 @@ def _check_kind(param: Any, value: Any, where: str) -> None:
     raise ConfigError(
         f"{where}: must be {wanted}, not {type(value).__name__} {value!r}", param=param.name
     )
+
+
+def _declared(param: Any) -> Any:
+    """The option's parser where it is made from a declared setting (it has ``check_typed``,
+    which checks a typed value as it is, where the option's conversion would read text)."""
+    descriptor = getattr(param, "type_descriptor", None)
+    parser = getattr(getattr(descriptor, "parameter_info", None), "parser", None)
+    return parser if hasattr(parser, "check_typed") else None
+
+
+def _file_value(ctx: Any, param: Any, value: Any) -> Any:
+    """A file's ``value`` converted and checked as the option's would be."""
+    declared = _declared(param)
+    return declared.check_typed(value) if declared else param.process_value(ctx, value)
 
 
 def _check_shape(param: Any, value: Any, where: str) -> None:

@@ -8,14 +8,14 @@ from typing import Annotated
 
 import typer
 
+from rollway.engines.factory import engine_help
+
 EngineOption = Annotated[
     str,
     typer.Option(
         "--engine",
         envvar="ROLLWAY_ENGINE",
-        help="embedded[://?prefix_cache_tokens=N&dtype=bfloat16] | sim:// | sglang://HOST:PORT | "
-        "vllm://HOST:PORT | openai://HOST:PORT?model=M | scripted://FILE (the completions "
-        "listed in FILE, tokenized by --model's tokenizer) (README: Engines)",
+        help=f"{engine_help()} (README: Engines)",
     ),
 ]
 ModelOption = Annotated[

@@ -26,9 +26,11 @@ from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.generation import SamplingParams
 from rollway.ids import id_from
 from rollway.rollouts.config import DEFAULT_TIMEOUT_S
 from rollway.rollouts.rewards import RewardFn
+from rollway.sampling_settings import SAMPLING_NAMES
 from rollway.sandbox import SandboxLimits, sandbox_factory
 
 
@@ -73,6 +75,7 @@ def run(
     executor: o.ExecutorOption = "local",
     ray_address: o.RayAddressOption = None,
     workers: o.WorkersOption = None,
+    workers_per_node: o.WorkersPerNodeOption = None,
     events: o.EventsOption = None,
     stuck_after: o.StuckAfterOption = DEFAULT_STUCK_AFTER_S,
     abort_stuck: o.AbortStuckOption = False,
@@ -145,21 +148,12 @@ def _run_batch(
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def _sampling(s: RunSettings) -> dict[str, Any]:
-    """The sampling settings given (None: the engine's default)."""
-    sampling: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k}
-    if s.seed is not None:
-        sampling["seed"] = s.seed
-    if s.max_tokens is not None:
-        sampling["max_tokens"] = s.max_tokens
-    if s.stop:
-        sampling["stop"] = tuple(s.stop)
-    # Recording extras are asked only when given; a turn records the most either side asked.
-    if s.top_logprobs:
-        sampling["top_logprobs"] = s.top_logprobs
-    if s.record_entropy:
-        sampling["record_entropy"] = True
-    return sampling
+def _sampling(s: RunSettings) -> SamplingParams:
+    """The sampling the settings give, typed once here: it fixes temperature, top_p and top_k,
+    and the others where given (a turn records the most top logprobs either side asked).
+    A sampling setting without a ``rollway run`` option (``stop_token_ids``) is not given."""
+    given = {name: getattr(s, name, None) for name in SAMPLING_NAMES}
+    return SamplingParams(**{name: value for name, value in given.items() if value is not None})
 
 
 def _event_log(path: Path | None) -> AbstractContextManager[JsonlEventLog | None]:

@@ -10,17 +10,68 @@ import typer
 
 from rollway.checks import MAX_SEQ_LEN
 from rollway.errors import InvalidFieldsError
-from rollway.generation import stop_strings
+from rollway.sampling_settings import SETTING, SamplingSetting
 
 
 def checked_stop(value: list[str] | None) -> list[str] | None:
     """``--stop`` (and a config file's ``stop``) by the rule every surface applies."""
     if value:
         try:
-            stop_strings(value)
+            SETTING["stop"].check(value)
         except InvalidFieldsError as exc:
-            raise typer.BadParameter(exc.message) from None
+            raise typer.BadParameter(_reason(exc)) from None
     return value
+
+
+class SettingParser:
+    """An option's value by its setting's rule: text from the command line or the environment
+    is read as a number first; a config file's typed value is checked as it is
+    (``check_typed``). A refusal is the setting's own, in its words."""
+
+    setting: SamplingSetting
+
+    def __init__(self, setting: SamplingSetting) -> None:
+        self.setting = setting
+
+    def __call__(self, value: object) -> object:
+        if isinstance(value, str):
+            value = _number(value, float if self.setting.kind == "number" else int)
+        try:
+            return self.check_typed(value)
+        except InvalidFieldsError as exc:
+            raise typer.BadParameter(_reason(exc)) from None
+
+    def check_typed(self, value: object) -> object:
+        """``value`` as the option holds it, or the setting's ``InvalidFieldsError``."""
+        held = self.setting.check(value)
+        return float(held) if self.setting.kind == "number" else held
+
+
+def _shown(bound: float | None) -> float | None:
+    """A bound as ``--help`` shows it: ``0<=x<=1``, not ``0.0<=x<=1.0``."""
+    return int(bound) if isinstance(bound, float) and bound.is_integer() else bound
+
+
+def _reason(refusal: InvalidFieldsError) -> str:
+    """A setting's refusal without its field's name: click's message names the option."""
+    return refusal.message.removeprefix(f"{refusal.param}: ")
+
+
+def _number(text: str, kind: type[float] | type[int]) -> object:
+    try:
+        return kind(text)
+    except ValueError:
+        return text  # refused by the rule, as given
+
+
+def sampling_option(name: str, *, help: str, show_range: bool = True) -> typer.models.OptionInfo:
+    """The option of setting ``name``: its rule, and its range in ``--help``."""
+    setting = SETTING[name]
+    low, high = (_shown(setting.low), _shown(setting.high)) if show_range else (None, None)
+    option: typer.models.OptionInfo = typer.Option(
+        help=help, parser=SettingParser(setting), min=low, max=high
+    )
+    return option
 
 
 # What to run, on what.
@@ -71,20 +122,26 @@ StatusIntervalOption = Annotated[
     ),
 ]
 
-# Sampling.
-TemperatureOption = Annotated[float, typer.Option(min=0, help="Sampling temperature.")]
-TopPOption = Annotated[float, typer.Option(min=0, max=1, help="Nucleus sampling (1: off).")]
-TopKOption = Annotated[int, typer.Option(min=0, help="Top-k sampling (0: off).")]
+# Sampling: each option made from its setting's declaration (rollway.sampling_settings).
+TemperatureOption = Annotated[float, sampling_option("temperature", help="Sampling temperature.")]
+TopPOption = Annotated[float, sampling_option("top_p", help="Nucleus sampling (1: off).")]
+TopKOption = Annotated[int, sampling_option("top_k", help="Top-k sampling (0 or -1: off).")]
 StopOption = Annotated[
     list[str] | None,
     typer.Option(help="A stop string (repeat the option for more).", callback=checked_stop),
 ]
 TopLogprobsOption = Annotated[
-    int, typer.Option(min=0, max=20, help="Record each sampled token's N most likely tokens.")
+    int,
+    sampling_option("top_logprobs", help="Record each sampled token's N most likely tokens."),
 ]
 RecordEntropyOption = Annotated[
     bool, typer.Option(help="Record each sampled token's entropy (embedded engine).")
 ]
+SeedOption = Annotated[
+    int | None,
+    sampling_option("seed", help="Run seed; rollouts derive theirs.", show_range=False),
+]
+MaxTokensOption = Annotated[int | None, sampling_option("max_tokens", help="Cap per model call.")]
 
 # Limits and retries.
 MaxTurnsOption = Annotated[
@@ -107,7 +164,6 @@ RewardRetriesOption = Annotated[
 StopGraceOption = Annotated[
     float, typer.Option(min=0, help="Seconds an agent has to stop at a timeout or cancel.")
 ]
-SeedOption = Annotated[int | None, typer.Option(help="Run seed; rollouts derive theirs.")]
 ResumeOption = Annotated[bool, typer.Option(help="Skip rollouts already in the store.")]
 
 # Agent servers, gateways, serving.
@@ -127,7 +183,6 @@ GatewayOption = Annotated[
 GatewayKeyOption = Annotated[
     str | None, typer.Option(envvar="ROLLWAY_ADMIN_KEY", help="That gateway's admin key.")
 ]
-MaxTokensOption = Annotated[int | None, typer.Option(min=1, help="Cap per model call.")]
 HttpPortOption = Annotated[int, typer.Option(help="Port for that (0: any free port).")]
 PublicUrlOption = Annotated[
     str | None, typer.Option(help="How agent servers reach this client, if not http_host.")
@@ -147,6 +202,14 @@ RayAddressOption = Annotated[
 WorkersOption = Annotated[
     int | None,
     typer.Option(min=1, help="For --executor ray: worker actors (default: cluster CPUs)."),
+]
+WorkersPerNodeOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="For --executor ray, instead of --workers: this many workers pinned to each live "
+        "node with room for one (a lost node takes only its own).",
+    ),
 ]
 
 # Watching a run.

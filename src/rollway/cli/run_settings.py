@@ -55,6 +55,7 @@ class RunSettings:
     executor: str
     ray_address: str | None
     workers: int | None
+    workers_per_node: int | None
     http_host: str
     http_port: int
     public_url: str | None
@@ -94,9 +95,26 @@ class RunSettings:
         return {"attempts": self.max_attempts} if self.max_attempts else None
 
     def where_to_run(self) -> str | Executor:
-        """The executor: a name, or a ``RayExecutor`` with the Ray options."""
+        """The executor: a name, or a ``RayExecutor`` with the Ray options (refused, by name,
+        without Ray)."""
         if self.executor != "ray":
-            if self.ray_address or self.workers:
-                raise ConfigError("--ray-address and --workers go with --executor ray")
+            given = [name for name in _RAY_OPTIONS if getattr(self, name)]
+            if given:
+                flags = " and ".join(f"--{name.replace('_', '-')}" for name in given)
+                verb = "goes" if len(given) == 1 else "go"
+                raise ConfigError(f"{flags} {verb} with --executor ray", param=given[0])
             return self.executor
-        return RayExecutor(address=self.ray_address, num_workers=self.workers)
+        if self.workers and self.workers_per_node:
+            raise ConfigError(
+                "give --workers or --workers-per-node, not both (with --workers-per-node the "
+                "count is the live nodes times it)",
+                param="workers_per_node",
+            )
+        return RayExecutor(
+            address=self.ray_address,
+            num_workers=self.workers,
+            workers_per_node=self.workers_per_node,
+        )
+
+
+_RAY_OPTIONS = ("ray_address", "workers", "workers_per_node")

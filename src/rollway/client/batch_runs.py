@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import itertools
 import logging
 import queue
@@ -18,14 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollway.agents.base import AgentLoop
-from rollway.client.batch import (
-    BatchItem,
-    group_stats,
-    plan,
-    rerun_reason,
-    summarize,
-    summary_view,
-)
+from rollway.client.batch import BatchItem, plan, rerun_reason
+from rollway.client.batch_summary import BatchTally
 from rollway.client.fingerprint import agent_identity
 from rollway.client.future import RolloutFuture
 from rollway.client.lease_keeper import LeaseKeeper
@@ -102,20 +97,14 @@ class BatchRuns:
     def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
         started = time.monotonic()
         done, todo, reruns = self._prepare(request)
-        resumed = [summary_view(item.result) for item in done]
-        # Kept until the summary: small views, and each future let go once its item is out.
-        ran: list[RolloutRecord] = []
+        counted = _resumed(done)
         finished: queue.SimpleQueue[concurrent.futures.Future[RolloutRecord]] = queue.SimpleQueue()
         starts = _Starts(self._submit, self._loop, todo, request.settings, finished.put)
-        futures, by_cf = starts.futures, starts.by_cf
         try:
-            with self._progress(len(done) + len(todo), request) as progress:
+            with self._progress(len(done) + len(todo), request) as progress, _frozen_in_flight():
                 try:
-                    for item in done:
-                        progress.advance(item.result)
-                        yield item
-                    done.clear()
-                    while by_cf or starts.left:
+                    yield from _from_store(done, progress)
+                    while starts.running or starts.left:
                         # Wake for the next status line too: a stuck batch still reports.
                         try:
                             if starts.left:  # a slice at a time: the loop stays responsive
@@ -126,51 +115,51 @@ class BatchRuns:
                         except queue.Empty:
                             progress.tick()
                             continue
-                        future = by_cf.pop(cf)
-                        record = cf.result()
-                        ran.append(summary_view(record))
-                        progress.advance(record)
-                        yield BatchItem.of(record, futures.pop(future), future.elapsed())
+                        yield starts.item(cf, counted, progress)
                 finally:
                     starts.rest()  # cancelled at once: every rollout gets its record
-                    cancel_and_wait(futures)
+                    cancel_and_wait(starts.futures)
         except KeyboardInterrupt:
             # Every rollout has its record now: what finished, and the cancelled rest.
-            left = [f._future.result() for f in futures if f.done() and not f._future.exception()]
-            ended = [*ran, *left]
+            for future in starts.futures:
+                if future.done() and not future._future.exception():
+                    counted.add(future._future.result())
             wall_s = time.monotonic() - started
-            self._finish(request, resumed, ended, wall_s, reruns, interrupted=True)
+            self._finish(request, counted, wall_s, reruns, interrupted=True)
             raise
-        self._finish(request, resumed, ran, time.monotonic() - started, reruns)
+        self._finish(request, counted, time.monotonic() - started, reruns)
 
     async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
+        """``_run`` on the caller's event loop: the same slices, each awaited, not waited on."""
         started = time.monotonic()
         done, todo, reruns = self._prepare(request)
-        futures = {self._submit(spec, request.settings): index for index, spec in todo}
-        ran: list[RolloutRecord] = []
-        try:
-            with self._progress(len(done) + len(todo), request) as progress:
-                for item in done:
-                    progress.advance(item.result)
+        counted = _resumed(done)
+        caller = asyncio.get_running_loop()
+        finished: asyncio.Queue[concurrent.futures.Future[RolloutRecord]] = asyncio.Queue()
+
+        def on_done(cf: concurrent.futures.Future[RolloutRecord]) -> None:
+            caller.call_soon_threadsafe(finished.put_nowait, cf)
+
+        starts = _Starts(self._submit, self._loop, todo, request.settings, on_done)
+        with self._progress(len(done) + len(todo), request) as progress, _frozen_in_flight():
+            try:
+                for item in _from_store(done, progress):
                     yield item
-                waiting = {asyncio.wrap_future(f._future): f for f in futures}
-                while waiting:
-                    finished, _ = await asyncio.wait(
-                        waiting,
-                        timeout=progress.until_status(),
-                        return_when=asyncio.FIRST_COMPLETED,
-                    )
-                    progress.tick()
-                    for aw in finished:
-                        future = waiting.pop(aw)
-                        record = aw.result()
-                        ran.append(summary_view(record))
-                        progress.advance(record)
-                        yield BatchItem.of(record, futures[future], future.elapsed())
-        finally:
-            await asyncio.to_thread(cancel_and_wait, futures)
-        wall_s = time.monotonic() - started
-        self._finish(request, [summary_view(i.result) for i in done], ran, wall_s, reruns)
+                while starts.running or starts.left:
+                    if starts.left:  # a slice at a time, as ``_run``
+                        await starts.next_slice_async()
+                        if finished.empty():
+                            continue
+                    try:
+                        cf = await asyncio.wait_for(finished.get(), progress.until_status())
+                    except TimeoutError:
+                        progress.tick()
+                        continue
+                    yield starts.item(cf, counted, progress)
+            finally:
+                starts.rest()
+                await asyncio.to_thread(cancel_and_wait, starts.futures)
+        self._finish(request, counted, time.monotonic() - started, reruns)
 
     def _progress(self, total: int, request: BatchRequest) -> BatchProgress:
         return BatchProgress(
@@ -204,6 +193,8 @@ class BatchRuns:
                 stored = (
                     self.store.get(spec.rollout_key) if spec.rollout_key in stored_keys else None
                 )
+                if stored is not None and stored.trajectory is not None:
+                    stored.trajectory.check()  # a record its samples refuse is never handed back
                 why = None if stored is None else rerun_reason(stored, request.fingerprint)
             except BadRecordError as exc:
                 log.warning("running rollout %s again: %s", spec.rollout_key, exc)
@@ -222,16 +213,15 @@ class BatchRuns:
     def _finish(
         self,
         request: BatchRequest,
-        resumed: list[RolloutRecord],
-        ran: list[RolloutRecord],
+        counted: BatchTally,
         wall_s: float,
         reruns: Counter[str],
         *,
         interrupted: bool = False,
     ) -> None:
-        groups = [g.to_dict() for g in group_stats([*resumed, *ran])]
+        groups = [g.to_dict() for g in counted.groups()]
         self.store.write_summary("groups", {"groups": groups})
-        summary = summarize(ran, wall_s, resumed, interrupted=interrupted, rerun=reruns)
+        summary = counted.summary(wall_s, interrupted=interrupted, rerun=reruns)
         self.last_summary = summary.to_dict()
         self.store.write_summary("summary", self.last_summary)
         if request.show_progress:
@@ -260,7 +250,8 @@ START_SLICE = 128
 class _Starts:
     """A batch's rollouts submitted a slice at a time, each slice taken by the client's
     event loop before the next goes (submitted at once, 30,000 starts kept the loop from
-    anything else for 12 s)."""
+    anything else for 12 s). ``futures``: those submitted and not yet yielded, by handle, with
+    their index in the batch; ``running``: how many of them (by concurrent future)."""
 
     def __init__(
         self,
@@ -274,20 +265,78 @@ class _Starts:
         self._todo = iter(todo)
         self.left = len(todo)
         self.futures: dict[RolloutFuture, int] = {}
-        self.by_cf: dict[concurrent.futures.Future[RolloutRecord], RolloutFuture] = {}
+        self._by_cf: dict[concurrent.futures.Future[RolloutRecord], RolloutFuture] = {}
 
-    def next_slice(self, size: int | None = None) -> None:
+    @property
+    def running(self) -> int:
+        return len(self._by_cf)
+
+    def _submit_slice(self, size: int | None) -> concurrent.futures.Future[None]:
+        """Submit the next ``size`` rollouts (a slice); the future says when the loop took
+        them. What is alive now is the in-flight state of the slices before: frozen out of
+        the collector's scans (``_frozen_in_flight``)."""
         for index, spec in itertools.islice(self._todo, size or START_SLICE):
             future = self._submit(spec, self._settings)
             self.futures[future] = index
-            self.by_cf[future._future] = future
+            self._by_cf[future._future] = future
             future._future.add_done_callback(self._on_done)
             self.left -= 1
-        self._loop.call(_taken())
+        gc.freeze()
+        return self._loop.submit(_taken())
+
+    def next_slice(self, size: int | None = None) -> None:
+        self._submit_slice(size).result()
+
+    async def next_slice_async(self) -> None:
+        await asyncio.wrap_future(self._submit_slice(None))
 
     def rest(self) -> None:
-        while self.left:
-            self.next_slice(self.left)
+        """Submit what is left at once (the batch is being left: each is cancelled)."""
+        if self.left:
+            self._submit_slice(self.left)
+
+    def item(
+        self,
+        cf: concurrent.futures.Future[RolloutRecord],
+        counted: BatchTally,
+        progress: BatchProgress,
+    ) -> BatchItem:
+        """The finished rollout ``cf`` as its batch item, counted, and let go of."""
+        future = self._by_cf.pop(cf)
+        record = cf.result()
+        counted.add(record)
+        progress.advance(record)
+        return BatchItem.of(record, self.futures.pop(future), future.elapsed())
+
+
+@contextlib.contextmanager
+def _frozen_in_flight() -> Iterator[None]:
+    """While a batch runs, the state of its rollouts in flight (some 60 objects each, 6
+    million at 100,000) is frozen out of the cyclic collector's scans after each slice, and
+    given back to it when the batch ends: a full collection otherwise walked all of it, every
+    thread stopped meanwhile (6.7 s at 100,000 in flight). A finished rollout is freed by its
+    reference counts all the same; only cyclic garbage made before a slice waits until the
+    batch ends, and a rollout leaves none (``RolloutFuture``)."""
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def _resumed(done: list[BatchItem]) -> BatchTally:
+    counted = BatchTally()
+    for item in done:
+        counted.add(item.result, ran=False)
+    return counted
+
+
+def _from_store(done: list[BatchItem], progress: BatchProgress) -> Iterator[BatchItem]:
+    """What resume found done, each let go of once yielded."""
+    done.reverse()
+    while done:
+        item = done.pop()
+        progress.advance(item.result)
+        yield item
 
 
 async def _taken() -> None:

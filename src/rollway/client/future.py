@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 from collections.abc import Coroutine, Generator
@@ -111,12 +112,12 @@ class RolloutFuture:
     def __init__(self, future: concurrent.futures.Future[RolloutRecord], gate: CancelGate) -> None:
         self._future = future
         self._gate = gate
-        self._started = time.monotonic()
-        self._finished: float | None = None
-        future.add_done_callback(self._mark_finished)
-
-    def _mark_finished(self, _: Any) -> None:
-        self._finished = time.monotonic()
+        # [submitted, finished]: set by a callback that holds this list, not the handle. The
+        # concurrent future keeps its callbacks once done, so a callback holding the handle
+        # would make a cycle (handle -> future -> callback -> handle) of every finished
+        # rollout, its record in it: freed only by a full collection, not when let go.
+        self._times: list[float | None] = [time.monotonic(), None]
+        future.add_done_callback(functools.partial(_mark_finished, self._times))
 
     def done(self) -> bool:
         """Whether the outcome is recorded."""
@@ -154,7 +155,13 @@ class RolloutFuture:
 
     def elapsed(self) -> float:
         """Seconds since submission, until the outcome was recorded."""
-        return (self._finished or time.monotonic()) - self._started
+        started, finished = self._times
+        assert started is not None
+        return (finished or time.monotonic()) - started
 
     def __await__(self) -> Generator[Any, None, RolloutRecord]:
         return self.result_async().__await__()
+
+
+def _mark_finished(times: list[float | None], _: Any) -> None:
+    times[1] = time.monotonic()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from array import array
 from collections import Counter
 from collections.abc import Callable
 from types import TracebackType
@@ -41,7 +42,8 @@ class BatchProgress:
         #: The rewards' sum and count: the mean on every advance costs no pass over them all.
         self._reward_sum, self._rewarded = 0.0, 0
         #: Each reward component's values so far, by name (a rubric's functions, say).
-        self.components: dict[str, list[float]] = {}
+        #: Each reward component's values so far: 8 bytes each, not a float object.
+        self.components: dict[str, array[float]] = {}
         self._interval = status_interval_s
         self._stuck = stuck
         self._outages = outages
@@ -76,7 +78,7 @@ class BatchProgress:
             self._reward_sum += record.reward
             self._rewarded += 1
         for name, value in record.reward_components.items():
-            self.components.setdefault(name, []).append(value)
+            self.components.setdefault(name, array("d")).append(value)
         self._progress.update(self._task, advance=1, description=self.describe())
         self.tick()
 

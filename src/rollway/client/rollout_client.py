@@ -4,6 +4,7 @@ groups, timeouts, retries, rewards, resume and a store. Sync and async."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
@@ -144,7 +145,8 @@ class RolloutClient:
         self.reward_fn = reward
         check_environment(reward, self.agent)
         self.pacing = config.pacing
-        self._live: set[RolloutFuture] = set()
+        #: Rollouts running, by their concurrent future.
+        self._live: dict[concurrent.futures.Future[RolloutRecord], RolloutFuture] = {}
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
         self._watch(on_event)
@@ -281,6 +283,8 @@ class RolloutClient:
     async def update_weights_async(
         self, source: WeightSource, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
+        """``update_weights`` for a trainer in an event loop: awaitable from any loop, which
+        goes on while the update runs on the client's own."""
         self._check_open("to update weights")
         new = NewWeights.of(source, version, mode)
         return await asyncio.wrap_future(self._loop.submit(self._update_weights(new)))
@@ -463,7 +467,7 @@ class RolloutClient:
         if self._following is not None:
             self._following.cancel()
         self._watching.cancel()
-        cancel_and_wait(list(self._live))
+        cancel_and_wait(list(self._live.values()))
         self._lease.close(self._loop)  # every rollout has ended
         try:
             self.executor.close(self._loop)
@@ -493,8 +497,10 @@ class RolloutClient:
         gate = CancelGate(self._loop.loop)
         cf = self._loop.submit(self._run_settled(spec, settings, gate))
         future = RolloutFuture(cf, gate)
-        self._live.add(future)
-        cf.add_done_callback(lambda _: self._live.discard(future))
+        # By its concurrent future, let go by the dict's own method: a callback holding the
+        # handle would keep it and its record in a cycle once done (see ``RolloutFuture``).
+        self._live[cf] = future
+        cf.add_done_callback(self._live.pop)
         return future
 
     async def _run_settled(

@@ -95,6 +95,17 @@ class WeightSync(Protocol):
 
 
 @runtime_checkable
+class SharedWeights(Protocol):
+    """A ``WeightSync`` engine whose weights live in servers that other clients use too (a
+    remote engine). Several gateways on one server (``rollway gateway --workers N``) have one
+    of them load an update; the others ``adopt_weights``: take ``version`` as what the server
+    serves (or will, once the loader resumes it), asking nothing of the server, so it loads each
+    update once. Tokens received from then on are stamped ``version``."""
+
+    async def adopt_weights(self, source: WeightSource, version: int) -> None: ...
+
+
+@runtime_checkable
 class ModelInfo(Protocol):
     """An engine that knows its model. Every built-in engine declares all three (None where it
     does not know): the gateway names the model, templates with the engine's own tokenizer and

@@ -1,4 +1,6 @@
-"""Build an engine from a URL-like spec.
+"""Build an engine from a URL-like spec. ``ENGINES`` is the one list of schemes: each row's
+builder, options and help, from which the refusal of an unknown spec and the CLI's ``--engine``
+help are made (adding an engine is one row).
 
 ``embedded`` or ``embedded://PATH`` (a local HF model folder), with
 ``?prefix_cache_tokens=N`` for its prefix cache's budget (0: none), ``?dtype=bfloat16`` for
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -38,6 +41,34 @@ from rollway.errors import ConfigError
 API_KEY_ENV = "ROLLWAY_ENGINE_API_KEY"
 
 
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """A spec taken apart: ``SCHEME://LOCATION?OPTIONS``, the options checked and converted."""
+
+    scheme: str
+    location: str
+    options: dict[str, Any]
+    #: The ``--model`` folder, for engines whose spec names none.
+    model: str | None
+    #: The spec as messages show it (``api_key=***``).
+    shown: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    """One row of ``ENGINES``."""
+
+    #: The schemes that name it (``openai+https`` is ``openai`` over TLS).
+    schemes: tuple[str, ...]
+    build: Callable[[EngineSpec], Engine | ChatEngine]
+    #: Each option the query may give, with its conversion (a ValueError: not that kind).
+    options: Mapping[str, Callable[[str], Any]]
+    #: The spec's form, as ``--engine``'s help and the refusal of an unknown spec show it.
+    help: str
+    #: False where the scheme alone (``embedded``, ``sim``) is a whole spec.
+    needs_location: bool = True
+
+
 def _flag(value: str) -> bool:
     if value.lower() in ("1", "true", "yes"):
         return True
@@ -46,70 +77,125 @@ def _flag(value: str) -> bool:
     raise ValueError(value)
 
 
-_EMBEDDED_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "prefix_cache_tokens": int,
-    "dtype": str,
+def _embedded(spec: EngineSpec) -> Engine:
+    from rollway.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.from_pretrained(spec.location or spec.model, **spec.options)
+
+
+def _sim(spec: EngineSpec) -> Engine:
+    return SimEngine(SimConfig(**spec.options))
+
+
+def _sglang_server(url: str, http: RemoteClient, options: dict[str, Any]) -> Engine:
+    from rollway.engines.remote.sglang import SGLangEngine
+
+    return SGLangEngine(url, http=http, **options)
+
+
+def _vllm_server(url: str, http: RemoteClient, options: dict[str, Any]) -> Engine:
+    from rollway.engines.remote.vllm import VLLMEngine
+
+    return VLLMEngine(url, http=http, **options)
+
+
+def _servers(
+    server: Callable[[str, RemoteClient, dict[str, Any]], Engine],
+) -> Callable[[EngineSpec], Engine]:
+    """A builder of ``server`` engines: one per comma-separated host, routed when several."""
+
+    def build(spec: EngineSpec) -> Engine:
+        options = dict(spec.options)
+        key = options.pop("api_key", None) or os.environ.get(API_KEY_ENV) or None
+        hosts = _fleet(spec.scheme, spec.location, spec.shown)
+        if len(hosts) == 1:
+            return server(f"http://{hosts[0]}", RemoteClient(bearer=key), options)
+        from rollway.engines.remote.router import RoutedEngine
+
+        # One connection pool for every endpoint; the router, not the pool, retries a refused
+        # connect (on another endpoint).
+        shared = RemoteClient(connect_attempts=1, bearer=key)
+        return RoutedEngine([server(f"http://{host}", shared, options) for host in hosts], hosts)
+
+    return build
+
+
+def _openai(spec: EngineSpec) -> ChatEngine:
+    from rollway.engines.remote.openai_chat import OpenAIChatEngine
+
+    if not spec.options.get("model"):
+        raise ConfigError("an openai:// engine needs ?model=NAME", "engine")
+    host, slash, path = spec.location.partition("/")
+    protocol = "https" if spec.scheme == "openai+https" else "http"
+    return OpenAIChatEngine(f"{protocol}://{host}/{path if slash else 'v1'}", **spec.options)
+
+
+def _scripted(spec: EngineSpec) -> Engine:
+    from rollway.engines.scripted import ScriptedEngine
+
+    return ScriptedEngine.from_file(spec.location, _folder_tokenizer(spec.model))
+
+
+_SERVER_OPTIONS: dict[str, Callable[[str], Any]] = {
+    "api_key": str,
     "context_length": int,
+    "default_max_tokens": int,
 }
-_SIM_OPTIONS: dict[str, Callable[[str], Any]] = {
-    "latency_s": float,
-    "per_token_s": float,
-    "output_len": int,
-}
-_REMOTE_OPTIONS: dict[str, dict[str, Callable[[str], Any]]] = {
-    "sglang": {
-        "api_key": str,
-        "context_length": int,
-        "default_max_tokens": int,
-        "original_logprobs": _flag,
-    },
-    "vllm": {
-        "api_key": str,
-        "context_length": int,
-        "default_max_tokens": int,
-        "logprobs_mode": str,
-    },
-}
+
+#: Every engine a spec can name, in the order help lists them.
+ENGINES: tuple[EngineKind, ...] = (
+    EngineKind(
+        ("embedded",),
+        _embedded,
+        {"prefix_cache_tokens": int, "dtype": str, "context_length": int},
+        "embedded[://?prefix_cache_tokens=N&dtype=bfloat16]",
+        needs_location=False,
+    ),
+    EngineKind(
+        ("sim",),
+        _sim,
+        {"latency_s": float, "per_token_s": float, "output_len": int},
+        "sim://",
+        needs_location=False,
+    ),
+    EngineKind(
+        ("sglang",),
+        _servers(_sglang_server),
+        {**_SERVER_OPTIONS, "original_logprobs": _flag},
+        "sglang://HOST:PORT",
+    ),
+    EngineKind(
+        ("vllm",),
+        _servers(_vllm_server),
+        {**_SERVER_OPTIONS, "logprobs_mode": str},
+        "vllm://HOST:PORT",
+    ),
+    EngineKind(("openai", "openai+https"), _openai, {"model": str}, "openai://HOST:PORT?model=M"),
+    EngineKind(
+        ("scripted",),
+        _scripted,
+        {},
+        "scripted://FILE (the completions listed in FILE, tokenized by --model's tokenizer)",
+    ),
+)
+
+
+def engine_help() -> str:
+    """The forms of every spec, as ``--engine``'s help lists them."""
+    return " | ".join(kind.help for kind in ENGINES)
 
 
 def engine_from_spec(spec: str, *, model: str | None = None) -> Engine | ChatEngine:
     """An engine for ``spec``; ``model`` is the embedded engine's folder when the spec has none.
     Several comma-separated hosts (``sglang://h1:p1,h2:p2``) give a routed engine."""
     scheme, _, rest = spec.partition("://")
-    if scheme == "embedded":
-        from rollway.engines.embedded import EmbeddedEngine
-
-        location, _, query = rest.partition("?")
-        options = _options(query, _EMBEDDED_OPTIONS, "embedded:// option")
-        return EmbeddedEngine.from_pretrained(location or model, **options)
-    if scheme in ("sglang", "vllm") and rest:
-        shown = redact(spec)
-        location, _, query = rest.partition("?")
-        options = _options(query, _REMOTE_OPTIONS[scheme], f"{scheme}:// option")
-        key = options.pop("api_key", None) or os.environ.get(API_KEY_ENV) or None
-        hosts = _fleet(scheme, location, shown)
-        if len(hosts) == 1:
-            return _remote(scheme, hosts[0], RemoteClient(bearer=key), options)
-        from rollway.engines.remote.router import RoutedEngine
-
-        # One connection pool for every endpoint; the router, not the pool, retries a refused
-        # connect (on another endpoint).
-        shared = RemoteClient(connect_attempts=1, bearer=key)
-        return RoutedEngine([_remote(scheme, host, shared, options) for host in hosts], hosts)
-    if scheme in ("openai", "openai+https") and rest:
-        return _openai(scheme, rest)
-    if scheme == "scripted" and rest:
-        from rollway.engines.scripted import ScriptedEngine
-
-        return ScriptedEngine.from_file(rest, _folder_tokenizer(model))
-    if scheme == "sim":
-        return SimEngine(SimConfig(**_options(rest.partition("?")[2], _SIM_OPTIONS, "sim option")))
-    raise ConfigError(
-        f"unknown engine spec {redact(spec)!r}: expected embedded, sim, "
-        "sglang://HOST:PORT[,HOST:PORT], vllm://HOST:PORT[,HOST:PORT], "
-        "openai://HOST:PORT?model=NAME or scripted://FILE",
-        "engine",
-    )
+    kind = next((kind for kind in ENGINES if scheme in kind.schemes), None)
+    if kind is None or (kind.needs_location and not rest):
+        message = f"unknown engine spec {redact(spec)!r}: expected one of {engine_help()}"
+        raise ConfigError(message, "engine")
+    location, _, query = rest.partition("?")
+    options = _options(query, kind.options, f"{scheme}:// option")
+    return kind.build(EngineSpec(scheme, location, options, model, redact(spec)))
 
 
 def _folder_tokenizer(model: str | None) -> Any:
@@ -161,29 +247,7 @@ def _check_host(host: str, spec: str) -> tuple[str, int | None]:
     return parts.hostname, parts.port
 
 
-def _openai(scheme: str, rest: str) -> ChatEngine:
-    from rollway.engines.remote.openai_chat import OpenAIChatEngine
-
-    location, _, query = rest.partition("?")
-    model = dict(parse_qsl(query)).get("model")
-    if not model:
-        raise ConfigError("an openai:// engine needs ?model=NAME", "engine")
-    host, slash, path = location.partition("/")
-    protocol = "https" if scheme == "openai+https" else "http"
-    return OpenAIChatEngine(f"{protocol}://{host}/{path if slash else 'v1'}", model=model)
-
-
-def _remote(scheme: str, host: str, http: RemoteClient, options: dict[str, Any]) -> Engine:
-    if scheme == "sglang":
-        from rollway.engines.remote.sglang import SGLangEngine
-
-        return SGLangEngine(f"http://{host}", http=http, **options)
-    from rollway.engines.remote.vllm import VLLMEngine
-
-    return VLLMEngine(f"http://{host}", http=http, **options)
-
-
-def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> dict[str, Any]:
+def _options(query: str, known: Mapping[str, Callable[[str], Any]], what: str) -> dict[str, Any]:
     """The ``key=value`` options of a spec's query, each checked and converted."""
     try:
         # Blank values kept: ``?prefix_cache_tokens=`` is a mistake to name, not to drop.
@@ -194,7 +258,7 @@ def _options(query: str, known: dict[str, Callable[[str], Any]], what: str) -> d
     options: dict[str, Any] = {}
     for key, value in pairs:
         if key not in known:
-            names = ", ".join(known)
+            names = ", ".join(known) or "none"
             raise ConfigError(f"unknown {what} {key!r}; known: {names}", "engine")
         try:
             options[key] = known[key](value)

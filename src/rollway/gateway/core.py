@@ -40,7 +40,7 @@ from rollway.gateway.weight_control import WeightControl
 from rollway.generation import ChatResult, Message
 from rollway.ids import check_id, keys_match
 from rollway.trajectory import Trajectory
-from rollway.web.handlers import parse_model
+from rollway.validation import parse_model
 
 log = logging.getLogger(__name__)
 

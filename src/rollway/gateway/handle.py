@@ -75,7 +75,8 @@ class LocalGateway:
         await self.gateway.unregister(rollout_id)
 
     async def update_weights(self, new: NewWeights) -> WeightUpdate:
-        return await self.gateway.weights.update(new.source, new.version, new.mode)
+        weights = self.gateway.weights
+        return await weights.update(new.source, new.version, new.mode, loaded=new.loaded)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         await self.gateway.weights.pause(mode)

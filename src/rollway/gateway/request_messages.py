@@ -24,7 +24,7 @@ from rollway.gateway.rollout_state import (
     same_answer,
 )
 from rollway.generation import Message
-from rollway.web.handlers import parse_model
+from rollway.validation import parse_model
 
 _MESSAGES = TypeAdapter(list[ChatMessage])
 

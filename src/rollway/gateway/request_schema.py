@@ -7,14 +7,23 @@ objects ignore extra keys: agents echo back whole SDK message objects (``refusal
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from rollway.checks import MAX_SEQ_LEN
 from rollway.errors import InvalidFieldsError
-from rollway.generation import MAX_TOP_LOGPROBS, SamplingParams, stop_strings, stop_token_ids
+from rollway.generation import SamplingParams
+from rollway.sampling_settings import SAMPLING_NAMES, SETTING, checked
 
 
 class _Strict(BaseModel):
@@ -71,78 +80,76 @@ class ChatMessage(BaseModel):
         return value if info.data.get("role") == "assistant" else None
 
 
-class SamplingFields(_Strict):
-    """Sampling fields shared by the register body and chat requests."""
+def sampling_schema(name: str) -> Any:
+    """A wire field's schema from the setting's declaration: its bounds and meaning (what
+    ``/openapi.json`` shows; ``sampling_rule`` refuses first, in the declaration's words)."""
+    setting = SETTING[name]
+    bounds: dict[str, Any] = {"description": setting.meaning}
+    if setting.low is not None:
+        bounds["gt" if setting.above_low else "ge"] = setting.low
+    if setting.high is not None:
+        bounds["le"] = setting.high
+    if setting.kind == "number":
+        bounds["allow_inf_nan"] = False
+    return Field(**bounds)
 
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
-    top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    #: Checked by ``SamplingParams``' own rules (``stop_strings``, ``stop_token_ids``).
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    #: A 64-bit seed: what engines (torch, SGLang, vLLM) accept.
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
-    #: Recorded on every turn (and answered where ``logprobs`` is asked): OpenAI's field.
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    #: rollway's: record each sampled token's entropy (engines that see the logits).
-    record_entropy: bool | None = None
 
-    # Strict even for in-process callers, whose lax mode takes True for 1, "3" for 3 and "no"
-    # for false: what a turn records beside its tokens must be what was meant.
-    @field_validator("top_logprobs", mode="before")
-    @classmethod
-    def _whole_number(cls, value: Any) -> Any:
-        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-            return value
-        raise PydanticCustomError(
-            "int_type", "must be a whole number, not {given}", {"given": repr(value)}
-        )
+def sampling_rule(name: str) -> Any:
+    """The setting's own check on a wire field, before pydantic's: the same refusal as in
+    process and on the command line, naming the field sent (``max_output_tokens`` is held to
+    ``max_tokens``' rule). Strict even for in-process callers, whose lax mode would take True
+    for 1 and "3" for 3."""
+    setting = SETTING[name]
 
-    @field_validator("stop", "stop_token_ids")
-    @classmethod
-    def _sampling_rule(cls, value: Any, info: ValidationInfo) -> Any:
-        """The rule ``SamplingParams`` applies, so that every surface refuses the same."""
-        if value is None:
-            return value
-        check = stop_strings if info.field_name == "stop" else stop_token_ids
+    def check(value: Any, info: ValidationInfo) -> Any:
+        field = info.field_name or name
         try:
-            check(value)
+            held = setting.check(value, field)
         except InvalidFieldsError as exc:
-            reason = exc.message.removeprefix(f"{info.field_name} ")
+            reason = exc.message.removeprefix(f"{field}: ")
             raise PydanticCustomError("sampling_rule", "{reason}", {"reason": reason}) from None
-        return value
+        # A lone stop string stays as sent; numbers as held (top_k's -1 is 0).
+        return value if isinstance(held, tuple) else held
 
-    @field_validator("record_entropy", mode="before")
-    @classmethod
-    def _true_or_false(cls, value: Any) -> Any:
-        if value is None or isinstance(value, bool):
-            return value
-        raise PydanticCustomError(
-            "bool_type", "must be true or false, not {given}", {"given": repr(value)}
-        )
+    return BeforeValidator(check)
+
+
+Temperature = Annotated[float | None, sampling_schema("temperature"), sampling_rule("temperature")]
+TopP = Annotated[float | None, sampling_schema("top_p"), sampling_rule("top_p")]
+TopK = Annotated[int | None, sampling_schema("top_k"), sampling_rule("top_k")]
+MaxTokens = Annotated[int | None, sampling_schema("max_tokens"), sampling_rule("max_tokens")]
+Stop = Annotated[str | list[str] | None, sampling_schema("stop"), sampling_rule("stop")]
+StopTokenIds = Annotated[
+    list[int] | None, sampling_schema("stop_token_ids"), sampling_rule("stop_token_ids")
+]
+Seed = Annotated[int | None, sampling_schema("seed"), sampling_rule("seed")]
+TopLogprobs = Annotated[int | None, sampling_schema("top_logprobs"), sampling_rule("top_logprobs")]
+RecordEntropy = Annotated[
+    bool | None, sampling_schema("record_entropy"), sampling_rule("record_entropy")
+]
+
+
+class SamplingFields(_Strict):
+    """Sampling fields shared by the register body and chat requests, each made from its
+    declaration (``rollway.sampling_settings``); None: not asked."""
+
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    max_tokens: MaxTokens = None
+    stop: Stop = None
+    stop_token_ids: StopTokenIds = None
+    seed: Seed = None
+    #: Recorded on every turn (and answered where ``logprobs`` is asked): OpenAI's field.
+    top_logprobs: TopLogprobs = None
+    #: rollway's: record each sampled token's entropy (engines that see the logits).
+    record_entropy: RecordEntropy = None
 
     def sampling_overrides(self) -> dict[str, Any]:
-        """The fields that were set, as SamplingParams keyword arguments."""
-        data = self.model_dump(
-            include={
-                "temperature",
-                "top_p",
-                "top_k",
-                "max_tokens",
-                "seed",
-                "top_logprobs",
-                "record_entropy",
-            },
-            exclude_none=True,
-        )
-        if data.get("top_k") == -1:
-            data["top_k"] = 0
-        if self.stop is not None:
-            data["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if self.stop_token_ids is not None:
-            data["stop_token_ids"] = tuple(self.stop_token_ids)
-        return data
+        """The fields that were set, as SamplingParams keyword arguments (held as the
+        declaration holds them: stop strings and ids as tuples)."""
+        given = {name: getattr(self, name) for name in SAMPLING_NAMES}
+        return dict(checked({k: v for k, v in given.items() if v is not None}))
 
 
 class RegisterRequest(SamplingFields):
@@ -176,7 +183,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: MaxTokens = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
@@ -223,11 +230,14 @@ MAX_VERSION = 2**53
 
 class WeightUpdateRequest(_Strict):
     """``POST /admin/weights``: a checkpoint folder the engine can read (on a remote engine's
-    server, a path there), the version it becomes (default: the next), and the pause mode."""
+    server, a path there), the version it becomes (default: the next), and the pause mode.
+    ``loaded``: another gateway sharing the engine's servers loaded it (``--workers``): take the
+    version, load nothing (a remote engine only)."""
 
     source: str = Field(min_length=1, strict=True)
     version: int | None = Field(default=None, ge=0, le=MAX_VERSION, strict=True)
     mode: Literal["abort", "drain", "keep"] = "abort"
+    loaded: bool = Field(default=False, strict=True)
 
 
 class PauseRequest(_Strict):

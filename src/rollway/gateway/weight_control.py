@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard, get_args
 
-from rollway.engines.base import PauseMode, WeightSource, WeightSync
+from rollway.engines.base import PauseMode, SharedWeights, WeightSource, WeightSync
 from rollway.errors import ConfigError, InvalidFieldsError, RequestError
 
 log = logging.getLogger(__name__)
@@ -54,11 +54,14 @@ def checked_source(source: object) -> WeightSource:
 class NewWeights:
     """An update asked for: ``source`` (a checkpoint folder or a state dict) loaded as
     ``version`` (None: the engine's next), the engine paused in ``mode`` around the load.
-    Built once where a caller asks (``of``) and carried as is to the gateway's engine."""
+    Built once where a caller asks (``of``) and carried as is to the gateway's engine.
+    ``loaded``: another gateway on the same shared server loaded it already, so this one's
+    engine only adopts the version (the ``--workers`` front sets it; see ``SharedWeights``)."""
 
     source: WeightSource
     version: int | None = None
     mode: PauseMode = "abort"
+    loaded: bool = False
 
     @classmethod
     def of(cls, source: object, version: int | None = None, mode: object = "abort") -> NewWeights:
@@ -76,7 +79,10 @@ def served_body(new: NewWeights) -> dict[str, Any]:
             f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
             "source",
         )
-    return {"source": os.fspath(source), "version": new.version, "mode": new.mode}
+    body: dict[str, Any] = {"source": os.fspath(source), "version": new.version, "mode": new.mode}
+    if new.loaded:  # named only when set: a gateway without shared weights never sees it
+        body["loaded"] = True
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,11 +116,13 @@ class WeightUpdate:
 @dataclass(frozen=True, slots=True)
 class PolicyState:
     """The engine's policy: the version sampling now (None: the engine has no versions), the
-    pause in force, and the pause modes the engine supports."""
+    pause in force, the pause modes the engine supports, and whether its weights live in a
+    server other gateways share (``engine_shared``: one loads an update, the others adopt)."""
 
     version: int | None
     paused: PauseMode | None
     pause_modes: tuple[PauseMode, ...]
+    engine_shared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON of ``GET /admin/policy`` (and of the pause and resume routes)."""
@@ -122,6 +130,7 @@ class PolicyState:
             "policy_version": self.version,
             "paused": self.paused,
             "pause_modes": list(self.pause_modes),
+            "engine_shared": self.engine_shared,
         }
 
     @classmethod
@@ -132,6 +141,7 @@ class PolicyState:
             answer["policy_version"],
             None if paused is None else checked_mode(paused),
             tuple(checked_mode(mode) for mode in answer["pause_modes"]),
+            bool(answer.get("engine_shared", False)),
         )
 
 
@@ -189,15 +199,26 @@ class WeightControl:
         return self.engine.policy_version if isinstance(self.engine, WeightSync) else None
 
     def describe(self) -> PolicyState:
+        """``engine_shared``: the engine's weights live in servers other gateways may use too
+        (a remote engine), so one of them loads an update and the others adopt it."""
         engine = self.engine
         modes = tuple(sorted(engine.pause_modes)) if isinstance(engine, WeightSync) else ()
-        return PolicyState(self.version, self.paused, modes)
+        shared = isinstance(engine, SharedWeights)
+        return PolicyState(self.version, self.paused, modes, shared)
 
     async def update(
-        self, source: WeightSource, version: int | None = None, mode: PauseMode = "abort"
+        self,
+        source: WeightSource,
+        version: int | None = None,
+        mode: PauseMode = "abort",
+        *,
+        loaded: bool = False,
     ) -> WeightUpdate:
         """Pause (``mode``), load ``source`` as ``version`` (default: the next one), resume.
-        Within a pause the caller made, it loads only and leaves the engine paused."""
+        Within a pause the caller made, it loads only and leaves the engine paused. ``loaded``:
+        another gateway on the same servers loaded it; the engine only adopts the version."""
+        if loaded:
+            return await self._adopt(source, version, mode)
         engine = self._engine()
         self._check_mode(engine, mode)
         checked_source(source)
@@ -220,6 +241,24 @@ class WeightControl:
             done = time.perf_counter()
         log.info("weights updated", extra={"stage": "weights", "version": version})
         return WeightUpdate(version, held or mode, paused - started, done - paused)
+
+    async def _adopt(
+        self, source: WeightSource, version: int | None, mode: PauseMode
+    ) -> WeightUpdate:
+        engine = self._engine()
+        if not isinstance(engine, SharedWeights):
+            name = type(engine).__name__
+            raise InvalidFieldsError(
+                f"this gateway's engine ({name}) holds its own weights: it must load them, "
+                "no other gateway loads them for it",
+                "loaded",
+            )
+        async with self._lock:
+            version = engine.policy_version + 1 if version is None else version
+            self._check_version(engine, version)
+            await _engine_side(engine.adopt_weights(source, version))
+        log.info("weights adopted", extra={"stage": "weights", "version": version})
+        return WeightUpdate(version, self.paused or mode, 0.0, 0.0)
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         engine = self._engine()

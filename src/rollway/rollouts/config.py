@@ -13,10 +13,9 @@ from urllib.parse import urlsplit
 
 from rollway.checks import MAX_SEQ_LEN, check_count, check_seconds
 from rollway.errors import ConfigError, InvalidFieldsError
-from rollway.gateway.request_schema import SamplingFields
 from rollway.generation import SamplingParams
 from rollway.retry import Backoff, RetryPolicy, is_transient
-from rollway.web.handlers import parse_model
+from rollway.sampling_settings import SAMPLING_NAMES, SETTING, checked
 
 #: A rollout run again from the start (a new attempt) while its outcome says nothing about
 #: the policy (an infrastructure or engine error).
@@ -104,7 +103,6 @@ class RolloutOptions(TypedDict, total=False):
     max_retry_attempts: int
 
 
-SAMPLING_NAMES = tuple(f.name for f in dataclasses.fields(SamplingParams))
 LIMIT_NAMES = tuple(f.name for f in dataclasses.fields(RolloutLimits))
 #: Sugar name -> the RetryPolicy field it sets.
 RETRY_NAMES = {"max_retry_attempts": "attempts"}
@@ -209,40 +207,27 @@ class RolloutConfig:
 
 
 def sampling_fields(sampling: SamplingParams | Mapping[str, Any]) -> dict[str, Any]:
-    """The sampling fields ``sampling`` fixes, as ``SamplingParams`` keyword arguments, checked
-    by the gateway's own rules (an error names the field). A mapping fixes the fields it names;
-    a whole ``SamplingParams`` fixes every field it gives a value (temperature, top_p and top_k
-    always; max_tokens, seed, stop and stop_token_ids when set)."""
+    """The sampling fields ``sampling`` fixes, as ``SamplingParams`` keyword arguments held as
+    it holds them, checked by each setting's declared rule (an error names the field). A
+    mapping fixes the fields it names (None: not fixed); a whole ``SamplingParams`` fixes every
+    field it gives a value (temperature, top_p and top_k always; the others when set)."""
     if isinstance(sampling, SamplingParams):
-        given = {k: v for k, v in sampling.to_dict().items() if v is not None and v != []}
-    elif isinstance(sampling, Mapping):
-        given = dict(sampling)
-    else:
+        values = {name: getattr(sampling, name) for name in SAMPLING_NAMES}
+        return {k: v for k, v in values.items() if k in _ALWAYS or v != SETTING[k].default}
+    if not isinstance(sampling, Mapping):
         raise ConfigError(
             f"sampling must be a SamplingParams or a mapping, not {type(sampling).__name__}",
             "sampling",
         )
-    _refuse_loose_numbers(given)
-    return parse_model(SamplingFields, given, strict=False).sampling_overrides()
+    for key in sampling:
+        if key not in SAMPLING_NAMES:  # an invalid field, as every sampling refusal is
+            unknown = _unknown_field("sampling", str(key), SAMPLING_NAMES)
+            raise InvalidFieldsError(f"{key}: {unknown.message}", param=str(key))
+    return dict(checked({k: v for k, v in sampling.items() if v is not None}))
 
 
-#: Sampling fields that hold numbers: pydantic's lax mode would turn "0.5" into 0.5 and True
-#: into 1, which hides a caller's mistake.
-_NUMERIC_SAMPLING = ("temperature", "top_p", "top_k", "max_tokens", "seed", "top_logprobs")
-
-
-def _refuse_loose_numbers(given: Mapping[str, Any]) -> None:
-    for name in _NUMERIC_SAMPLING:
-        value = given.get(name)
-        if isinstance(value, str | bool | bytes):
-            raise InvalidFieldsError(
-                f"{name}: must be a number, not {type(value).__name__} {value!r}", param=name
-            )
-    entropy = given.get("record_entropy")
-    if entropy is not None and not isinstance(entropy, bool):
-        raise InvalidFieldsError(
-            f"record_entropy: must be true or false, not {entropy!r}", param="record_entropy"
-        )
+#: What a whole ``SamplingParams`` always fixes: the fields that shape the distribution.
+_ALWAYS = frozenset({"temperature", "top_p", "top_k"})
 
 
 ConfigT = TypeVar("ConfigT", bound="DataclassInstance")
@@ -262,12 +247,16 @@ def config_object(cls: type[ConfigT], given: Any, name: str) -> ConfigT | None:
     known = [f.name for f in dataclasses.fields(cls)]
     for key in given:
         if key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise ConfigError(
-                f"unknown {name} field {key!r}: {hint}expected one of {', '.join(known)}", str(key)
-            )
+            raise _unknown_field(name, str(key), known)
     return cls(**given)
+
+
+def _unknown_field(group: str, key: str, known: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return ConfigError(
+        f"unknown {group} field {key!r}: {hint}expected one of {', '.join(known)}", key
+    )
 
 
 def retry_policy(given: RetryPolicy | Mapping[str, Any] | None) -> RetryPolicy | None:

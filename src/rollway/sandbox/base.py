@@ -64,11 +64,13 @@ class Sandbox(ABC):
 
     @abstractmethod
     def poll(self) -> SandboxResult | None:
-        """The result if the command has ended, else None."""
+        """The result if the command has ended, else None (raises as ``wait`` does)."""
 
     @abstractmethod
     async def wait(self) -> SandboxResult:
-        """Wait for the end; past the wall-clock limit the whole process tree is killed."""
+        """Wait for the end; past the wall-clock limit the whole process tree is killed. An
+        ``InfrastructureError`` if the sandbox's own machinery died before it could say how the
+        command ended (its supervisor killed: ``supervisor_death``), not the command's exit."""
 
     @abstractmethod
     def read_back(self, name: str, limit: int, what: str, setting: str = "") -> bytes | None:

@@ -17,7 +17,9 @@ covers the rest, and the signal covers a forked copy of the client that keeps th
 working directory is marked as the client's (``rollway.tempdirs``): one a killed client left is
 removed by the next client that opens (``rollway.sandbox.remove_leftovers``). It is held open
 from its making (``workdir.py``): the client reads the program's files, and the supervisor writes
-the exit status, in that folder, whatever the program did to its path.
+the exit status, in that folder, whatever the program did to its path. A supervisor killed
+before it wrote that status is rollway's failure, not the program's (``supervisor_death.py``):
+``wait`` raises ``InfrastructureError`` and its orphans (the rest of its session) are killed.
 
 What it isolates: resources, the working directory, the process tree. What it does not:
 the file system outside the working directory, the network, Unix sockets, other processes and
@@ -40,10 +42,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rollway.errors import AgentError
+from rollway.errors import AgentError, InfrastructureError
 from rollway.sandbox.base import Sandbox, SandboxLimits, SandboxResult
 from rollway.sandbox.cgroup import PidsCgroup
 from rollway.sandbox.readback import read_back
+from rollway.sandbox.supervisor_death import local_death, session_members
 from rollway.sandbox.workdir import make_workdir, remove_workdir
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ _TERM_REPEAT_S = 0.25
 _KILL_POLL_S = 0.02
 _STATUS_FILE = ".rollway-exit-code"
 _STATUS_BYTES = 32  # an exit code; the program may have put anything there
+_STDERR_TAIL = 2000  # of a failed sandbox's stderr, in its error
 _SUPERVISOR = Path(__file__).with_name("supervisor.py")
 _PR_SET_PDEATHSIG = 1
 
@@ -243,7 +247,8 @@ class LocalSandbox(Sandbox):
                 await asyncio.wait_for(process.wait(), _TERM_REPEAT_S)
         if process.returncode is None:
             _signal_group(process.pid, signal.SIGKILL)
-            await process.wait()
+        if await process.wait() < 0:  # killed: what it had not ended yet is orphaned
+            await _kill_session(process.pid)
         if self._cgroup is not None:
             deadline = time.monotonic() + _TERM_GRACE_S
             # Nothing signals a v1 cgroup's emptying: poll it (the kill itself is immediate).
@@ -253,20 +258,34 @@ class LocalSandbox(Sandbox):
     def _collect(self) -> SandboxResult:
         assert self._process is not None and self._process.returncode is not None
         (out, out_cut), (err, err_cut) = (r.result() for r in self._readers)
+        stderr = err.decode(errors="replace")
         try:  # the command's own code, as its supervisor saw it
             status = self.read_back(_STATUS_FILE, _STATUS_BYTES, "exit status file")
-            exit_code = int(status if status is not None else "")
-        except (AgentError, ValueError):  # the supervisor was killed, or the program meddled
+        except AgentError:  # the program meddled, and the supervisor could not replace it
+            status = b""
+        death = None if status is not None or self._timed_out else self._supervisor_death(stderr)
+        if death is not None:
+            tail = stderr[-_STDERR_TAIL:].strip()
+            raise InfrastructureError(f"{death}; stderr: {tail}" if tail else death)
+        try:
+            exit_code = int(status or b"")
+        except ValueError:  # none, or not a number: the supervisor's own code stands
             exit_code = self._process.returncode
         return SandboxResult(
             exit_code=exit_code,
             stdout=out.decode(errors="replace"),
-            stderr=err.decode(errors="replace"),
+            stderr=stderr,
             timed_out=self._timed_out,
             wall_s=time.monotonic() - self._started,
             stdout_truncated=out_cut,
             stderr_truncated=err_cut,
         )
+
+    def _supervisor_death(self, stderr: str) -> str | None:
+        """Why the supervisor died before it wrote the status file, if it did (then rollway's
+        machinery failed, not the program: ``supervisor_death``); None if it ended on its own."""
+        assert self._process is not None and self._process.returncode is not None
+        return local_death(self._process.returncode)
 
     def _prepare_child(self) -> None:  # runs in the child, between fork and exec
         if self._cgroup is not None:
@@ -334,6 +353,17 @@ async def _read_bounded(stream: asyncio.StreamReader, limit: int) -> tuple[bytes
             del kept[: len(kept) - limit]
             truncated = True
     return bytes(kept), truncated
+
+
+async def _kill_session(session: int) -> None:
+    """SIGKILL what is left of a killed supervisor's session (its orphans), again until none
+    is left: one may fork as it is killed."""
+    deadline = time.monotonic() + _TERM_GRACE_S
+    while (left := session_members(session)) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.sleep(_KILL_POLL_S)  # a SIGKILL lands at once, its end comes soon after
 
 
 def _signal_group(group: int, signum: int) -> None:

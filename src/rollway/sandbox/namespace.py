@@ -35,6 +35,7 @@ from urllib.parse import urlparse
 from rollway.errors import ConfigError
 from rollway.sandbox.base import SandboxLimits
 from rollway.sandbox.local_sandbox import LocalSandbox
+from rollway.sandbox.supervisor_death import namespace_death
 
 _UNSHARE = [
     "unshare",
@@ -80,6 +81,10 @@ class NamespaceSandbox(LocalSandbox):
 
     def _wrap(self, command: Sequence[str], env: Mapping[str, str], lifeline: int) -> list[str]:
         return [*_UNSHARE, *super()._wrap(command, env, lifeline)]
+
+    def _supervisor_death(self, stderr: str) -> str | None:
+        assert self._process is not None and self._process.returncode is not None
+        return namespace_death(self._process.returncode, stderr)
 
     def _supervisor_options(self, env: Mapping[str, str]) -> list[str]:
         """The relay, from ``127.0.0.1:<port of OPENAI_BASE_URL>`` to the gateway's socket; the

@@ -1,33 +1,13 @@
 """Export an experiment in the shape trainers read: one row per sample (segment).
 
-Columns: rollout_id, rollout_key, group_id, group_index, sample_index, segment, status,
-finish_reason (the record's: the agent's, ``max_steps`` telling a capped episode from a finished
-one, and ``length`` for its default ``stop`` where the rollout was truncated), is_truncated and
-truncation_reason (the rollout's one truncation truth, from its trajectory: ``max_turns``,
-``max_seq_len``, or ``max_tokens`` where its last turn was cut; null when not truncated: what
-overlong filtering such as TRL's ``mask_truncated_completions`` or DAPO's reads), reward,
-prompt_ids, response_ids, loss_mask, logprobs, policy_versions (aligned
-with response_ids, -1 off the mask; null without versions), policy_version and
-policy_version_max (the oldest and the newest version that sampled a token of the sample;
-several across a ``keep`` update or in an async run), staleness (the latest version minus the
-oldest) and logprob_kind (``raw_logprobs``, ``processed_logprobs``, or ``mixed`` when its turns
-differ: never train on those as if they were one kind), raw_logprobs (the temperature-1 ones,
-aligned, where ``logprobs`` are not raw; null otherwise), kept_mass (aligned: the mass
-top-p/top-k kept for each sampled token, 1.0 where nothing was cut; null when no turn cut),
-top_ids and top_logprobs (aligned: each sampled token's most likely ids and their logprobs, []
-off the mask; null unless the sampling asked ``top_logprobs``), entropy (aligned, 0.0 off the
-mask; null unless it asked ``record_entropy``), temperature, top_p and top_k (the segment's
-first turn's sampling), turns (the segment's turn count), task_id (the task's ``task_id``, else
-``id``, else null), prompt_messages (the rollout's opening messages, before the model's first
-answer: the task as it was asked; JSON text, the same on each of the rollout's rows) and
-reward_info (the reward's components and source, as the record has them; JSON text), then one
-``reward/<name>`` column (a float; null where a record lacks it) per reward component any
-exported record has (``RolloutRecord.reward_components``: a ``Rubric``'s functions, a reward
-dict's numeric extras). The
-record's final messages are not a column (the whole conversation, repeated on every segment's
-row): they stay on the record. Records without token data (a rollout that failed before its
-first turn) have no rows. ``max_staleness`` drops samples more than that many versions behind
-the latest (the newest version in the records unless ``latest_version`` is given).
+Columns: ``store.export_columns.COLUMNS`` (name, Arrow type, getter, meaning; docs/trajectory.md
+lists them), then one ``reward/<name>`` column (a float; null where a record lacks it) per reward
+component any exported record has (``RolloutRecord.reward_components``: a ``Rubric``'s
+functions, a reward dict's numeric extras). The record's final messages are not a column (the
+whole conversation, repeated on every segment's row): they stay on the record. Records without
+token data (a rollout that failed before its first turn) have no rows. ``max_staleness`` drops
+samples more than that many versions behind the latest (the newest version in the records
+unless ``latest_version`` is given).
 ``drop_flat_groups`` drops every row of a group whose rewards hold fewer than two different
 values among its scored rollouts (zero variance: no GRPO signal); ``flat_groups`` names them.
 A record whose token data do not line up (per-token lists not one per completion id, a chain
@@ -43,11 +23,11 @@ from typing import Any, Literal
 
 import orjson
 
-from rollway import json_text
 from rollway.errors import BadRecordError, ConfigError
 from rollway.results import RolloutRecord
 from rollway.store.base import OnBadRecord
-from rollway.trajectory import Sample, Turn
+from rollway.store.export_columns import COLUMNS, RecordView, SampleView, arrow_type
+from rollway.trajectory import Turn
 
 ExportFormat = Literal["jsonl", "parquet"]
 
@@ -129,104 +109,23 @@ def _record_rows(
     record: RolloutRecord, latest_version: int | None, max_staleness: int | None
 ) -> Iterator[dict[str, Any]]:
     """The rows of one record's samples, but those more than ``max_staleness`` behind."""
-    trajectory = record.trajectory
-    assert trajectory is not None
-    # The same on each of the record's rows: made once per record, not once per sample.
-    tail = {
-        "task_id": _task_id(record.task),
-        "prompt_messages": _json_text(_opening_messages(record.messages or trajectory.messages)),
-        "reward_info": _json_text(record.reward_info),
-    }
+    view = RecordView(record, latest_version)
     by_segment: dict[int, list[Turn]] = {}
-    for turn in trajectory.turns:
+    for turn in view.trajectory.turns:
         by_segment.setdefault(turn.segment, []).append(turn)
-    for sample in trajectory.samples:
-        oldest = _oldest(sample.policy_versions, sample.loss_mask)
-        staleness = None if oldest is None or latest_version is None else latest_version - oldest
-        if max_staleness is not None and staleness is not None and staleness > max_staleness:
-            continue
+    for sample in view.trajectory.samples:
         turns = by_segment.get(sample.segment, [])
-        sampling = turns[0].sampling if turns else trajectory.sampling
-        yield {**_sample_columns(record, sample, turns, sampling, oldest, staleness), **tail}
-
-
-def _sample_columns(
-    record: RolloutRecord,
-    sample: Sample,
-    turns: list[Turn],
-    sampling: dict[str, Any],
-    oldest: int | None,
-    staleness: int | None,
-) -> dict[str, Any]:
-    """A row's columns but the record's last three (task, opening messages, reward info)."""
-    kinds = {t.logprob_kind for t in turns}
-    return {
-        "rollout_id": record.rollout_id,
-        "rollout_key": record.rollout_key,
-        "group_id": record.group_id,
-        "group_index": record.group_index,
-        "sample_index": record.sample_index,
-        "segment": sample.segment,
-        "status": record.status,
-        "finish_reason": record.finish_reason,
-        **_truncation(record),
-        "reward": record.reward,
-        "prompt_ids": sample.prompt_ids,
-        "response_ids": sample.response_ids,
-        "loss_mask": sample.loss_mask,
-        "logprobs": sample.logprobs,
-        "policy_versions": sample.policy_versions,
-        "policy_version": oldest,
-        "policy_version_max": _newest(sample.policy_versions, sample.loss_mask),
-        "staleness": staleness,
-        "logprob_kind": kinds.pop() if len(kinds) == 1 else "mixed",
-        "raw_logprobs": sample.raw_logprobs,
-        "kept_mass": sample.kept_mass,
-        "top_ids": sample.top_ids,
-        "top_logprobs": sample.top_logprobs,
-        "entropy": sample.entropy,
-        "temperature": sampling.get("temperature"),
-        "top_p": sampling.get("top_p"),
-        "top_k": sampling.get("top_k"),
-        "turns": len(turns),
-    }
-
-
-def _truncation(record: RolloutRecord) -> dict[str, Any]:
-    trajectory = record.trajectory
-    return {
-        "is_truncated": trajectory is not None and trajectory.is_truncated,
-        "truncation_reason": trajectory.truncation_reason if trajectory is not None else None,
-    }
-
-
-def _task_id(task: dict[str, Any]) -> str | None:
-    found = task.get("task_id", task.get("id"))
-    return None if found is None else str(found)
+        row = SampleView(view, sample, turns, _oldest(sample.policy_versions, sample.loss_mask))
+        stale = row.staleness
+        if max_staleness is not None and stale is not None and stale > max_staleness:
+            continue
+        yield {column.name: column.get(row) for column in COLUMNS}
 
 
 def _oldest(versions: list[int] | None, mask: list[int]) -> int | None:
     if versions is None:
         return None
     return min((v for v, m in zip(versions, mask, strict=True) if m), default=None)
-
-
-def _newest(versions: list[int] | None, mask: list[int]) -> int | None:
-    if versions is None:
-        return None
-    return max((v for v, m in zip(versions, mask, strict=True) if m), default=None)
-
-
-def _opening_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation before the model's first answer: the task as the model was asked."""
-    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
-    return messages if first is None else messages[:first]
-
-
-def _json_text(value: Any) -> str:
-    """A column of free-form JSON (messages, reward components) as text: Parquet and
-    ``datasets`` need one type per column, and these differ from row to row."""
-    return json_text.dumps(value).decode()
 
 
 def export_records(
@@ -265,40 +164,7 @@ def _write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
         import pyarrow.parquet as pq
     except ImportError:
         raise ConfigError("Parquet export needs pyarrow: pip install 'rollway[parquet]'") from None
-    columns: list[tuple[str, pa.DataType]] = [
-        ("rollout_id", pa.string()),
-        ("rollout_key", pa.string()),
-        ("group_id", pa.string()),
-        ("group_index", pa.int64()),
-        ("sample_index", pa.int64()),
-        ("segment", pa.int64()),
-        ("status", pa.string()),
-        ("finish_reason", pa.string()),
-        ("is_truncated", pa.bool_()),
-        ("truncation_reason", pa.string()),
-        ("reward", pa.float64()),
-        ("prompt_ids", pa.list_(pa.int32())),
-        ("response_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.int8())),
-        ("logprobs", pa.list_(pa.float64())),
-        ("policy_versions", pa.list_(pa.int64())),
-        ("policy_version", pa.int64()),
-        ("policy_version_max", pa.int64()),
-        ("staleness", pa.int64()),
-        ("logprob_kind", pa.string()),
-        ("raw_logprobs", pa.list_(pa.float64())),
-        ("kept_mass", pa.list_(pa.float64())),
-        ("top_ids", pa.list_(pa.list_(pa.int32()))),
-        ("top_logprobs", pa.list_(pa.list_(pa.float64()))),
-        ("entropy", pa.list_(pa.float64())),
-        ("temperature", pa.float64()),
-        ("top_p", pa.float64()),
-        ("top_k", pa.int64()),
-        ("turns", pa.int64()),
-        ("task_id", pa.string()),
-        ("prompt_messages", pa.string()),
-        ("reward_info", pa.string()),
-    ]
+    columns = [(column.name, arrow_type(column.arrow)) for column in COLUMNS]
     # One float column per reward component (``reward/<name>``), after the fixed ones.
     columns += [(name, pa.float64()) for name in (rows[0] if rows else {}) if "/" in name]
     pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(columns)), path)

@@ -139,7 +139,7 @@ class RollwayAgentLoop(AgentLoopBase):
             prompt_length=self.prompt_length,
             response_length=self.response_length,
             logprobs=bool(sampling_params.get("logprobs", True)),
-            pad_id=_pad_id(self.tokenizer),
+            pad_id=pad_id_of(self.tokenizer),
         )
 
     def task_from_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,7 +287,8 @@ def _placeholder(record: RolloutRecord, pad_id: int) -> AgentLoopOutput:
     )
 
 
-def _pad_id(tokenizer: Any) -> int:
+def pad_id_of(tokenizer: Any) -> int:
+    """The id a placeholder row holds: the tokenizer's pad, else its end of sequence."""
     pad = getattr(tokenizer, "pad_token_id", None)
     return int(pad if pad is not None else getattr(tokenizer, "eos_token_id", 0) or 0)
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -26,8 +25,6 @@ from rollway.errors import (
     http_status_for,
 )
 from rollway.ids import keys_match
-
-ModelT = TypeVar("ModelT", bound=BaseModel)
 
 log = logging.getLogger(__name__)
 
@@ -131,29 +128,3 @@ async def route_error(request: Request, exc: Exception) -> Response:
     error = {"message": exc.detail, "type": "invalid_request_error", "param": None, "code": None}
     # Starlette's own headers (a 405's ``Allow``) go with it.
     return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
-
-
-# How pydantic labels the branches of a union in an error's location (``content.str``,
-# ``input.list[...]``): no field of a wire model is named so.
-_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
-
-
-def _is_union_label(part: str | int) -> bool:
-    return isinstance(part, str) and (part in _TYPE_LABELS or not part.isidentifier())
-
-
-def parse_model(model: type[ModelT], data: Any, *, strict: bool = True) -> ModelT:
-    """Validate ``data`` as ``model``, turning pydantic's error into one that names the field.
-    The deepest error is named: for a union that is the branch that got furthest.
-
-    Strict by default, for data read off the wire: JSON has real numbers and booleans, so
-    ``"0.5"`` for a float or ``true`` for an int is the caller's mistake, not something to
-    coerce (an int for a float is still a number). ``strict=False`` is for Python callers,
-    whose tuples stand for lists."""
-    try:
-        return model.model_validate(data, strict=strict)
-    except ValidationError as exc:
-        first = max(exc.errors(include_url=False), key=lambda e: len(e["loc"]))
-        where = ".".join(str(p) for p in first["loc"] if not _is_union_label(p)) or "body"
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise InvalidFieldsError(f"{where}: {first['msg']}{more}", param=where) from None

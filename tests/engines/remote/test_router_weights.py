@@ -161,3 +161,21 @@ async def test_a_rolling_restart_after_an_update_brings_every_server_back_caught
         await fleet.close()
         for server in servers:
             server.stop()
+
+
+@pytest.mark.timeout(60)
+async def test_a_fleet_sharing_the_servers_adopts_an_update_another_loaded(tmp_path: Path) -> None:
+    """Two gateway workers' fleets over the same servers: one loads, the other adopts the
+    version; each server loads once, and the adopter's tokens carry the version."""
+    apps = [create_app(SimConfig(output_len=4), SGLangSimConfig()) for _ in range(2)]
+    with BackgroundServer(apps[0]) as a, BackgroundServer(apps[1]) as b:
+        loader, adopter = fleet_of([a, b]), fleet_of([a, b])
+        try:
+            await loader.update_weights(str(tmp_path), 1)
+            await adopter.adopt_weights(str(tmp_path), 1)
+            assert adopter.policy_version == 1
+            assert set(map(tuple, (await generate_on_each(adopter, "a")).values())) == {(1,) * 4}
+        finally:
+            await loader.close()
+            await adopter.close()
+    assert [app.state.simulator.labels for app in apps] == [["default", "1"]] * 2

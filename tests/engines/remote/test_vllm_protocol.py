@@ -226,6 +226,29 @@ async def test_weights_come_from_a_folder_and_versions_must_increase(tmp_path: P
     assert server.paused is None and server.cache_resets == 2  # at the pause, after the load
 
 
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+async def test_a_client_adopts_weights_another_loaded_without_loading_them(
+    tmp_path: Path, version: str
+) -> None:
+    """Two clients of one server (gateway workers): one loads, the other adopts the version;
+    the server loads once, and the adopter's tokens carry the version (its label check, on
+    servers that label, passes)."""
+    step_1 = write_checkpoint(tmp_path / "step-1")
+    with vllm(dev_mode=True, version=version) as (url, server):
+        loader, adopter = VLLMEngine(url), VLLMEngine(url)
+        try:
+            await loader.update_weights(step_1, 1)
+            await adopter.adopt_weights(step_1, 1)
+            with pytest.raises(ConfigError, match="does not follow 1"):
+                await adopter.adopt_weights(step_1, 1)
+            adopted = await adopter.generate(PROMPT, SEEDED, "adopted")
+        finally:
+            await loader.close()
+            await adopter.close()
+    assert server.loaded == [str(step_1)]
+    assert adopted.policy_versions == [1] * 16 and adopter.policy_version == 1
+
+
 async def turn(engine: VLLMEngine, rid: str) -> tuple[GenerationResult, int]:
     """One turn as the gateway runs it: a turn the engine aborted is sent again (new id)."""
     for attempt in range(5):

@@ -28,10 +28,10 @@ from rollway.agents.server.service import AgentServerConfig, AgentService, Run
 from rollway.agents.validate import ready_agent
 from rollway.errors import InvalidFieldsError, OverloadedError
 from rollway.ids import IdempotencyKey
+from rollway.validation import parse_model
 from rollway.web.handlers import (
     JSONResponse,
     error_body,
-    parse_model,
     read_json,
     require_key,
     route_error,

@@ -9,7 +9,7 @@ import yarl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rollway.checks import MAX_SEQ_LEN
-from rollway.gateway.request_schema import RegisterRequest
+from rollway.gateway.request_schema import SamplingFields
 from rollway.ids import IdempotencyKey, SafeId
 
 
@@ -63,10 +63,10 @@ class InitRequest(_Strict):
     @field_validator("sampling")
     @classmethod
     def _known_sampling(cls, value: dict[str, Any]) -> dict[str, Any]:
-        """The gateway's own sampling rules, so a bad value fails the init, not every turn.
-        Its ``ValidationError`` goes up as it is: pydantic places its errors under this field
-        (``sampling.temperature``), naming the field to fix."""
-        RegisterRequest.model_validate(value, strict=True)  # as read off the wire
+        """The declared sampling rules (the gateway's), so a bad value fails the init, not
+        every turn. Its ``ValidationError`` goes up as it is: pydantic places its errors under
+        this field (``sampling.temperature``), naming the field to fix."""
+        SamplingFields.model_validate(value, strict=True)  # as read off the wire
         return value
 
 

@@ -12,7 +12,8 @@ from starlette.routing import Route
 
 from rollway.errors import UnknownRolloutError
 from rollway.results import AgentReport
-from rollway.web.handlers import JSONResponse, guarded, parse_model, read_json, require_key
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse, guarded, read_json, require_key
 
 
 class CallbackInbox:

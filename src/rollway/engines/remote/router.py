@@ -46,7 +46,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.engines.base import Engine, HealthChecked, PauseMode, WeightSource, WeightSync
+from rollway.engines.base import (
+    Engine,
+    HealthChecked,
+    PauseMode,
+    SharedWeights,
+    WeightSource,
+    WeightSync,
+)
 from rollway.engines.streaming import stream_generation
 from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.generation import GenerationChunk, GenerationResult, LogprobKind, SamplingParams
@@ -259,10 +266,7 @@ class RoutedEngine:
         await self._fan_out("resume", lambda engine: engine.resume(), eject=False)
 
     async def update_weights(self, source: WeightSource, version: int) -> None:
-        if version <= self.policy_version:
-            raise ConfigError(
-                f"weights version {version} does not follow {self.policy_version}", "version"
-            )
+        self._check_follows(version)
         paused = self._paused is not None
         if not paused:
             await self.pause("drain")
@@ -273,6 +277,23 @@ class RoutedEngine:
                 await self.resume()
         self._last_update = (source, version)
         self.policy_version = version
+
+    async def adopt_weights(self, source: WeightSource, version: int) -> None:
+        """Another client of these servers (a sibling gateway worker) loaded ``source`` as
+        ``version`` on each healthy one: they take the version; one out loads it on return."""
+        self._check_follows(version)
+        for endpoint in self.endpoints:
+            if not isinstance(endpoint.engine, SharedWeights):
+                raise ConfigError(f"engine endpoint {endpoint.name} loads its own weights")
+            if endpoint.healthy:
+                await endpoint.engine.adopt_weights(source, version)
+            endpoint.stale = endpoint.stale or not endpoint.healthy
+        self._last_update, self.policy_version = (source, version), version
+
+    def _check_follows(self, version: int) -> None:
+        if version <= self.policy_version:
+            message = f"weights version {version} does not follow {self.policy_version}"
+            raise ConfigError(message, "version")
 
     async def _fan_out(
         self, what: str, call: Callable[[WeightSync], Any], *, eject: bool = True

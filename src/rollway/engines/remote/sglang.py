@@ -369,6 +369,15 @@ class SGLangEngine:
             if not paused:
                 await self.resume()
 
+    async def adopt_weights(self, source: WeightSource, version: int) -> None:
+        """The server holds ``source`` as ``version``, loaded by another client of it (a
+        sibling gateway worker): take the version, asking the server nothing."""
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+        self.policy_version = version
+
     async def close(self) -> None:
         await self.http.close()
 

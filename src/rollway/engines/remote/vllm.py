@@ -352,6 +352,19 @@ class VLLMEngine:
         if pausing:
             await self.resume()
 
+    async def adopt_weights(self, source: WeightSource, version: int) -> None:
+        """The server holds the folder ``source`` as ``version``, loaded by another client of
+        it (a sibling gateway worker): take the version without asking the server anything.
+        A restart of the server loads ``source`` again, as after ``update_weights``."""
+        if version <= self.policy_version:
+            raise ConfigError(
+                f"weights version {version} does not follow {self.policy_version}", "version"
+            )
+        if isinstance(source, Mapping):
+            raise ConfigError("vLLM's weights come from a checkpoint folder", "source")
+        self._weights.last_load = os.fspath(source)
+        self.policy_version = self._sampling_version = version
+
     async def _resume_after_failure(self) -> None:
         """Resume the pause a failed update made; the update's error is the one to raise."""
         try:

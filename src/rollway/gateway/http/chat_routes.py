@@ -29,7 +29,8 @@ from rollway.gateway.http.sse_response import EventStream, first_awaited
 from rollway.gateway.render.turn_stream import TurnPiece
 from rollway.gateway.request_messages import ChatCompletionAsSent
 from rollway.generation import ChatResult
-from rollway.web.handlers import JSONResponse, bearer, parse_model
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse, bearer
 
 
 async def chat_completions(request: Request) -> Response:

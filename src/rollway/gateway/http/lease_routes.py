@@ -8,7 +8,8 @@ from starlette.responses import Response
 from rollway.gateway.experiment_leases import LeaseRequest, ReleaseRequest
 from rollway.gateway.http.app_state import gateway_of, read_body, require_admin
 from rollway.ids import SafeId, check_id
-from rollway.web.handlers import JSONResponse, parse_model
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse
 from rollway.web.openapi import Endpoint
 
 

@@ -20,6 +20,13 @@ from rollway.gateway.render.turn_stream import (
     ToolCallDelta,
     TurnPiece,
 )
+from rollway.gateway.request_schema import (
+    Temperature,
+    TopK,
+    TopP,
+    sampling_rule,
+    sampling_schema,
+)
 from rollway.generation import ChatResult
 
 _STOP_REASON = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
@@ -79,15 +86,17 @@ class AnthropicMessage(BaseModel):
 class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
-    max_tokens: int = Field(ge=1)
+    max_tokens: Annotated[int, sampling_schema("max_tokens"), sampling_rule("max_tokens")]
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: dict[str, Any] | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    stop_sequences: list[str] | None = None
+    temperature: Temperature = None
+    top_p: TopP = None
+    top_k: TopK = None
+    stop_sequences: Annotated[list[str] | None, sampling_schema("stop"), sampling_rule("stop")] = (
+        None
+    )
     stream: bool = False
     #: Whether and how long to think is the model's template's to say: accepted, not used.
     thinking: dict[str, Any] | None = None

@@ -15,7 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from rollway.generation import MAX_TOP_LOGPROBS, ChatResult, Message
+from rollway.gateway.request_schema import MaxTokens, Temperature, TopLogprobs, TopP
+from rollway.generation import ChatResult, Message
 
 
 class _Lenient(BaseModel):
@@ -115,9 +116,9 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_output_tokens: MaxTokens = None
+    temperature: Temperature = None
+    top_p: TopP = None
     stream: bool = False
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None
@@ -130,7 +131,7 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = None
     #: The most likely tokens each answered logprob carries (OpenAI's 0 to 20); recorded on the
     #: turn too, as chat's ``top_logprobs`` is.
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: TopLogprobs = None
     # Accepted and ignored: they change nothing for a self-hosted policy without hidden
     # reasoning or server-side caches (agent frameworks send them by default).
     reasoning: dict[str, Any] | None = None

@@ -13,7 +13,8 @@ from rollway.gateway.http.app_state import gateway_of, query_flag, read_body, re
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.trajectory import Trajectory
 from rollway.trajectory_format import whole_prompts as whole_prompts_of
-from rollway.web.handlers import JSONResponse, bearer, parse_model
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse, bearer
 
 
 async def register(request: Request) -> Response:

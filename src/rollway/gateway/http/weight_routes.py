@@ -7,13 +7,15 @@ from starlette.responses import Response
 
 from rollway.gateway.http.app_state import gateway_of, read_body, require_admin
 from rollway.gateway.request_schema import PauseRequest, WeightUpdateRequest
-from rollway.web.handlers import JSONResponse, parse_model
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse
 
 
 async def update_weights(request: Request) -> Response:
     require_admin(request)
     body = parse_model(WeightUpdateRequest, await read_body(request))
-    update = await gateway_of(request).weights.update(body.source, body.version, body.mode)
+    weights = gateway_of(request).weights
+    update = await weights.update(body.source, body.version, body.mode, loaded=body.loaded)
     return JSONResponse(update.to_dict())
 
 

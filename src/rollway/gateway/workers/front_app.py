@@ -30,7 +30,8 @@ from rollway.gateway.weight_control import NewWeights
 from rollway.gateway.workers.fan_out import WorkerWeights, merge_metrics
 from rollway.gateway.workers.proxy import call_json, error_response, forward, read_capped
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
-from rollway.web.handlers import JSONResponse, guarded, parse_model, read_json, require_key
+from rollway.validation import parse_model
+from rollway.web.handlers import JSONResponse, guarded, read_json, require_key
 
 #: How long a request for a worker being started again waits for it (then a 503).
 STARTING_WAIT_S = 30.0
@@ -150,7 +151,7 @@ async def update_weights(request: Request) -> Response:
     _require_admin(request)
     _, _, weights = _front(request)
     body = parse_model(WeightUpdateRequest, await read_json(request))
-    update = await weights.update(NewWeights(body.source, body.version, body.mode))
+    update = await weights.update(NewWeights(body.source, body.version, body.mode, body.loaded))
     return JSONResponse(update.to_dict())
 
 
