@@ -128,5 +128,5 @@ def test_every_run_option_is_one_field_of_the_typed_settings() -> None:
     assert (settings.retry(), settings.where_to_run()) == (None, "local")
     with pytest.raises(TypeError, match="unexpected keyword argument 'tempreature'"):
         RunSettings.of({**options, "tempreature": 0.5})
-    with pytest.raises(ConfigError, match="--ray-address and --workers go with --executor ray"):
-        RunSettings.of({**options, "workers": 2}).where_to_run()
+    with pytest.raises(ConfigError, match="--workers and --workers-per-node go with --executor"):
+        RunSettings.of({**options, "workers": 2, "workers_per_node": 2}).where_to_run()
