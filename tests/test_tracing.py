@@ -413,13 +413,14 @@ def test_a_ray_worker_traces_when_its_client_does(tmp_path: Path) -> None:
         from rollway import tracing
         from rollway.executors.base import WorkerConfig
         from rollway.executors.worker import RolloutWorker
+        from rollway.gateway.engine_choice import EngineChoice
         from rollway.rollouts import RolloutConfig
         from rollway.store.factory import store_from_uri
         from tests.agents.server.agents import TaskDrivenAgent
 
         def worker(trace):
             setup = WorkerConfig(
-                agent=TaskDrivenAgent(), engine="sim", model=None,
+                agent=TaskDrivenAgent(), engine=EngineChoice.of("sim"),
                 store=store_from_uri("{tmp_path}", "exp"), settings=RolloutConfig.build("exp"),
                 trace=trace,
             )

@@ -23,6 +23,7 @@ from rollway.client import RolloutClient
 from rollway.errors import InfrastructureError, UnknownRolloutError
 from rollway.gateway import RemoteGateway
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.gateway.weight_control import NewWeights
 from rollway.gateway.workers.worker_pool import worker_index
 from tests.cli.test_gateway_command import free_port
 from tests.cli.test_gateway_rollout_ttl import wait_until_serving
@@ -108,8 +109,8 @@ def test_a_killed_worker_is_restarted_and_only_its_rollouts_fail_clearly(
 
     async def before() -> None:
         gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
-        update = await gateway.update_weights(str(tmp_path), mode="abort")
-        assert update["policy_version"] == 1
+        update = await gateway.update_weights(NewWeights(str(tmp_path), mode="abort"))
+        assert update.version == 1
         await asyncio.gather(converse(gateway, lost, 1), converse(gateway, kept, 1))
         await gateway.close()
 

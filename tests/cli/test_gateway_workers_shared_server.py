@@ -17,6 +17,7 @@ import pytest
 
 from rollway.engines.sim import SimConfig
 from rollway.gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights
 from rollway.simulators.vllm_server import VLLMSim, VLLMSimConfig, create_vllm_sim_app
 from rollway.web.background_server import BackgroundServer
 from tests.cli.test_gateway_command import free_port
@@ -66,8 +67,8 @@ def test_an_update_through_the_front_loads_the_shared_server_once(
 
     async def update_then_sample() -> None:
         gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
-        update = await gateway.update_weights(folder, mode="abort")
-        assert update["policy_version"] == 1
+        update = await gateway.update_weights(NewWeights(folder, mode="abort"))
+        assert update.version == 1
         assert vllm.loaded == [folder]  # once, by one worker; the other adopted the version
         assert vllm.paused is None  # every worker's pause was resumed
         for index in (0, 1):

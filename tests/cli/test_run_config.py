@@ -4,12 +4,18 @@ it, and `--print-config` showing the merged result."""
 
 from __future__ import annotations
 
+import inspect
 import tomllib
 from pathlib import Path
 
 import orjson
 import pytest
 
+from rollway.cli.config_file import OWN_OPTIONS
+from rollway.cli.run_command import run
+from rollway.cli.run_settings import RunSettings
+from rollway.errors import ConfigError
+from rollway.rollouts.config import RolloutLimits, ServingConfig
 from tests.cli.test_run_failures import assert_one_error, rollway
 from tests.cli.test_run_settings import AGENTS
 
@@ -110,3 +116,17 @@ def test_help_names_every_option_whole_at_80_columns(workdir: Path) -> None:
                    "ROLLWAY_STATUS_INTERVAL"):  # fmt: skip
         assert option in ran.stdout
     assert max(len(line) for line in ran.stdout.splitlines()) <= 80
+
+
+def test_every_run_option_is_one_field_of_the_typed_settings() -> None:
+    parameters = inspect.signature(run).parameters
+    options = {n: p.default for n, p in parameters.items() if n not in ("ctx", *OWN_OPTIONS)}
+    assert sorted(RunSettings.names()) == sorted(options)
+    settings = RunSettings.of(options)  # the defaults, as the merged settings hold them
+    assert settings.limits() == RolloutLimits(reward_timeout=30.0, reward_retries=2)
+    assert settings.serving() == ServingConfig(host="127.0.0.1", port=0)
+    assert (settings.retry(), settings.where_to_run()) == (None, "local")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tempreature'"):
+        RunSettings.of({**options, "tempreature": 0.5})
+    with pytest.raises(ConfigError, match="--workers and --workers-per-node go with --executor"):
+        RunSettings.of({**options, "workers": 2, "workers_per_node": 2}).where_to_run()

@@ -14,6 +14,8 @@ import pytest
 
 from rollway import RetryPolicy, RolloutLimits, SamplingParams
 from rollway.client import RolloutClient
+from rollway.client.client_config import Pacing
+from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.retry import Backoff
 from rollway.rollouts import ServingConfig
@@ -186,3 +188,22 @@ def test_a_closed_client_refuses_new_rollouts_clearly(make_client: MakeClient) -
                 call()
         gc.collect()  # a coroutine never awaited would warn now
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_pacing_is_one_value_checked_where_it_is_made() -> None:
+    assert Pacing().watch_after_s == DEFAULT_STUCK_AFTER_S
+    assert Pacing(stuck_after_s=0).watch_after_s is None  # as --stuck-after 0: never
+    bad: list[dict[str, Any]] = [
+        {"max_concurrent": 0},
+        {"tps_limit": 0.0},
+        {"status_interval": -1.0},
+        {"stuck_after_s": -1.0},
+    ]
+    for fields in bad:
+        with pytest.raises(ConfigError, match=next(iter(fields))):
+            Pacing(**fields)
+
+
+def test_the_client_keeps_its_keywords_and_groups_them(make_client: MakeClient) -> None:
+    client = make_client(max_concurrent=3, tps_limit=50.0, abort_stuck=True)
+    assert client.pacing == Pacing(max_concurrent=3, tps_limit=50.0, abort_stuck=True)

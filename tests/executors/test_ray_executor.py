@@ -354,6 +354,7 @@ def test_everything_sent_to_workers_survives_pickling(
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
     from rollway.executors.base import WorkerConfig
     from rollway.executors.ray_executor import _check_shippable
+    from rollway.gateway.engine_choice import EngineChoice
     from rollway.rollouts import RolloutConfig, RolloutLimits
     from rollway.sandbox import sandbox_factory
 
@@ -361,8 +362,7 @@ def test_everything_sent_to_workers_survives_pickling(
     reward = import_target("examples/calculator/agent.py").reward  # type: ignore[attr-defined]
     setup = WorkerConfig(
         agent=calculator,
-        engine=RemoteGateway(served.url, admin_key=served.admin_key),
-        model=None,
+        engine=EngineChoice.of(RemoteGateway(served.url, admin_key=served.admin_key)),
         store=store_from_uri(s3_env, "pickled"),
         settings=RolloutConfig.build(
             "pickled", sampling={"seed": 3}, limits=RolloutLimits(timeout=9.0)
@@ -407,10 +407,10 @@ def _inspect(setup, program, remote) -> dict:  # type: ignore[no-untyped-def]
         "reward": setup.reward({"answer": 25}, trajectory),
         "store": (setup.store.exp_id, setup.store.exists("nothing-here")),
         "gateway": (
-            setup.engine.url,
-            setup.engine.model_name,
-            setup.engine._keys,
-            setup.engine._session,
+            setup.engine.shared.url,
+            setup.engine.shared.model_name,
+            setup.engine.shared._keys,
+            setup.engine.shared._session,
         ),
         "settings": (setup.settings.fixed_sampling(), setup.settings.limits.timeout),
         "program": (program.command, program.make_sandbox.__name__),
@@ -494,7 +494,7 @@ def test_every_worker_takes_a_weight_update_and_a_sglang_spec_is_refused(
         update = client.update_weights({"w": [1.0]}, mode="drain")
         assert update["policy_version"] == 1 == client.policy_version
         workers = [w.actor for w in executor._workers]
-        assert [p["policy_version"] for p in ray.get([w.policy.remote() for w in workers])] == [
+        assert [p.version for p in ray.get([w.policy.remote() for w in workers])] == [
             1,
             1,
         ]

@@ -22,7 +22,9 @@ from rollway.errors import (
     RolloutClosedError,
 )
 from rollway.gateway import Gateway, create_app
+from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.generation import ChatResult, GenerationChunk, GenerationResult, SamplingParams
 from rollway.web.background_server import BackgroundServer
 
@@ -200,7 +202,7 @@ async def test_updates_are_checked_before_the_engine_pauses(renderer: ChatRender
     fixed = gateway_over(Fixed(), renderer)
     with pytest.raises(RequestError, match="cannot take new weights"):
         await fixed.weights.update("a")
-    assert fixed.weights.describe()["policy_version"] is None
+    assert fixed.weights.describe() == PolicyState(None, None, ())
 
 
 @pytest.fixture
@@ -269,6 +271,41 @@ def test_the_admin_routes_update_pause_and_report_the_version(
         )
         assert reply.status_code == 200
     assert "rollway_policy_version 2.0" in admin.get("/metrics").text
+
+
+def test_new_weights_are_checked_where_they_are_asked() -> None:
+    assert NewWeights.of("/ckpt", 2, "drain") == NewWeights("/ckpt", 2, "drain")
+    with pytest.raises(InvalidFieldsError, match="unknown pause mode 'later'") as bad_mode:
+        NewWeights.of("/ckpt", mode="later")
+    assert bad_mode.value.param == "mode"
+    for bad in ("", 5, None):
+        with pytest.raises(InvalidFieldsError, match="a checkpoint folder or a state dict"):
+            NewWeights.of(bad)
+
+
+@pytest.mark.timeout(60)
+def test_a_served_update_is_sent_and_answered_as_typed_values(
+    served: tuple[httpx.Client, Gateway],
+) -> None:
+    admin, gateway = served
+    admin_key = admin.headers["Authorization"].removeprefix("Bearer ")
+
+    async def update() -> tuple[WeightUpdate, WeightUpdate, PolicyState]:
+        remote = RemoteGateway(str(admin.base_url), admin_key=admin_key)
+        try:
+            first = await remote.update_weights(NewWeights("/ckpt/step-1", mode="drain"))
+            with pytest.raises(ConfigError, match="a checkpoint folder path, not dict"):
+                await remote.update_weights(NewWeights({"w": [1.0]}))
+            second = await remote.update_weights(NewWeights("/ckpt/step-3", 3, "keep"))
+            return first, second, await remote.policy()
+        finally:
+            await remote.close()
+
+    first, second, policy = asyncio.run(update())
+    assert policy == PolicyState(3, None, ("abort", "drain", "keep"))
+    assert (first.version, first.mode, second.version, second.mode) == (1, "drain", 3, "keep")
+    assert first.pause_s >= 0 and first.load_s >= 0
+    assert gateway.weights.version == 3 and gateway.weights.paused is None
 
 
 async def test_what_the_engine_refuses_is_a_request_error(renderer: ChatRenderer) -> None:

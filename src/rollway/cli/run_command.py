@@ -19,16 +19,16 @@ from rollway.cli.config_file import as_toml, merged_settings
 from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
+from rollway.cli.run_settings import RunSettings
 from rollway.client import BatchItem, RolloutClient
 from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
-from rollway.executors import Executor, RayExecutor
 from rollway.gateway.remote_gateway import RemoteGateway
 from rollway.generation import SamplingParams
 from rollway.ids import id_from
-from rollway.rollouts.config import DEFAULT_TIMEOUT_S, RolloutLimits, ServingConfig
+from rollway.rollouts.config import DEFAULT_TIMEOUT_S
 from rollway.rollouts.rewards import RewardFn
 from rollway.sampling_settings import SAMPLING_NAMES
 from rollway.sandbox import SandboxLimits, sandbox_factory
@@ -84,113 +84,80 @@ def run(
     print_config: o.PrintConfigOption = False,
 ) -> None:
     """Run AGENT on every task (x group size); write trajectories, groups and a summary."""
-    s = merged_settings(ctx, config)
+    merged = merged_settings(ctx, config)
     if print_config:
-        typer.echo(as_toml(s), nl=False)
+        typer.echo(as_toml(merged), nl=False)
         return
-    _run_settings(s)
+    _run_settings(RunSettings.of(merged))
 
 
-def _run_settings(s: dict[str, Any]) -> None:
-    """The run the merged settings ``s`` describe, from the task file to the results line."""
-    if s["tasks"] is None:
+def _run_settings(s: RunSettings) -> None:
+    """The run the settings describe, from the task file to the results line."""
+    if s.tasks is None:
         raise ConfigError("give --tasks (or `tasks` in the config file)", param="tasks")
-    rows = _read_tasks(Path(s["tasks"]), s["limit"])
-    if (s["agent"] is None) == (s["cmd"] is None):
+    rows = _read_tasks(s.tasks, s.limit)
+    if (s.agent is None) == (s.cmd is None):
         raise ConfigError("name an AGENT or give --cmd (one of them)")
-    chosen = _agent(s["agent"], s["cmd"], s["agent_key"], s["sandbox"], s["sandbox_writable"])
-    exp = s["exp_id"] or id_from(f"{chosen.name}-{Path(s['tasks']).stem}")
+    chosen = _agent(s.agent, s.cmd, s.agent_key, s.sandbox, s.sandbox_writable)
+    exp = s.exp_id or id_from(f"{chosen.name}-{s.tasks.stem}")
     with (
-        _event_log(Path(s["events"]) if s["events"] else None) as on_event,
+        _event_log(s.events) as on_event,
         _client(s, chosen, exp, on_event) as client,
     ):
         items = _run_batch(client, rows, s)
-    typer.echo(f"results in {s['out'].rstrip('/')}/{exp}")
+    typer.echo(f"results in {s.out.rstrip('/')}/{exp}")
     require_a_completed_rollout(items)
     warn_about_reruns(items)
 
 
 def _client(
-    s: dict[str, Any], agent: AgentLoop, exp_id: str, on_event: JsonlEventLog | None
+    s: RunSettings, agent: AgentLoop, exp_id: str, on_event: JsonlEventLog | None
 ) -> RolloutClient:
     """The client the settings describe, with a progress bar and status lines."""
-    gateway = s["gateway"]
     return RolloutClient(
         agent,
-        RemoteGateway(gateway, admin_key=s["gateway_key"] or "") if gateway else s["engine"],
-        model=s["model"],
-        store=s["out"],
+        RemoteGateway(s.gateway, admin_key=s.gateway_key or "") if s.gateway else s.engine,
+        model=s.model,
+        store=s.out,
         exp_id=exp_id,
-        reward=load_reward(s["reward"]) if s["reward"] else None,
+        reward=load_reward(s.reward) if s.reward else None,
         sampling=_sampling(s),
-        limits=_limits(s),
-        retry={"attempts": s["max_attempts"]} if s["max_attempts"] else None,
-        serving=ServingConfig(host=s["http_host"], port=s["http_port"], public_url=s["public_url"]),
-        max_concurrent=s["concurrency"],
-        executor=_executor(s),
+        limits=s.limits(),
+        retry=s.retry(),
+        serving=s.serving(),
+        max_concurrent=s.concurrency,
+        executor=s.where_to_run(),
         show_progress=True,
-        status_interval=s["status_interval"],
+        status_interval=s.status_interval,
         on_event=on_event,
-        stuck_after_s=s["stuck_after"] or None,
-        abort_stuck=s["abort_stuck"],
-        trace=s["trace"],
+        stuck_after_s=s.stuck_after or None,
+        abort_stuck=s.abort_stuck,
+        trace=s.trace,
     )
 
 
 def _run_batch(
-    client: RolloutClient, rows: list[dict[str, Any]], s: dict[str, Any]
+    client: RolloutClient, rows: list[dict[str, Any]], s: RunSettings
 ) -> list[BatchItem]:
     try:
         # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which
         # cancels what is running and writes the summary of what finished.
-        return list(client.run_batch(rows, s["group_size"], resume=s["resume"]))
+        return list(client.run_batch(rows, s.group_size, resume=s.resume))
     except KeyboardInterrupt:
         report_interrupt(client.last_summary)
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
-def _sampling(s: dict[str, Any]) -> SamplingParams:
+def _sampling(s: RunSettings) -> SamplingParams:
     """The sampling the settings give, typed once here: it fixes temperature, top_p and top_k,
-    and the others where given (a turn records the most top logprobs either side asked)."""
-    return SamplingParams(
-        **{name: s[name] for name in SAMPLING_NAMES if name in s and s[name] is not None}
-    )
-
-
-def _limits(s: dict[str, Any]) -> RolloutLimits:
-    return RolloutLimits(
-        max_turns=s["max_turns"],
-        max_seq_len=s["max_seq_len"],
-        timeout=s["timeout"] or None,
-        reward_timeout=s["reward_timeout"],
-        stop_grace_s=s["stop_grace"],
-        reward_retries=s["reward_retries"],
-    )
+    and the others where given (a turn records the most top logprobs either side asked).
+    A sampling setting without a ``rollway run`` option (``stop_token_ids``) is not given."""
+    given = {name: getattr(s, name, None) for name in SAMPLING_NAMES}
+    return SamplingParams(**{name: value for name, value in given.items() if value is not None})
 
 
 def _event_log(path: Path | None) -> AbstractContextManager[JsonlEventLog | None]:
     return contextlib.closing(JsonlEventLog(path)) if path else contextlib.nullcontext()
-
-
-def _executor(s: dict[str, Any]) -> str | Executor:
-    """The executor the settings name; the Ray options refused, by name, without Ray."""
-    ray_options = ("ray_address", "workers", "workers_per_node")
-    if s["executor"] != "ray":
-        given = [name for name in ray_options if s[name]]
-        if given:
-            flags = " and ".join(f"--{name.replace('_', '-')}" for name in given)
-            verb = "goes" if len(given) == 1 else "go"
-            raise ConfigError(f"{flags} {verb} with --executor ray", param=given[0])
-        return str(s["executor"])
-    if s["workers"] and s["workers_per_node"]:
-        raise ConfigError(
-            "give --workers or --workers-per-node, not both (with --workers-per-node the count "
-            "is the live nodes times it)",
-            param="workers_per_node",
-        )
-    return RayExecutor(
-        address=s["ray_address"], num_workers=s["workers"], workers_per_node=s["workers_per_node"]
-    )
 
 
 def _agent(

@@ -18,7 +18,7 @@ from rollway.checks import check_count
 from rollway.client.admission import Admission
 from rollway.client.batch import BatchItem
 from rollway.client.batch_runs import BatchRequest, BatchRuns, cancel_and_wait
-from rollway.client.client_config import ClientConfig, check_pacing
+from rollway.client.client_config import ClientConfig, Pacing
 from rollway.client.event_stream import DEFAULT_QUEUE_SIZE, ClientEvents, EventListener
 from rollway.client.fingerprint import fingerprint
 from rollway.client.future import CancelGate, RolloutFuture, recorded
@@ -29,13 +29,13 @@ from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
 from rollway.client.step_source import StepHooks, StepSource
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
-from rollway.engines.base import ChatEngine, Engine
+from rollway.engines.base import WeightSource
 from rollway.errors import ConfigError
 from rollway.events import EventSink
 from rollway.executors import Executor, LocalExecutor, WorkerConfig, executor_from
-from rollway.gateway.core import Gateway
+from rollway.gateway.engine_choice import EngineArgument, EngineChoice
 from rollway.gateway.handle import GatewayHandle
-from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights
 from rollway.generation import SamplingParams
 from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
@@ -94,7 +94,7 @@ class RolloutClient:
     def __init__(
         self,
         agent: AgentLoop | type[AgentLoop] | str,
-        engine: str | Engine | ChatEngine | Gateway | RemoteGateway = "embedded",
+        engine: EngineArgument = "embedded",
         *,
         model: str | None = None,
         store: str | Store = "rollway-runs",
@@ -119,11 +119,16 @@ class RolloutClient:
         trace: bool = False,
         **options: Unpack[RolloutOptions],
     ) -> None:
-        # Checked before anything starts: a bad value is named here, not met as a hang later.
-        check_pacing(max_concurrent, tps_limit, status_interval, stuck_after_s)
+        # Grouped and checked before anything starts: a bad value is named here, not met as a
+        # hang later.
+        pacing = Pacing(
+            max_concurrent, tps_limit, show_progress, status_interval, stuck_after_s, abort_stuck
+        )
         config = ClientConfig.build(
             agent,
             exp_id,
+            engine=EngineChoice.of(engine, model),
+            pacing=pacing,
             agent_key=agent_key,
             poll=poll,
             trace=trace,
@@ -139,39 +144,31 @@ class RolloutClient:
         remove_leftovers()  # what killed clients left: sandbox folders, gateway sockets
         self.reward_fn = reward
         check_environment(reward, self.agent)
-        self.show_progress = show_progress
-        self.status_interval = status_interval
+        self.pacing = config.pacing
         #: Rollouts running, by their concurrent future.
         self._live: dict[concurrent.futures.Future[RolloutRecord], RolloutFuture] = {}
         self.policy = PolicyTracker(max_staleness)
         self.executor = executor_from(executor)
-        self._watch(max_concurrent, tps_limit, on_event, stuck_after_s, abort_stuck)
-        self._start(engine, model, config.serving, following=max_staleness is not None)
+        self._watch(on_event)
+        self._start(config.engine, config.serving, following=max_staleness is not None)
 
-    def _watch(
-        self,
-        max_concurrent: int,
-        tps_limit: float | None,
-        on_event: EventSink | None,
-        stuck_after_s: float | None,
-        abort_stuck: bool,
-    ) -> None:
+    def _watch(self, on_event: EventSink | None) -> None:
         """The parts that watch rollouts: events, admission (the cap and the rate), the
         watchdog."""
+        pacing = self.pacing
         self._events = ClientEvents()
         self._admission = Admission(
-            self.executor, self.policy, self._events, max_concurrent, tps_limit
+            self.executor, self.policy, self._events, pacing.max_concurrent, pacing.tps_limit
         )
         if on_event is not None:
             self._events.bus.subscribe(on_event)
-        # 0 turns the watchdog off, as ``rollway run --stuck-after 0`` does.
-        watch_after_s = stuck_after_s or None
-        self._watchdog = Watchdog(self.executor, self._events.bus, watch_after_s, abort_stuck)
+        self._watchdog = Watchdog(
+            self.executor, self._events.bus, pacing.watch_after_s, pacing.abort_stuck
+        )
 
     def _start(
         self,
-        engine: str | Engine | ChatEngine | Gateway | RemoteGateway,
-        model: str | None,
+        engine: EngineChoice,
         serving: ServingConfig,
         *,
         following: bool,
@@ -181,22 +178,19 @@ class RolloutClient:
         setup = WorkerConfig(
             agent=self.agent,
             engine=engine,
-            model=model,
             store=self.store,
             settings=self.settings,
             reward=self.reward_fn,
             serving=serving,
-            events=self._events.bus,
             trace=tracing.enabled(),
         )
         # Batches hold the experiment: another live client's batch would run, cancel and
         # unregister the same rollouts. Made before the executor ships the gateway to workers.
-        shared = engine if isinstance(engine, RemoteGateway) else None
-        self._lease = LeaseKeeper(self.exp_id, self.store, shared)
+        self._lease = LeaseKeeper(self.exp_id, self.store, engine.shared)
         self._loop = LoopThread()
         try:
-            self.executor.start(setup, self._loop)
-            self.policy.version = self._loop.call(self.executor.policy())["policy_version"]
+            self.executor.start(setup, self._loop, self._events.bus)
+            self.policy.version = self._loop.call(self.executor.policy()).version
         except BaseException:
             self.executor.close(self._loop)
             self._loop.close()
@@ -273,7 +267,7 @@ class RolloutClient:
         return self.policy.version
 
     def update_weights(
-        self, source: Any, version: int | None = None, *, mode: str = "abort"
+        self, source: WeightSource, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
         """Load new weights into every engine the rollouts use, as ``version`` (default: the
         next). ``source``: a checkpoint folder (every engine; a path on the servers for remote
@@ -281,25 +275,25 @@ class RolloutClient:
         ``abort`` (turns in flight stop and are sent again under the new weights; the agent
         sees a slower turn), ``drain`` (they finish on the old weights first) or ``keep``
         (they freeze and go on under the new ones). Rollout starts wait meanwhile. Safe to
-        call from another thread while a batch runs. Returns what the update did."""
+        call from another thread while a batch runs. Returns what the update did:
+        ``policy_version``, ``mode``, ``pause_s``, ``load_s`` and ``stale_restarts``."""
         self._check_open("to update weights")
-        return self._loop.call(self._update_weights(source, version, mode))
+        return self._loop.call(self._update_weights(NewWeights.of(source, version, mode)))
 
     async def update_weights_async(
-        self, source: Any, version: int | None = None, *, mode: str = "abort"
+        self, source: WeightSource, version: int | None = None, *, mode: str = "abort"
     ) -> dict[str, Any]:
         """``update_weights`` for a trainer in an event loop: awaitable from any loop, which
         goes on while the update runs on the client's own."""
         self._check_open("to update weights")
-        return await asyncio.wrap_future(
-            self._loop.submit(self._update_weights(source, version, mode))
-        )
+        new = NewWeights.of(source, version, mode)
+        return await asyncio.wrap_future(self._loop.submit(self._update_weights(new)))
 
     async def _follow_policy(self, every_s: float = 1.0) -> None:
         while True:
             await asyncio.sleep(every_s)
             try:
-                version = (await self.executor.policy())["policy_version"]
+                version = (await self.executor.policy()).version
             except Exception as exc:  # the gateway is down: rollouts will say so
                 log.debug("policy check failed: %r", exc)
                 continue
@@ -308,15 +302,15 @@ class RolloutClient:
             ):
                 self.policy.advance(version)
 
-    async def _update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def _update_weights(self, new: NewWeights) -> dict[str, Any]:
         async with self._updating:
             self.policy.hold_starts()
             try:
-                update = await self.executor.update_weights(source, version, mode)
+                update = await self.executor.update_weights(new)
             finally:
                 self.policy.open_starts()
-            update["stale_restarts"] = self.policy.advance(update["policy_version"])
-        return update
+            stale_restarts = self.policy.advance(update.version)
+        return {**update.to_dict(), "stale_restarts": stale_restarts}
 
     # -- batches -----------------------------------------------------------------------------
 
@@ -370,8 +364,8 @@ class RolloutClient:
             resume,
             settings,
             self._fingerprint(settings),
-            self.show_progress,
-            self.status_interval,
+            self.pacing.show_progress,
+            self.pacing.status_interval,
         )
 
     def step_source(
@@ -423,7 +417,7 @@ class RolloutClient:
             fingerprint=self._fingerprint,
             lease=lambda: self._lease.held(self._loop),
             events=self._events.bus,
-            status_interval=self.status_interval,
+            status_interval=self.pacing.status_interval,
         )
         return StepSource(hooks, plan, tasks, epochs=epochs, resume=resume)
 

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollway.engines.base import PauseMode
+from rollway.engines.base import PauseMode, WeightSource
 from rollway.errors import ConfigError, InvalidFieldsError
 from rollway.generation import FinishReason, GenerationChunk, GenerationResult, SamplingParams
 
@@ -60,7 +60,7 @@ class SimEngine:
         self.config = config or SimConfig()
         self.policy_version = 0
         #: Weight sources it was given, in order (what a test asserts on).
-        self.updates: list[tuple[Any, int]] = []
+        self.updates: list[tuple[WeightSource, int]] = []
         self._running: dict[str, _Running] = {}
         #: Requests waiting for ``resume``: an abort must reach them too.
         self._queued: dict[str, asyncio.Event] = {}
@@ -151,7 +151,7 @@ class SimEngine:
     async def resume(self) -> None:
         self._resumed.set()
 
-    async def update_weights(self, source: Any, version: int) -> None:
+    async def update_weights(self, source: WeightSource, version: int) -> None:
         if version <= self.policy_version:
             raise ConfigError(
                 f"weights version {version} does not follow {self.policy_version}", "version"

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollway.agents.base import AgentLoop
-from rollway.engines.base import ChatEngine, Engine
 from rollway.events import EventBus
-from rollway.gateway.core import Gateway
-from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.engine_choice import EngineChoice
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec, ServingConfig
@@ -22,19 +21,17 @@ from rollway.store.base import Store
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Everything needed to run a client's rollouts somewhere: what the client was given. For
-    Ray it is pickled to every worker, so the engine is a spec string or a ``RemoteGateway``
-    there, not an object holding a model."""
+    """Everything needed to run a client's rollouts somewhere: what the client was given, its
+    engine argument sorted once (``EngineChoice``). For Ray it is pickled to every worker, so
+    the engine is a spec or a shared gateway there, not an object holding a model; the
+    client's event bus is no part of it (``Executor.start`` takes it)."""
 
     agent: AgentLoop
-    engine: str | Engine | ChatEngine | Gateway | RemoteGateway
-    model: str | None
+    engine: EngineChoice
     store: Store
     settings: RolloutConfig
     reward: RewardFn | None = None
     serving: ServingConfig = field(default_factory=ServingConfig)
-    #: Where rollout and turn events go in this process (a Ray worker gets an empty bus).
-    events: EventBus = field(default_factory=EventBus)
     #: Trace the rollouts (``rollway.tracing``): a Ray worker turns tracing on in its process.
     trace: bool = False
 
@@ -45,9 +42,10 @@ class Executor(Protocol):
     #: Records come back without their trajectories (those are in the store).
     light_records: bool
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
         """Get ready to run rollouts (called once, on the caller's thread); errors in the
-        setup surface here, before any rollout."""
+        setup surface here, before any rollout. ``events``: where the rollouts and turns that
+        run in this process are heard (the client's bus; not shipped with ``setup``)."""
         ...
 
     async def run(
@@ -57,12 +55,12 @@ class Executor(Protocol):
         for the rollout's own failures: they are the record's status."""
         ...
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
-        """Give every engine the rollouts sample from the new weights (pause in ``mode``, load,
-        resume); what the update did (``policy_version``, ...) comes back."""
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        """Give every engine the rollouts sample from the new weights (pause in ``new.mode``,
+        load, resume); what the update did comes back."""
         ...
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         """The engines' policy version (None: no versions), pause state and pause modes."""
         ...
 

@@ -14,12 +14,12 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.server.callback_inbox import CallbackInbox
 from rollway.agents.server.remote_agent import RemoteAgent
 from rollway.engines.base import HealthChecked
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
-from rollway.gateway.core import Gateway
-from rollway.gateway.factory import build_gateway
 from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.gateway.http.gateway_app import create_app
 from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutRunner, RolloutSpec
@@ -41,6 +41,7 @@ class LocalExecutor:
         self._inbox: CallbackInbox | None = None
         self._http: LoopServer | None = None
         self._runner: RolloutRunner | None = None
+        self._events = EventBus()
         #: What the rollouts wait for while it is down (the status lines show it).
         self.availability = Availability()
 
@@ -50,24 +51,17 @@ class LocalExecutor:
             raise RuntimeError("the executor has not started")
         return self._gateway
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
-        self.prepare(setup)
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
+        self.prepare(setup, events)
         loop.call(self.serve())
 
-    def prepare(self, setup: WorkerConfig) -> None:
+    def prepare(self, setup: WorkerConfig, events: EventBus) -> None:
         """The blocking part of starting (an embedded engine loads its model here)."""
-        engine = setup.engine
-        self._setup = setup
-        self._gateway = (
-            engine
-            if isinstance(engine, RemoteGateway)
-            else LocalGateway(
-                engine if isinstance(engine, Gateway) else build_gateway(engine, model=setup.model)
-            )
-        )
+        self._setup, self._events = setup, events
+        self._gateway = setup.engine.handle()
         self.model_name = self._gateway.model_name
         if isinstance(self._gateway, LocalGateway):  # a served gateway's turns stay there
-            self._gateway.gateway.events.subscribe(setup.events)
+            self._gateway.gateway.events.subscribe(events)
         agent = setup.agent
         self.availability = Availability(components(self._gateway, agent))
         if isinstance(agent, RemoteAgent):
@@ -80,7 +74,7 @@ class LocalExecutor:
             setup.store,
             setup.settings,
             setup.reward,
-            setup.events,
+            events,
             RunningAttempts(),
             self.availability,
         )
@@ -148,10 +142,10 @@ class LocalExecutor:
         assert self._runner is not None, "start first"
         return self._runner.attempts.abort(rollout_id, reason)
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
-        return await self.gateway.update_weights(source, version, mode)
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        return await self.gateway.update_weights(new)
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return await self.gateway.policy()
 
     def close(self, loop: LoopThread) -> None:
@@ -164,14 +158,14 @@ class LocalExecutor:
         self._setup = None
         await self.availability.aclose()
         if isinstance(self._gateway, LocalGateway):  # it may outlive this client
-            self._gateway.gateway.events.unsubscribe(setup.events)
+            self._gateway.gateway.events.unsubscribe(self._events)
         if self._http is not None:
             await self._http.stop()
         if isinstance(setup.agent, RemoteAgent):
             await setup.agent.aclose()
         if isinstance(self._gateway, RemoteGateway):
             await self._gateway.close()
-        elif isinstance(self._gateway, LocalGateway) and isinstance(setup.engine, str):
+        elif isinstance(self._gateway, LocalGateway) and setup.engine.owns_engine:
             await self._gateway.gateway.engine.close()  # built here, from a spec
 
     def describe(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import time
 from typing import Any, Literal
 
 from rollway.errors import ConfigError, ErrorKind, InfrastructureError
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.executors.ray_chunks import CallLost, ChunkedCalls
 from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
@@ -35,7 +36,8 @@ from rollway.executors.ray_workers import (
 )
 from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
-from rollway.gateway.remote_gateway import RemoteGateway
+from rollway.gateway.engine_choice import EngineChoice
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.logs import log_stage
 from rollway.loop_thread import LoopThread
 from rollway.results import RolloutRecord
@@ -128,14 +130,15 @@ class RayExecutor:
         self._store: Store | None = None
         self._owns_ray = False
         self._ray: Any = None
-        self._engine: Any = None
+        self._engine = EngineChoice()
         #: The last weight update, replayed on a worker Ray restarts (it starts from the
         #: weights its engine loads at start).
-        self._last_update: tuple[Any, int, str] | None = None
+        self._last_update: tuple[Any, int] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, setup: WorkerConfig, loop: LoopThread) -> None:
+    def start(self, setup: WorkerConfig, loop: LoopThread, events: EventBus) -> None:
+        # ``events`` stays here: each worker's rollouts are heard on the worker's own bus.
         if self._all_workers:
             raise ConfigError("a RayExecutor serves one client: make one per client")
         ray = self._ray = import_ray()
@@ -183,8 +186,8 @@ class RayExecutor:
     def close(self, loop: LoopThread) -> None:
         if self._ray is None:
             return
-        if isinstance(self._engine, RemoteGateway):  # the driver's own calls (weights, policy)
-            loop.call(self._engine.close())
+        if self._engine.shared is not None:  # the driver's own calls (weights, policy)
+            loop.call(self._engine.shared.close())
         ray, self._ray = self._ray, None
         for probe in list(self._probes):
             loop.loop.call_soon_threadsafe(probe.cancel)
@@ -221,34 +224,34 @@ class RayExecutor:
 
     # -- weights -----------------------------------------------------------------------------
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
         """A shared ``RemoteGateway`` takes the update once; workers that each own an engine
         (``embedded``, ``sim``) all take it, the source shipped once through Ray's object
         store. Workers sharing remote servers through their own engines would update those
         servers once per worker: serve one ``rollway gateway`` and share it instead."""
-        if isinstance(self._engine, RemoteGateway):
-            return await self._engine.update_weights(source, version, mode)
-        spec = self._engine if isinstance(self._engine, str) else ""
-        if spec.partition("://")[0] not in ("embedded", "sim"):
+        if self._engine.shared is not None:
+            return await self._engine.shared.update_weights(new)
+        if not self._engine.engine_per_worker:
             raise ConfigError(
-                f"with Ray, update weights through a shared gateway: engine {spec!r} is shared "
-                "by every worker (serve `rollway gateway --engine ...` and pass RemoteGateway)",
+                "with Ray, update weights through a shared gateway: engine "
+                f"{self._engine.describe()} is shared by every worker (serve "
+                "`rollway gateway --engine ...` and pass RemoteGateway)",
                 "engine",
             )
+        version = new.version
         if version is None:
-            version = (await self.policy())["policy_version"] + 1
-        ref = self._ray.put(source)
-        answers = await self._on_workers(
-            lambda w: w.actor.update_weights.remote(ref, version, mode)
-        )
-        self._last_update = (ref, version, mode)
-        update: dict[str, Any] = answers[0]  # each worker's is the same
+            version = ((await self.policy()).version or 0) + 1
+        # Put whole, passed as a top-level argument: each worker gets the NewWeights itself.
+        ref = self._ray.put(dataclasses.replace(new, version=version))
+        answers = await self._on_workers(lambda w: w.actor.update_weights.remote(ref))
+        self._last_update = (ref, version)
+        update: WeightUpdate = answers[0]  # each worker's is the same
         return update
 
-    async def policy(self) -> dict[str, Any]:
-        if isinstance(self._engine, RemoteGateway):
-            return await self._engine.policy()
-        policy: dict[str, Any] = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
+    async def policy(self) -> PolicyState:
+        if self._engine.shared is not None:
+            return await self._engine.shared.policy()
+        policy: PolicyState = (await self._on_workers(lambda w: w.actor.policy.remote()))[0]
         return policy
 
     async def _on_workers(self, call: Any) -> list[Any]:
@@ -488,11 +491,11 @@ class RayExecutor:
 def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
     """Every part of the setup goes to every worker: say which one cannot, before starting."""
     engine = setup.engine
-    if not isinstance(engine, str | RemoteGateway):
+    if engine.in_process is not None:
         raise ConfigError(
             "executor='ray' builds each worker's gateway from an engine spec ('sim', "
             "'embedded', 'vllm://HOST:PORT', ...) or uses a shared RemoteGateway; "
-            f"a {type(engine).__name__} object stays in one process"
+            f"{engine.describe()} stays in one process"
         )
     for name in (type(setup.agent).__module__, getattr(setup.reward, "__module__", None)):
         if name and name.startswith(_FILE_MODULE_PREFIX) and name in sys.modules:

@@ -83,13 +83,14 @@ async def _ready(worker: RayWorker, errors: Any, deadline: float) -> bool:
     return True
 
 
-async def catch_up(worker: RayWorker, last_update: tuple[Any, int, str] | None) -> bool:
-    """A restarted worker loads the last update before it takes rollouts again."""
+async def catch_up(worker: RayWorker, last_update: tuple[Any, int] | None) -> bool:
+    """A restarted worker loads the last update (a ``NewWeights`` in Ray's object store, and
+    its version) before it takes rollouts again."""
     if last_update is None:
         return True
-    ref, version, mode = last_update
+    ref, version = last_update
     try:
-        await asyncio.wrap_future(worker.actor.update_weights.remote(ref, version, mode).future())
+        await asyncio.wrap_future(worker.actor.update_weights.remote(ref).future())
     except Exception as exc:
         log.error(
             "restarted Ray worker %d cannot load version %d: %s",

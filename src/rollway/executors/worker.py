@@ -10,8 +10,10 @@ from collections.abc import AsyncIterator, Hashable
 from typing import Any
 
 from rollway import tracing
+from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.executors.local_executor import LocalExecutor
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 
@@ -23,7 +25,8 @@ class RolloutWorker:
     def __init__(self, setup: WorkerConfig, full_records: bool = False) -> None:
         tracing.enable_if(setup.trace)  # exported as this node's OTEL_* variables say
         self._executor = LocalExecutor()
-        self._executor.prepare(setup)  # an embedded engine loads here, once per worker
+        # An embedded engine loads here, once per worker; its events stay in the worker.
+        self._executor.prepare(setup, EventBus())
         self._setup = setup
         self._full_records = full_records
         self._serving: asyncio.Future[None] | None = None
@@ -107,12 +110,12 @@ class RolloutWorker:
         elif len(self._cancelled_early) < 100_000:  # the cancel overtook its run
             self._cancelled_early.add(token)
 
-    async def update_weights(self, source: Any, version: int | None, mode: str) -> dict[str, Any]:
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
         """Load new weights into this worker's own engine (the driver sends the same update
-        to every worker)."""
-        return await self._executor.update_weights(source, version, mode)
+        to every worker, through Ray's object store)."""
+        return await self._executor.update_weights(new)
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return await self._executor.policy()
 
     async def close(self) -> None:

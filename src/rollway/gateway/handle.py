@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from rollway.engines.base import PauseMode
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.core import Gateway
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
 from rollway.generation import ChatResult
 from rollway.trajectory import Trajectory
 
@@ -33,17 +35,15 @@ class GatewayHandle(Protocol):
 
     async def unregister(self, rollout_id: str) -> None: ...
 
-    async def update_weights(
-        self, source: Any, version: int | None = None, mode: str = "abort"
-    ) -> dict[str, Any]:
-        """Pause the engine (``mode``), load ``source`` as ``version``, resume."""
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        """Pause the engine (``new.mode``), load ``new.source`` as ``new.version``, resume."""
         ...
 
-    async def pause(self, mode: str = "abort") -> None: ...
+    async def pause(self, mode: PauseMode = "abort") -> None: ...
 
     async def resume(self) -> None: ...
 
-    async def policy(self) -> dict[str, Any]: ...
+    async def policy(self) -> PolicyState: ...
 
 
 class LocalGateway:
@@ -74,18 +74,15 @@ class LocalGateway:
     async def unregister(self, rollout_id: str) -> None:
         await self.gateway.unregister(rollout_id)
 
-    async def update_weights(
-        self, source: Any, version: int | None = None, mode: str = "abort"
-    ) -> dict[str, Any]:
-        # Any str: weights.update checks the mode at run time and names a bad one.
-        update = await self.gateway.weights.update(source, version, mode)  # type: ignore[arg-type]
-        return update.to_dict()
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        weights = self.gateway.weights
+        return await weights.update(new.source, new.version, new.mode, loaded=new.loaded)
 
-    async def pause(self, mode: str = "abort") -> None:
-        await self.gateway.weights.pause(mode)  # type: ignore[arg-type]  # checked there too
+    async def pause(self, mode: PauseMode = "abort") -> None:
+        await self.gateway.weights.pause(mode)
 
     async def resume(self) -> None:
         await self.gateway.weights.resume()
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         return self.gateway.weights.describe()

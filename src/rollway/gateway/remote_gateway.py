@@ -8,7 +8,6 @@ as the same rollway errors the in-process gateway raises."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,9 +15,11 @@ import aiohttp
 import httpx
 import orjson
 
+from rollway.engines.base import PauseMode
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.gateway.chat_answer import Registration
 from rollway.gateway.request_schema import RegisterRequest
+from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate, served_body
 from rollway.generation import ChatResult
 from rollway.leases import LeaseHolder
 from rollway.trajectory import Trajectory
@@ -135,31 +136,21 @@ class RemoteGateway:
         body = {"holder_id": holder.id}
         await self._admin("POST", f"{self.url}/v1/experiments/{exp_id}/release", body)
 
-    async def update_weights(
-        self, source: Any, version: int | None = None, mode: str = "abort"
-    ) -> dict[str, Any]:
-        """Pause, load, resume the served gateway's engine; ``source`` is a folder path the
+    async def update_weights(self, new: NewWeights) -> WeightUpdate:
+        """Pause, load, resume the served gateway's engine; ``new.source`` is a folder path the
         engine can read (in-memory weights cannot cross HTTP). Returns what the update did."""
-        if not isinstance(source, str | os.PathLike):
-            raise ConfigError(
-                "a served gateway takes new weights as a checkpoint folder path, not "
-                f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
-                "source",
-            )
-        body = {"source": os.fspath(source), "version": version, "mode": mode}
-        update: dict[str, Any] = await self._admin("POST", f"{self.url}/admin/weights", body)
-        return update
+        answer = await self._admin("POST", f"{self.url}/admin/weights", served_body(new))
+        return WeightUpdate.from_dict(answer)
 
-    async def pause(self, mode: str = "abort") -> None:
+    async def pause(self, mode: PauseMode = "abort") -> None:
         await self._admin("POST", f"{self.url}/admin/pause", {"mode": mode})
 
     async def resume(self) -> None:
         await self._admin("POST", f"{self.url}/admin/resume")
 
-    async def policy(self) -> dict[str, Any]:
+    async def policy(self) -> PolicyState:
         """The engine's policy version (None: no versions), pause state and pause modes."""
-        policy: dict[str, Any] = await self._admin("GET", f"{self.url}/admin/policy")
-        return policy
+        return PolicyState.from_dict(await self._admin("GET", f"{self.url}/admin/policy"))
 
     async def health(self) -> bool:
         """Whether the gateway answers its liveness route (rollouts wait while it does not)."""

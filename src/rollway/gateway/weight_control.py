@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import Any, TypeGuard, get_args
 
 from rollway.engines.base import PauseMode, SharedWeights, WeightSource, WeightSync
 from rollway.errors import ConfigError, InvalidFieldsError, RequestError
@@ -26,6 +26,63 @@ from rollway.errors import ConfigError, InvalidFieldsError, RequestError
 log = logging.getLogger(__name__)
 
 PAUSE_MODES: tuple[str, ...] = get_args(PauseMode)
+
+
+def is_pause_mode(mode: object) -> TypeGuard[PauseMode]:
+    return mode in PAUSE_MODES
+
+
+def checked_mode(mode: object) -> PauseMode:
+    """``mode`` as a ``PauseMode``, or an error naming the known ones."""
+    if not is_pause_mode(mode):
+        raise InvalidFieldsError(
+            f"unknown pause mode {mode!r}: expected one of {', '.join(PAUSE_MODES)}", "mode"
+        )
+    return mode
+
+
+def checked_source(source: object) -> WeightSource:
+    """``source`` as a ``WeightSource`` (a folder, or a state dict), or an error naming it."""
+    if not isinstance(source, str | os.PathLike | Mapping) or source == "":
+        raise InvalidFieldsError(
+            f"weights come as a checkpoint folder or a state dict, not {source!r:.60}", "source"
+        )
+    return source
+
+
+@dataclass(frozen=True, slots=True)
+class NewWeights:
+    """An update asked for: ``source`` (a checkpoint folder or a state dict) loaded as
+    ``version`` (None: the engine's next), the engine paused in ``mode`` around the load.
+    Built once where a caller asks (``of``) and carried as is to the gateway's engine.
+    ``loaded``: another gateway on the same shared server loaded it already, so this one's
+    engine only adopts the version (the ``--workers`` front sets it; see ``SharedWeights``)."""
+
+    source: WeightSource
+    version: int | None = None
+    mode: PauseMode = "abort"
+    loaded: bool = False
+
+    @classmethod
+    def of(cls, source: object, version: int | None = None, mode: object = "abort") -> NewWeights:
+        """What a caller passed, checked: a bad source or mode is named here, not in a worker."""
+        return cls(checked_source(source), version, checked_mode(mode))
+
+
+def served_body(new: NewWeights) -> dict[str, Any]:
+    """``new`` as ``POST /admin/weights`` takes it: the source a folder path, since in-memory
+    weights cannot cross HTTP."""
+    source = new.source
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(
+            "a served gateway takes new weights as a checkpoint folder path, not "
+            f"{type(source).__name__}: save them (save_pretrained) where its engine reads",
+            "source",
+        )
+    body: dict[str, Any] = {"source": os.fspath(source), "version": new.version, "mode": new.mode}
+    if new.loaded:  # named only when set: a gateway without shared weights never sees it
+        body["loaded"] = True
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,12 +95,54 @@ class WeightUpdate:
     load_s: float
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``POST /admin/weights``'s answer (and, with ``stale_restarts``, of
+        ``RolloutClient.update_weights``)."""
         return {
             "policy_version": self.version,
             "mode": self.mode,
             "pause_s": self.pause_s,
             "load_s": self.load_s,
         }
+
+    @classmethod
+    def from_dict(cls, answer: Mapping[str, Any]) -> WeightUpdate:
+        """``to_dict``'s JSON read back (a served gateway's answer)."""
+        mode = answer["mode"]
+        if not is_pause_mode(mode):
+            raise ValueError(f"a weight update answered an unknown pause mode {mode!r}")
+        return cls(int(answer["policy_version"]), mode, answer["pause_s"], answer["load_s"])
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyState:
+    """The engine's policy: the version sampling now (None: the engine has no versions), the
+    pause in force, the pause modes the engine supports, and whether its weights live in a
+    server other gateways share (``engine_shared``: one loads an update, the others adopt)."""
+
+    version: int | None
+    paused: PauseMode | None
+    pause_modes: tuple[PauseMode, ...]
+    engine_shared: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``GET /admin/policy`` (and of the pause and resume routes)."""
+        return {
+            "policy_version": self.version,
+            "paused": self.paused,
+            "pause_modes": list(self.pause_modes),
+            "engine_shared": self.engine_shared,
+        }
+
+    @classmethod
+    def from_dict(cls, answer: Mapping[str, Any]) -> PolicyState:
+        """``to_dict``'s JSON read back (a served gateway's answer)."""
+        paused = answer["paused"]
+        return cls(
+            answer["policy_version"],
+            None if paused is None else checked_mode(paused),
+            tuple(checked_mode(mode) for mode in answer["pause_modes"]),
+            bool(answer.get("engine_shared", False)),
+        )
 
 
 class ProtectedTurns:
@@ -99,14 +198,13 @@ class WeightControl:
         """The version sampling now; None when the engine has no versions."""
         return self.engine.policy_version if isinstance(self.engine, WeightSync) else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PolicyState:
         """``engine_shared``: the engine's weights live in servers other gateways may use too
         (a remote engine), so one of them loads an update and the others adopt it."""
         engine = self.engine
-        modes = sorted(engine.pause_modes) if isinstance(engine, WeightSync) else []
+        modes = tuple(sorted(engine.pause_modes)) if isinstance(engine, WeightSync) else ()
         shared = isinstance(engine, SharedWeights)
-        return {"policy_version": self.version, "paused": self.paused, "pause_modes": modes,
-                "engine_shared": shared}  # fmt: skip
+        return PolicyState(self.version, self.paused, modes, shared)
 
     async def update(
         self,
@@ -123,11 +221,7 @@ class WeightControl:
             return await self._adopt(source, version, mode)
         engine = self._engine()
         self._check_mode(engine, mode)
-        if not isinstance(source, str | os.PathLike | Mapping) or source == "":
-            raise InvalidFieldsError(
-                f"weights come as a checkpoint folder or a state dict, not {source!r:.60}",
-                "source",
-            )
+        checked_source(source)
         async with self._lock:
             version = engine.policy_version + 1 if version is None else version
             self._check_version(engine, version)
@@ -218,11 +312,7 @@ class WeightControl:
 
     @staticmethod
     def _check_mode(engine: WeightSync, mode: str) -> None:
-        if mode not in PAUSE_MODES:
-            raise InvalidFieldsError(
-                f"unknown pause mode {mode!r}: expected one of {', '.join(PAUSE_MODES)}", "mode"
-            )
-        if mode not in engine.pause_modes:
+        if checked_mode(mode) not in engine.pause_modes:
             known = ", ".join(sorted(engine.pause_modes))
             raise InvalidFieldsError(
                 f"this engine cannot pause with {mode!r}; it supports {known}", "mode"

@@ -24,16 +24,16 @@ async def pause(request: Request) -> Response:
     body = parse_model(PauseRequest, await read_body(request))
     weights = gateway_of(request).weights
     await weights.pause(body.mode)
-    return JSONResponse(weights.describe())
+    return JSONResponse(weights.describe().to_dict())
 
 
 async def resume(request: Request) -> Response:
     require_admin(request)
     weights = gateway_of(request).weights
     await weights.resume()
-    return JSONResponse(weights.describe())
+    return JSONResponse(weights.describe().to_dict())
 
 
 async def policy(request: Request) -> Response:
     require_admin(request)
-    return JSONResponse(gateway_of(request).weights.describe())
+    return JSONResponse(gateway_of(request).weights.describe().to_dict())

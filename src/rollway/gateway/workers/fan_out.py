@@ -12,10 +12,19 @@ first, once every other worker stamps the new version."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from typing import Any
 
+from rollway.engines.base import PauseMode
 from rollway.errors import InfrastructureError, RollwayError, error_from_body
+from rollway.gateway.weight_control import (
+    NewWeights,
+    PolicyState,
+    WeightUpdate,
+    checked_mode,
+    served_body,
+)
 from rollway.gateway.workers.proxy import call_json
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 
@@ -26,38 +35,34 @@ class WorkerWeights:
 
     def __init__(self, pool: WorkerPool, admin_key: str) -> None:
         self.pool, self.admin_key = pool, admin_key
-        self.last_update: dict[str, Any] | None = None
-        self.paused: str | None = None
+        self.last_update: NewWeights | None = None
+        self.paused: PauseMode | None = None
         self.lock = asyncio.Lock()
         self._shared: bool | None = None  # the workers' engine is a shared server: asked once
         pool.catch_up = self.catch_up
 
-    async def update(self, body: dict[str, Any]) -> dict[str, Any]:
-        mode = str(body.get("mode") or "abort")
+    async def update(self, new: NewWeights) -> WeightUpdate:
         async with self.lock:
             held = self.paused  # the caller's own pause, if it made one
             started = time.perf_counter()
             if held is None:
-                await self._on_all("POST", "/admin/pause", {"mode": mode})
+                await self._on_all("POST", "/admin/pause", {"mode": new.mode})
             paused = time.perf_counter()
             try:
-                answer, body = await self._load(body)
+                answer, new = await self._load(new)
             finally:
                 if held is None:
                     await self._resume_all()
-            self.last_update = body
+            self.last_update = new
             done = time.perf_counter()
-        return {
-            **answer,
-            "mode": held or mode,
-            "pause_s": paused - started,
-            "load_s": done - paused,
-        }
+        return dataclasses.replace(
+            answer, mode=held or new.mode, pause_s=paused - started, load_s=done - paused
+        )
 
     async def pause(self, body: dict[str, Any]) -> Any:
         async with self.lock:
             answers = await self._on_all("POST", "/admin/pause", body)
-            self.paused = str(body.get("mode") or "abort")
+            self.paused = checked_mode(body.get("mode") or "abort")  # the workers took it
         return answers[0]
 
     async def resume(self) -> Any:
@@ -73,27 +78,28 @@ class WorkerWeights:
         async with self.lock:
             if self.last_update is not None:
                 shared = await self._engine_shared(worker)
-                update = {**self.last_update, "loaded": shared}
-                await self._call(worker, "POST", "/admin/weights", update)
+                update = dataclasses.replace(self.last_update, loaded=shared)
+                await self._call(worker, "POST", "/admin/weights", served_body(update))
             if self.paused is not None:
                 await self._call(worker, "POST", "/admin/pause", {"mode": self.paused})
 
-    async def _load(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Load ``body`` into the first worker up, then each other: by a load of its own, or
+    async def _load(self, new: NewWeights) -> tuple[WeightUpdate, NewWeights]:
+        """Load ``new`` into the first worker up, then each other: by a load of its own, or
         by adopting the version when the engine is a server they share. The first's answer,
         and the update as it was done (its version fixed)."""
         first, *others = self._up_or_fail()
-        answer: dict[str, Any] = await self._call(first, "POST", "/admin/weights", body)
-        body = {**body, "version": answer["policy_version"]}
-        adopted = {**body, "loaded": await self._engine_shared(first)}
+        answer = await self._call(first, "POST", "/admin/weights", served_body(new))
+        update = WeightUpdate.from_dict(answer)
+        new = dataclasses.replace(new, version=update.version)
+        adopted = dataclasses.replace(new, loaded=await self._engine_shared(first))
         for worker in others:
-            await self._call(worker, "POST", "/admin/weights", adopted)
-        return answer, body
+            await self._call(worker, "POST", "/admin/weights", served_body(adopted))
+        return update, new
 
     async def _engine_shared(self, worker: Worker) -> bool:
         if self._shared is None:
             policy = await self._call(worker, "GET", "/admin/policy")
-            self._shared = bool(policy.get("engine_shared"))
+            self._shared = PolicyState.from_dict(policy).engine_shared
         return self._shared
 
     async def _resume_all(self) -> list[Any]:

@@ -25,9 +25,12 @@ from starlette.routing import Route
 
 from rollway.errors import InfrastructureError, UnknownRolloutError
 from rollway.gateway.metrics import PROMETHEUS_TEXT
+from rollway.gateway.request_schema import WeightUpdateRequest
+from rollway.gateway.weight_control import NewWeights
 from rollway.gateway.workers.fan_out import WorkerWeights, merge_metrics
 from rollway.gateway.workers.proxy import call_json, error_response, forward, read_capped
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
+from rollway.validation import parse_model
 from rollway.web.handlers import JSONResponse, guarded, read_json, require_key
 
 #: How long a request for a worker being started again waits for it (then a 503).
@@ -147,7 +150,9 @@ async def first_worker(request: Request) -> Response:
 async def update_weights(request: Request) -> Response:
     _require_admin(request)
     _, _, weights = _front(request)
-    return JSONResponse(await weights.update(await read_json(request)))
+    body = parse_model(WeightUpdateRequest, await read_json(request))
+    update = await weights.update(NewWeights(body.source, body.version, body.mode, body.loaded))
+    return JSONResponse(update.to_dict())
 
 
 async def pause(request: Request) -> Response:
