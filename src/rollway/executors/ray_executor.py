@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import sys
 import time
 from typing import Any, Literal
 
@@ -28,6 +27,7 @@ from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
 from rollway.executors.ray_workers import (
     RayWorker,
     catch_up,
+    check_shippable,
     pinned_to,
     ray_cause,
     task_error,
@@ -50,10 +50,6 @@ from rollway.store.base import Store
 WORKER_REDISPATCH = RetryPolicy(attempts=3)
 
 log = logging.getLogger(__name__)
-
-#: Modules that ``import_target`` loads from a file path: workers cannot import them by name,
-#: so their agents and reward functions travel by value.
-_FILE_MODULE_PREFIX = "rollway_agent_"
 
 
 def import_ray() -> Any:
@@ -142,7 +138,7 @@ class RayExecutor:
         if self._all_workers:
             raise ConfigError("a RayExecutor serves one client: make one per client")
         ray = self._ray = import_ray()
-        _check_shippable(setup, ray)
+        check_shippable(setup, ray)
         if not ray.is_initialized():
             # None is a local cluster of its own: Ray's own None joins any cluster it finds
             # on this machine (another run's, a test's), unless RAY_ADDRESS names one.
@@ -486,32 +482,3 @@ class RayExecutor:
             with contextlib.suppress(Exception):  # already gone
                 ray.kill(worker.actor)
         self._workers = []
-
-
-def _check_shippable(setup: WorkerConfig, ray: Any) -> None:
-    """Every part of the setup goes to every worker: say which one cannot, before starting."""
-    engine = setup.engine
-    if engine.in_process is not None:
-        raise ConfigError(
-            "executor='ray' builds each worker's gateway from an engine spec ('sim', "
-            "'embedded', 'vllm://HOST:PORT', ...) or uses a shared RemoteGateway; "
-            f"{engine.describe()} stays in one process"
-        )
-    for name in (type(setup.agent).__module__, getattr(setup.reward, "__module__", None)):
-        if name and name.startswith(_FILE_MODULE_PREFIX) and name in sys.modules:
-            ray.cloudpickle.register_pickle_by_value(sys.modules[name])
-    parts = {
-        "agent": setup.agent,
-        "reward function": setup.reward,
-        "engine": engine,
-        "store": setup.store,
-        "settings": setup.settings,
-    }
-    for name, part in parts.items():
-        try:
-            ray.cloudpickle.loads(ray.cloudpickle.dumps(part))
-        except Exception as exc:
-            raise ConfigError(
-                f"executor='ray' sends the {name} to every worker, but it does not pickle: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc

@@ -1,6 +1,6 @@
 """The Ray executor's view of its worker actors: where they are placed (spread, or pinned per
-node), their load, what their errors say, and their restarts (waited for, then caught up on the
-last weight update)."""
+node), their load, what their errors say, their restarts (waited for, then caught up on the last
+weight update), and whether what they are sent pickles."""
 
 from __future__ import annotations
 
@@ -9,12 +9,16 @@ import contextlib
 import dataclasses
 import logging
 import re
+import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollway.errors import ConfigError, InfrastructureError
 from rollway.retry import Backoff, RetryPolicy
+
+if TYPE_CHECKING:
+    from rollway.executors.base import WorkerConfig
 
 #: A Ray worker being restarted, asked every half second whether it is ready, for two
 #: minutes at most (the executor names Ray's errors and sets ``within_s``).
@@ -128,3 +132,37 @@ def task_error(exc: BaseException) -> Exception:
     refused version), else an infrastructure error naming it."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, Exception) else InfrastructureError(ray_cause(exc))
+
+
+#: Modules that ``import_target`` loads from a file path: workers cannot import them by name,
+#: so their agents and reward functions travel by value.
+_FILE_MODULE_PREFIX = "rollway_agent_"
+
+
+def check_shippable(setup: WorkerConfig, ray: Any) -> None:
+    """Every part of the setup goes to every worker: say which one cannot, before starting."""
+    engine = setup.engine
+    if engine.in_process is not None:
+        raise ConfigError(
+            "executor='ray' builds each worker's gateway from an engine spec ('sim', "
+            "'embedded', 'vllm://HOST:PORT', ...) or uses a shared RemoteGateway; "
+            f"{engine.describe()} stays in one process"
+        )
+    for name in (type(setup.agent).__module__, getattr(setup.reward, "__module__", None)):
+        if name and name.startswith(_FILE_MODULE_PREFIX) and name in sys.modules:
+            ray.cloudpickle.register_pickle_by_value(sys.modules[name])
+    parts = {
+        "agent": setup.agent,
+        "reward function": setup.reward,
+        "engine": engine,
+        "store": setup.store,
+        "settings": setup.settings,
+    }
+    for name, part in parts.items():
+        try:
+            ray.cloudpickle.loads(ray.cloudpickle.dumps(part))
+        except Exception as exc:
+            raise ConfigError(
+                f"executor='ray' sends the {name} to every worker, but it does not pickle: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
