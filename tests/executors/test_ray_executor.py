@@ -353,7 +353,7 @@ def test_everything_sent_to_workers_survives_pickling(
     """Agents (a file-loaded class, a program in a sandbox, an agent server), a file-loaded
     reward function, a shared gateway and an S3 store reach a fresh worker process intact."""
     from rollway.executors.base import WorkerConfig
-    from rollway.executors.ray_executor import _check_shippable
+    from rollway.executors.ray_workers import check_shippable
     from rollway.gateway.engine_choice import EngineChoice
     from rollway.rollouts import RolloutConfig, RolloutLimits
     from rollway.sandbox import sandbox_factory
@@ -369,7 +369,7 @@ def test_everything_sent_to_workers_survives_pickling(
         ),
         reward=reward,
     )
-    _check_shippable(setup, ray)
+    check_shippable(setup, ray)
     program = ProgramAgent("python agent.py", sandbox=sandbox_factory("namespace"))
     server = agent_server()
     remote = resolve_agent(server.url, KEY)
