@@ -32,6 +32,7 @@ from rollway.rollouts.config import RolloutConfig
 from rollway.rollouts.judge import judging
 from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
+from rollway.rollouts.rollout_span import end_span, span_attributes
 from rollway.rollouts.spec import RolloutSpec, attempt_id
 from rollway.rollouts.time_spent import where_time_went
 from rollway.sandbox.environment import RolloutEnvironment, needs_environment
@@ -106,11 +107,9 @@ class RolloutRunner:
             number = next(attempts)
             rollout_id = attempt_id(self.settings, spec, number)
             opened.append(rollout_id)
-            with tracing.span(
-                "rollway.rollout", _span_attributes(spec, rollout_id, number)
-            ) as span:
+            with tracing.span("rollway.rollout", span_attributes(spec, rollout_id, number)) as span:
                 record = await self._attempt(spec, number, cancel, started_at)
-                _end_span(span, record)
+                end_span(span, record)
             return record
 
         outages = OutageWaits(self.availability, self.settings.limits.timeout)
@@ -372,27 +371,6 @@ class RolloutRunner:
         if agent_reward is not None:
             info["agent_reward"] = agent_reward
         return scored.reward, info, scored.error
-
-
-def _span_attributes(spec: RolloutSpec, rollout_id: str, attempt: int) -> dict[str, Any]:
-    return {
-        "rollway.rollout_id": rollout_id,
-        "rollway.attempt": attempt,
-        "rollway.rollout_key": spec.rollout_key,  # stable across attempts and reruns
-        "rollway.group_id": spec.group_id,
-    }
-
-
-def _end_span(span: tracing.SpanHandle, record: RolloutRecord) -> None:
-    span.set(
-        {
-            "rollway.status": record.status,
-            "rollway.error_kind": record.error_kind,
-            "rollway.reward": record.reward,
-        }
-    )
-    if record.status == "error":
-        span.fail(record.reason or "error")
 
 
 async def _tear_down(environment: RolloutEnvironment) -> list[str]:
