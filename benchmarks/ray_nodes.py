@@ -95,15 +95,15 @@ def tasks(count: int) -> list[dict[str, Any]]:
     return [{"task_id": f"t{i}", "q": f"What is {i} + 1?"} for i in range(count)]
 
 
-def start_cluster(nodes: int) -> Any:
+def start_cluster(nodes: int, store_bytes: int = STORE_BYTES) -> Any:
     """A head with no CPUs and ``nodes`` nodes of one CPU each, this process its driver."""
     import ray
     from ray.cluster_utils import Cluster
 
-    head = {"num_cpus": 0, "object_store_memory": STORE_BYTES, "include_dashboard": False}
+    head = {"num_cpus": 0, "object_store_memory": store_bytes, "include_dashboard": False}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     for _ in range(nodes):
-        cluster.add_node(num_cpus=1, object_store_memory=STORE_BYTES)
+        cluster.add_node(num_cpus=1, object_store_memory=store_bytes)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     return cluster

@@ -26,9 +26,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# The benchmarks are not an installed package: import them from the repository.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ray_nodes import start_cluster
 
 from rollway.agents import AgentLoop, RolloutContext
 from rollway.client import RolloutClient
@@ -52,20 +58,6 @@ def state_dict(mb: int) -> dict[str, np.ndarray]:
     """``mb`` megabytes of float32 arrays, 4 MB each (a layer's weights)."""
     side = int((ARRAY_MB * 2**20 / 4) ** 0.5)
     return {f"layer{i}.weight": np.full((side, side), i, np.float32) for i in range(mb // ARRAY_MB)}
-
-
-def start_cluster(nodes: int, store_bytes: int) -> Any:
-    """A head with no CPUs and ``nodes`` nodes of one CPU each, this process its driver."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    head = {"num_cpus": 0, "object_store_memory": store_bytes, "include_dashboard": False}
-    cluster = Cluster(initialize_head=True, head_node_args=head)
-    for _ in range(nodes):
-        cluster.add_node(num_cpus=1, object_store_memory=store_bytes)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
-    return cluster
 
 
 def measure(mb: int, nodes: int, per_node: list[int]) -> list[dict[str, Any]]:
