@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from rollway.agents import RolloutContext
-from rollway.client import StepBatch
 from rollway.errors import ConfigError
 from rollway.results import AgentResult
 from rollway.trajectory import Trajectory
@@ -66,8 +65,16 @@ def test_a_step_of_only_flat_groups_is_handed_empty_and_training_goes_on(
     assert (tmp_path / "runs" / "steps" / "steps.json").is_file()
 
 
-def only(batches: list[StepBatch]) -> list[Any]:
-    return [r for b in batches for r in b.records]
+@pytest.mark.timeout(60)
+def test_flat_groups_at_the_end_of_the_tasks_end_the_iteration_without_an_empty_batch(
+    make_client: MakeClient,
+) -> None:
+    client = make_client()
+    tasks = [{"task_id": "good0"}, {"task_id": "good1"},
+             *({"task_id": f"flat{i}", "flat": True} for i in range(4))]  # fmt: skip
+    with client.step_source(iter(tasks), group_size=2, groups_per_step=2) as source:
+        batches = list(source)
+    assert [sorted(task_ids(b)) for b in batches] == [["good0", "good1"]]
 
 
 @pytest.mark.timeout(60)

@@ -134,20 +134,25 @@ class TaskStream:
         self._tasks, self._epochs, self._where = tasks, epochs, where
         self._rows = self._each()
         self._requeued: deque[tuple[int, Identity, dict[str, Any]]] = deque()
+        self._peeked: tuple[int, Identity, dict[str, Any]] | None = None
         self._exhausted = False
         self._skipped = 0
         self._stored = len(settled) if settled.legacy is None else 0
         if self._stored and iter(tasks) is not tasks:
             # Tasks that can be read again are checked now, before anything runs.
-            keys = {key for key in settled.keys}
+            keys = set(settled.keys)
             if not any(task_key(t) in keys for t in tasks if isinstance(t, dict)):
                 self._warn_unmatched()
                 self._stored = 0
 
     @property
     def more(self) -> bool:
-        """Whether ``next`` may give another task."""
-        return bool(self._requeued) or not self._exhausted
+        """Whether ``next`` gives another task (looking one row ahead: a step must not be
+        handed empty for tasks that are not there)."""
+        if self._requeued or self._peeked is not None:
+            return True
+        self._peeked = self._pull()
+        return self._peeked is not None
 
     def requeue(self, position: int, identity: Identity, task: dict[str, Any]) -> None:
         """Run ``task`` again (its group was dropped); it goes ahead of new rows."""
@@ -156,6 +161,12 @@ class TaskStream:
     def next(self) -> tuple[int, Identity, dict[str, Any]] | None:
         if self._requeued:
             return self._requeued.popleft()
+        drawn, self._peeked = self._peeked or self._pull(), None
+        return drawn
+
+    def _pull(self) -> tuple[int, Identity, dict[str, Any]] | None:
+        if self._exhausted:
+            return None
         for position, identity, task in self._rows:
             if not self.settled.covers(identity, position):
                 return position, identity, task
