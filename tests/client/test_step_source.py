@@ -68,11 +68,13 @@ MakeClient = Callable[..., RolloutClient]
 def make_client(renderer: ChatRenderer, tmp_path: Path) -> Iterator[MakeClient]:
     clients: list[RolloutClient] = []
 
-    def make(engine: SimEngine | None = None, **kwargs: Any) -> RolloutClient:
+    def make(
+        engine: SimEngine | None = None, agent: type[AgentLoop] | None = None, **kwargs: Any
+    ) -> RolloutClient:
         gateway = Gateway(engine or SimEngine(SimConfig(output_len=4)), renderer, model_name="sim")
         kwargs.setdefault("store", str(tmp_path / "runs"))
         kwargs.setdefault("exp_id", "steps")
-        client = RolloutClient(StepAgent, gateway, **kwargs)
+        client = RolloutClient(agent or StepAgent, gateway, **kwargs)
         clients.append(client)
         return client
 

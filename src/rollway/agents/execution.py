@@ -67,7 +67,10 @@ async def run_agent(
             return AgentOutcome("cancelled", reason=f"cancelled by the caller{ignored}")
         return AgentOutcome("timeout", reason=f"timed out after {timeout_s:g} s{ignored}")
     if agent_task.cancelled():
-        return AgentOutcome("cancelled", reason="the agent task was cancelled")
+        # Done before any stop here, so nothing of rollway's cancelled it: the agent's own code
+        # did (``asyncio.current_task().cancel()``, say). Its failure, not a cancel to run again.
+        reason = "the agent cancelled its own task (asyncio.CancelledError that nothing cancelled)"
+        return AgentOutcome("error", "agent", reason)
     exc = agent_task.exception()
     if exc is not None:
         return AgentOutcome("error", error_kind(exc), f"{type(exc).__name__}: {exc}")

@@ -380,6 +380,7 @@ class RolloutClient:
         max_refills: int = 2,
         max_staleness: int | None = None,
         stale: str = "restart",
+        unscored: str = "refill",
         prefetch: bool = False,
         epochs: int = 1,
         resume: bool = True,
@@ -392,7 +393,9 @@ class RolloutClient:
         groups aside, at most ``max_extra_groups`` a step (default ``groups_per_step``).
         ``max_refills``: fresh attempts per sample lost to the infrastructure.
         ``max_staleness`` (default: the client's) and ``stale`` (``restart``, ``drop``,
-        ``keep``): what becomes of a rollout that far behind the weights. ``prefetch``: start
+        ``keep``): what becomes of a rollout that far behind the weights. ``unscored``
+        (``refill``, ``hand``): what becomes of a sample that ended without a reward (a
+        timeout, a failed reward, an agent error). ``prefetch``: start
         groups while the trainer trains too (asynchronous RL). ``resume``: skip the tasks the
         store says were settled. ``overrides`` as for ``run_batch``."""
         self._check_open()
@@ -408,6 +411,7 @@ class RolloutClient:
             stale=stale,
             prefetch=prefetch,
             settings=self.settings.with_options(overrides),
+            unscored=unscored,
         )
         hooks = StepHooks(
             exp_id=self.exp_id,

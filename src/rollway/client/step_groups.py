@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,6 +19,13 @@ from rollway.rollouts import RolloutSpec
 #: versions (``keep``: the trainer importance-corrects it).
 StalePolicy = Literal["restart", "drop", "keep"]
 STALE_POLICIES: tuple[str, ...] = ("restart", "drop", "keep")
+
+#: What becomes of a sample that ended without a reward for a reason of its own (a timeout, a
+#: reward that failed, an agent error): run again in its group, a timeout or a failed reward
+#: (``refill``; an agent error sets its group aside, as running it again mostly repeats it),
+#: or handed over as recorded, its status and reason with it (``hand``).
+Unscored = Literal["refill", "hand"]
+UNSCORED: tuple[str, ...] = ("refill", "hand")
 
 
 @dataclass(eq=False)
@@ -36,6 +44,8 @@ class Group:
     refills ran out); such a group is set aside, never handed over."""
 
     position: int
+    #: The task's identity in the stream (``task_stream.Identity``): what is settled.
+    identity: tuple[str, int]
     task: dict[str, Any]
     instance: int
     slots: list[Slot]
@@ -55,14 +65,28 @@ class Group:
         return len({record.reward for record in self.records}) <= 1
 
 
-def needs_refill(record: RolloutRecord) -> str | None:
+def needs_refill(record: RolloutRecord, unscored: Unscored = "hand") -> str | None:
     """Why a finished rollout says nothing about the policy and must be run again (an
-    infrastructure or engine failure, or a cancel by someone else than the source), else
-    None."""
-    if record.error_kind in TRANSIENT_KINDS or record.status == "cancelled":
-        kind = record.error_kind or record.status
-        return f"{kind}: {record.reason}" if record.reason else kind
+    infrastructure or engine failure, or a cancel by someone else than the source; with
+    ``unscored="refill"`` a timeout or a failed reward too), else None."""
+    transient = record.error_kind in TRANSIENT_KINDS or record.status == "cancelled"
+    unrewarded = record.status == "timeout" or record.error_kind == "reward"
+    if transient or (unscored == "refill" and unrewarded):
+        return _why(record)
     return None
+
+
+def sets_aside(record: RolloutRecord, unscored: Unscored) -> str | None:
+    """Why a finished rollout that is not refilled keeps its group out of a batch: with
+    ``unscored="refill"``, any error left (an agent's own), else None."""
+    if unscored == "refill" and record.status == "error":
+        return _why(record)
+    return None
+
+
+def _why(record: RolloutRecord) -> str:
+    kind = record.error_kind or record.status
+    return f"{kind}: {record.reason}" if record.reason else kind
 
 
 def behind(record: RolloutRecord, version: int | None) -> int | None:
@@ -139,13 +163,22 @@ class StepMetrics:
 class StepBatch:
     """One step's batch: ``groups`` whole groups (each its records in sample order), in the
     order they finished; ``lacking`` groups short of ``groups_per_step``; ``policy_version``
-    the trainer's weights at hand-over."""
+    the trainer's weights at hand-over. Its tasks are settled (a restarted source does not
+    run them again) once the trainer is done with it: ``done()``, its next ``next_batch``, or
+    the source closed without an exception."""
 
     step: int
     groups: list[list[RolloutRecord]]
     lacking: int
     policy_version: int | None
     metrics: StepMetrics
+    _settle: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+
+    def done(self) -> None:
+        """Say that the trainer is done with this batch (trained on it, or skipped it): its
+        tasks are settled and the store says so at once."""
+        if self._settle is not None:
+            self._settle()
 
     @property
     def records(self) -> list[RolloutRecord]:

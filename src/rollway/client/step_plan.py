@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from rollway.checks import check_count, is_number
-from rollway.client.step_groups import STALE_POLICIES, StalePolicy
+from rollway.client.step_groups import STALE_POLICIES, UNSCORED, StalePolicy, Unscored
 from rollway.errors import ConfigError
 from rollway.rollouts import RolloutConfig
 
@@ -22,6 +22,7 @@ class StepPlan:
     max_refills: int
     max_staleness: int | None
     stale: StalePolicy
+    unscored: Unscored
     prefetch: bool
     settings: RolloutConfig
 
@@ -44,6 +45,7 @@ def step_plan(
     stale: str,
     prefetch: bool,
     settings: RolloutConfig,
+    unscored: str = "refill",
 ) -> StepPlan:
     """The plan, or a ``ConfigError`` naming the setting and the fix. ``client_staleness``:
     the client's own ``max_staleness`` (the default, and it restarts running rollouts)."""
@@ -58,6 +60,10 @@ def step_plan(
     if stale not in STALE_POLICIES:
         raise ConfigError(f"stale must be one of {', '.join(STALE_POLICIES)}, not {stale!r}",
                           "stale")  # fmt: skip
+    if unscored not in UNSCORED:
+        raise ConfigError(
+            f"unscored must be one of {', '.join(UNSCORED)}, not {unscored!r}", "unscored"
+        )
     if stale == "keep" and client_staleness is not None:
         raise ConfigError(
             f"stale='keep' keeps stale tokens, but this client restarts rollouts more than "
@@ -73,6 +79,7 @@ def step_plan(
         max_refills=max_refills,
         max_staleness=client_staleness if max_staleness is None else max_staleness,
         stale=cast(StalePolicy, stale),
+        unscored=cast(Unscored, unscored),
         prefetch=bool(prefetch),
         settings=settings,
     )

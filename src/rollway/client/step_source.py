@@ -5,13 +5,16 @@ Groups finish out of order: up to ``B * (1 + over_sample)`` are kept going (in f
 and what still runs when a batch is handed over goes on and counts towards the next step
 (never cancelled). A flat group (every reward the same: no advantage) is set aside and a new task
 takes its place (dynamic sampling), at most ``max_extra_groups`` a step; past that the batch is
-handed over as soon as B cannot be reached, saying how many groups it lacks. A sample lost to
+handed over as soon as B cannot be reached, saying how many groups it lacks (none at all, at the
+start of training, say: an empty batch, and the next step goes on). A sample lost to
 the infrastructure (an engine, gateway, agent server or sandbox failure, or a cancel by someone
 else) is never handed over: the same task runs again in its group (the group waits), at most
-``max_refills`` times a sample, each reason recorded. A rollout more than ``max_staleness``
+``max_refills`` times a sample, each reason recorded; so is one without a reward of its own
+(``unscored``, ``step_groups.Unscored``). A rollout more than ``max_staleness``
 versions behind the trainer's weights when its group is ready follows ``stale``
-(``step_groups.StalePolicy``). Which tasks are settled (handed over or set aside) is written to
-the store after each batch (``steps.json``): a restarted trainer's source goes on from there.
+(``step_groups.StalePolicy``). Which tasks are settled (set aside, or in a batch the trainer is
+done with: ``StepBatch.done``) is written to the store by task identity (``steps.json``): a
+restarted trainer's source goes on from there, and hands again a batch it was not done with.
 
 Completions are handled on the client's loop thread (future callbacks); the trainer's thread
 waits on a condition. All state is under one lock."""
@@ -40,6 +43,7 @@ from rollway.client.step_groups import (
     StepMetrics,
     behind,
     needs_refill,
+    sets_aside,
     token_staleness,
 )
 from rollway.client.step_plan import StepPlan
@@ -77,9 +81,12 @@ class StepSource:
                  *, epochs: int, resume: bool) -> None:  # fmt: skip
         self._hooks, self._plan = hooks, plan
         stored = _read_position(hooks.store) if resume else None
-        settled = Settled.from_dict(stored, _where(hooks.store)) if stored else Settled()
-        self._stream = TaskStream(tasks, epochs, settled)
+        where = _where(hooks.store)
+        settled = Settled.from_dict(stored, where) if stored else Settled()
+        self._stream = TaskStream(tasks, epochs, settled, where)
         self._step = int(stored.get("step", 0)) if stored else 0
+        self._done_steps = self._step  # 1 + the last step the trainer was done with
+        self._handed: dict[int, list[Group]] = {}  # by step: handed, the trainer not done
         self._run_id = uuid.uuid4().hex
         self._cond = threading.Condition(threading.RLock())
         self._owned: list[Group] = []
@@ -101,6 +108,7 @@ class StepSource:
             self._lease = self._hooks.lease()
             self._lease.__enter__()
         with self._cond:
+            self._done_with(list(self._handed))  # asking again: done with the last batch
             self._asking = True
             try:
                 groups = self._wait_for_groups()
@@ -108,8 +116,7 @@ class StepSource:
                 self._asking = False
             batch = self._hand_over(groups, time.monotonic() - started)
             self._top_up()  # with prefetch, the next step's groups start while this one trains
-            position = {"step": self._step, **self._stream.settled.to_dict()}
-        self._hooks.store.write_summary(POSITION, position)
+            self._write_position()  # the groups set aside meanwhile
         log.info(batch.metrics.line(), extra={"stage": "step"})
         self._hooks.events(StepHandedOver(step=batch.step, metrics=batch.metrics.to_dict()))
         return batch
@@ -155,10 +162,16 @@ class StepSource:
 
     def close(self) -> None:
         """Cancel what still runs (those tasks are not settled: a restarted source runs them),
-        write the position, give the experiment back."""
+        settle the batch handed last (the trainer closed its source: it is done with it), write
+        the position, give the experiment back."""
+        self._close(done=True)
+
+    def _close(self, done: bool) -> None:
         with self._cond:
             if self._closed:
                 return
+            if done:
+                self._done_with(list(self._handed))
             self._closed = True
             futures = [s.future for g in self._owned for s in g.slots if s.future is not None]
             self._cond.notify_all()
@@ -178,7 +191,23 @@ class StepSource:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        # An exception (the trainer failed mid-step): its last batch is not settled.
+        self._close(done=exc_type is None)
+
+    def _done_with(self, steps: list[int]) -> None:
+        """Under the lock: the trainer is done with the batches of ``steps``: settle their
+        tasks and say so in the store."""
+        groups = [g for step in steps for g in self._handed.pop(step, [])]
+        if not steps or self._closed:
+            return
+        for group in groups:
+            self._stream.settled.add(group.identity)
+        self._done_steps = max(self._done_steps, max(steps) + 1)
+        self._write_position()
+
+    def _write_position(self) -> None:
+        position = {"step": self._done_steps, **self._stream.settled.to_dict()}
+        self._hooks.store.write_summary(POSITION, position)
 
     # -- waiting for a step ------------------------------------------------------------------
 
@@ -195,8 +224,9 @@ class StepSource:
             in_flight = len(self._owned) - len(self._ready)
             reachable = len(self._ready) + in_flight >= need
             if not reachable and not self._can_start() and (self._ready or in_flight == 0):
-                if not self._ready:
+                if not self._ready and not self._stream.more:
                     raise StopIteration
+                # Short, or even empty (every group flat): handed, and the next step goes on.
                 return list(self._ready)
             if not self._cond.wait(self._hooks.status_interval):
                 log.info(
@@ -218,15 +248,15 @@ class StepSource:
             drawn = self._stream.next()
             if drawn is None:
                 return
-            position, task = drawn
-            self._start_group(position, task, instance=self._drops[position])
+            position, identity, task = drawn
+            self._start_group(position, identity, task, instance=self._drops[position])
 
     def _hand_over(self, groups: list[Group], waited_s: float) -> StepBatch:
         version = self._hooks.policy.version
         for group in groups:
             self._ready.remove(group)
             self._owned.remove(group)
-            self._stream.settled.add(group.position)
+        self._handed[self._step] = groups  # settled once the trainer is done with them
         records = [group.records for group in groups]
         metrics = self._metrics
         metrics.step = self._step
@@ -237,18 +267,26 @@ class StepSource:
         metrics.wait_s = waited_s
         self._metrics, self._set_aside_now = StepMetrics(), 0
         self._step += 1
-        return StepBatch(metrics.step, records, metrics.lacking, version, metrics)
+        step = metrics.step
+
+        def settle() -> None:
+            with self._cond:
+                self._done_with([step])
+
+        return StepBatch(metrics.step, records, metrics.lacking, version, metrics, settle)
 
     # -- groups ------------------------------------------------------------------------------
 
-    def _start_group(self, position: int, task: dict[str, Any], instance: int) -> None:
+    def _start_group(
+        self, position: int, identity: tuple[str, int], task: dict[str, Any], instance: int
+    ) -> None:
         key = f"{task_key(task)}-{position}" + (f"-d{instance}" if instance else "")
         group_id = f"{self._hooks.exp_id}:{key}"
         slots = [
             Slot(RolloutSpec(task, position, key, group_id, position, sample, run_id=self._run_id))
             for sample in range(self._plan.group_size)
         ]
-        group = Group(position, task, instance, slots)
+        group = Group(position, identity, task, instance, slots)
         self._owned.append(group)
         for slot in slots:
             self._run(group, slot, first_attempt=1)
@@ -272,12 +310,13 @@ class StepSource:
             if self._closed or slot.future is not future or cf.cancelled() or cf.exception():
                 return
             record = cf.result()
-            why = needs_refill(record)
+            why = needs_refill(record, self._plan.unscored)
             if why is not None and slot.refills < self._plan.max_refills:
                 slot.refills += 1
                 self._note_failure(group, slot, why, refilled=record.error_kind or record.status)
                 self._run(group, slot, first_attempt=record.attempts + 1)
                 return
+            why = why or sets_aside(record, self._plan.unscored)
             if why is not None:
                 group.failed = why
                 self._note_failure(group, slot, why, refilled=None)
@@ -310,7 +349,7 @@ class StepSource:
 
     def _set_aside(self, group: Group) -> None:
         self._owned.remove(group)
-        self._stream.settled.add(group.position)
+        self._stream.settled.add(group.identity)
         self._set_aside_now += 1
 
     def _recheck_ready(self) -> None:
@@ -335,7 +374,7 @@ class StepSource:
             self._owned.remove(group)
             self._metrics.dropped_stale += 1
             self._drops[group.position] += 1
-            self._stream.requeue(group.position, group.task)
+            self._stream.requeue(group.position, group.identity, group.task)
             log.info("dropped stale group %s; its task runs again", group.slots[0].spec.group_id,
                      extra={"stage": "step"})  # fmt: skip
             return
