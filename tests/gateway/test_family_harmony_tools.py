@@ -1,7 +1,9 @@
-"""GPT-OSS's tools as OpenAI's harmony encoder writes them, on the real tokenizer and chat
-template: a function without a description (optional in the OpenAI API, where the template
-fails on it) gets no comment line, a description of several lines a ``//`` on each; through
-chat completions and the Responses API, the answer is the model's call."""
+"""GPT-OSS on its real tokenizer and chat template, where a user lands beside the tool loop:
+tools as OpenAI's harmony encoder writes them (a function without a description, optional in
+the OpenAI API where the template fails on it, gets no comment line; a description of several
+lines a ``//`` on each), through chat completions and the Responses API; the Hermes renderer
+refused over harmony (and the other families' refusals naming ``gpt_oss``); a trajectory the
+template cannot render afresh still served."""
 
 from __future__ import annotations
 
@@ -15,9 +17,16 @@ from typing import Any
 import openai
 import openai_harmony as oh
 import pytest
+from starlette.testclient import TestClient
 
+from rollway.engines.scripted import ScriptedEngine
+from rollway.errors import InvalidFieldsError
+from rollway.gateway import Gateway, create_app
+from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.render.harmony import GptOssRenderer
 from rollway.gateway.render.harmony_vocab import load_harmony
+from rollway.gateway.render.renderers import load_renderer
+from rollway.trajectory import Trajectory
 from tests.conftest import ADD_TOOL, Closing, family_folder
 from tests.gateway import families_common as common
 from tests.gateway.families_common import Served
@@ -130,3 +139,40 @@ def test_a_tool_without_description_is_called_through_the_responses_api(
     (call,) = [item for item in reply.output if item.type == "function_call"]
     assert json.loads(call.arguments) == {"a": 1, "b": 2}
     assert "namespace functions {\n\ntype add" in gateway.renderer.decode(engine.prompts[0])
+
+
+def test_hermes_is_refused_over_a_harmony_template_naming_gptoss() -> None:
+    """At start (``rollway gateway --renderer hermes``) and at a rollout's registration:
+    its answers would be harmony's markup, which no later call could send back."""
+    gptoss = tokenizer("gptoss")
+    with pytest.raises(InvalidFieldsError, match=r"is GPT-OSS's harmony.*choose 'gpt_oss'"):
+        load_renderer(gptoss, "hermes")
+    gateway = Gateway(ScriptedEngine([CALL], gptoss), GptOssRenderer(gptoss), model_name="g")
+    with pytest.raises(InvalidFieldsError, match="choose 'gpt_oss'"):
+        gateway.register("r", {"max_tokens": 64, "renderer": "hermes"})
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_coder", "llama3", "deepseek_v3", "gemma3"])
+def test_another_familys_refusal_of_a_harmony_template_suggests_gptoss(name: str) -> None:
+    with pytest.raises(InvalidFieldsError) as refused:
+        load_renderer(tokenizer("gptoss"), name)
+    assert "choose 'gpt_oss'" in str(refused.value) and "hermes" not in str(refused.value)
+
+
+def test_a_trajectory_the_template_cannot_render_afresh_is_served_without_drift(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The Hermes renderer built by hand over GPT-OSS's template: the answer holds harmony's
+    markup, which the template refuses in a message's content. The record is whole without
+    the drift figure: GET /trajectory answers it (drift null), the reason logged."""
+    gptoss = tokenizer("gptoss")
+    answer = "<|channel|>final<|message|>Hi.<|return|>"
+    gateway = Gateway(ScriptedEngine([answer], gptoss), ChatRenderer(gptoss), model_name="g")
+    gateway.register("r", {"max_tokens": 64})
+    asyncio.run(gateway.chat("r", {"messages": [{"role": "user", "content": "Hi."}]}))
+    with TestClient(create_app(gateway, admin_key="admin", close_engine=False)) as client:
+        got = client.get("/v1/rollouts/r/trajectory", headers={"Authorization": "Bearer admin"})
+    assert got.status_code == 200, got.text[:300]
+    trajectory = Trajectory.model_validate_json(got.content)
+    assert trajectory.drift is None and len(trajectory.turns) == 1 and trajectory.samples
+    assert "no drift figure" in caplog.text and "TemplateError" in caplog.text

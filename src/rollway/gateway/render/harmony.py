@@ -25,6 +25,7 @@ from typing import Any
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
 from rollway.gateway.render.harmony_parse import HarmonyChannels, call_recipients, parse_harmony
+from rollway.gateway.render.template_marks import family_hint
 from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.generation import Message
 
@@ -48,7 +49,7 @@ class GptOssRenderer(ChatRenderer):
         if not all(mark in template for mark in ("<|channel|>", "<|start|>", "<|message|>")):
             raise InvalidFieldsError(
                 f"renderer 'gpt_oss': the chat template of {tokenizer.name_or_path!r} is not "
-                "GPT-OSS's harmony template; choose the renderer of its family, or 'hermes'",
+                f"GPT-OSS's harmony template; {family_hint(tokenizer, 'gpt_oss')}",
                 param="renderer",
             )
         self._prefixes: OrderedDict[str, str] = OrderedDict()
