@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
+from rollway.gateway.render.prefill import Prefill
 from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
 from rollway.trajectory import Turn
 
@@ -73,10 +74,15 @@ async def plan_prompt(
     conversation: Conversation,
     tools: list[dict[str, Any]] | None,
     budget: int | None,
+    prefill: Prefill | None = None,
 ) -> PromptPlan:
     """The prompt for ``messages``; raises ``TokenBudgetExceeded`` past ``budget`` tokens,
-    ruling out an over-long prompt from its length before tokenizing it where it can."""
+    ruling out an over-long prompt from its length before tokenizing it where it can. With
+    ``prefill`` the last message is not answered but continued: the prompt ends with its
+    head (``render.prefill``)."""
     messages, keys = conversation.messages, conversation.keys
+    if prefill is not None:
+        messages, keys = messages[:-1], keys[:-1]
     last = state.turns[-1] if state.turns else None
     known = len(state.message_keys)
     if (
@@ -84,6 +90,7 @@ async def plan_prompt(
         and last.finish_reason != "abort"
         and tools == state.tools
         and keys[:known] == state.message_keys
+        and (prefill is None or known < len(keys))
     ):
         base = last.prompt_len + len(last.completion_ids)
         room = None if budget is None else budget - base
@@ -100,6 +107,9 @@ async def plan_prompt(
                 room,
                 keep,
             )
+            if tail is not None and prefill is not None:
+                left = None if room is None else room - len(tail)
+                tail += renderer.encode(prefill.head, left)
         except TokenBudgetExceeded as exc:
             raise TokenBudgetExceeded(base + exc.at_least) from None
         if tail is not None:
@@ -107,7 +117,10 @@ async def plan_prompt(
             # if another call of the rollout records a turn while this one renders or samples.
             head = segment_turns(state.turns, last)
             return PromptPlan(array("i", tail), last.segment, last.index, head, base)
-    ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
+    if prefill is not None:
+        ids = await _render(keys, tools, renderer.encode, prefill.asked + prefill.head, budget)
+    else:
+        ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
     return PromptPlan(array("i", ids), None, None)
 
 
