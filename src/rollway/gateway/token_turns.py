@@ -20,7 +20,6 @@ from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
 from rollway.gateway.render.base import Renderer
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
-from rollway.gateway.render.prefill import Prefill, read_prefill
 from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.gateway.render.turn_stream import (
     ContentDelta,
@@ -46,8 +45,6 @@ class _PlannedTurn:
     use_tools: bool
     conversation: Conversation
     tools: list[dict[str, Any]] | None
-    #: The final assistant message the model continues (None: it answers a new one).
-    prefill: Prefill | None = None
 
 
 class TokenTurns:
@@ -105,14 +102,14 @@ class TokenTurns:
         """``answer`` as the tokens come: content deltas, then the rest of the answer and the
         ``ChatResult``, recorded from the collected chunks exactly as ``answer`` records."""
         turn = await self._plan(state, request, conversation, tools)
-        if isinstance(turn, ChatResult) or turn.prefill is not None:
-            # A continued message is parsed with its head, which the stream has not seen:
-            # its answer comes whole at the end.
-            if not isinstance(turn, ChatResult):
-                at_once = await self.calls.sample(
-                    self.engine, state, turn.request_id, turn.plan.ids().tolist(), turn.sampling
-                )
-                turn = self._finish(state, turn, at_once)
+        if not isinstance(turn, ChatResult) and turn.plan.prefill is not None:
+            # A continued message is parsed with its head, which a stream has not seen: its
+            # answer comes whole at the end.
+            at_once = await self.calls.sample(
+                self.engine, state, turn.request_id, turn.plan.ids().tolist(), turn.sampling
+            )
+            turn = self._finish(state, turn, at_once)
+        if isinstance(turn, ChatResult):
             for piece in closing_pieces(turn):
                 yield piece
             return
@@ -148,12 +145,11 @@ class TokenTurns:
     ) -> _PlannedTurn | ChatResult:
         """The turn's prompt and sampling, or the answer made without the engine."""
         renderer = state.renderer or self.renderer
-        prefill = None
-        if request.continue_final_message:
-            prefill = read_prefill(renderer, conversation.messages, tools)
         try:
             budget = self._prompt_budget(state)
-            plan = await plan_prompt(renderer, state, conversation, tools, budget, prefill)
+            plan = await plan_prompt(
+                renderer, state, conversation, tools, budget, request.continue_final_message
+            )
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
         sampling = state.sampling_for(request.sampling_overrides())
@@ -161,8 +157,7 @@ class TokenTurns:
             room = state.max_seq_len - plan.prompt_len
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
         use_tools = bool(tools) and request.tool_choice != "none"
-        request_id = state.begin_turn()
-        return _PlannedTurn(plan, sampling, request_id, use_tools, conversation, tools, prefill)
+        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, conversation, tools)
 
     def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
         """Record the sampled turn and make its answer."""
@@ -175,19 +170,20 @@ class TokenTurns:
         ):
             self.truncate(state, "max_seq_len")
         renderer = state.renderer or self.renderer
-        head = turn.prefill.head if turn.prefill else ""
+        prefill = plan.prefill
+        head = prefill.head if prefill else ""
         parsed, stop, specials = self._parse(
             renderer, result, turn.sampling, turn.use_tools, turn.tools, head
         )
         whole = parsed
-        if turn.prefill is not None and parsed.content.startswith(turn.prefill.text):
+        if prefill is not None and parsed.content.startswith(prefill.text):
             # The answer is the continuation (as Anthropic answers a prefill); the
             # conversation holds the message whole, as the caller will send it back.
-            parsed = dataclasses.replace(parsed, content=parsed.content[len(turn.prefill.text) :])
+            parsed = dataclasses.replace(parsed, content=parsed.content[len(prefill.text) :])
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
         conversation = turn.conversation
-        if turn.prefill is not None:
+        if prefill is not None:
             conversation = Conversation(conversation.messages[:-1], conversation.keys[:-1])
         state.close_turn(conversation, _assistant_message(whole), turn.tools)
         if result.finish_reason == "abort":
