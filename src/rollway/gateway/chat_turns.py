@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from rollway.engines.base import ChatEngine
-from rollway.errors import RolloutClosedError
+from rollway.errors import InvalidFieldsError, RolloutClosedError
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.request_schema import ChatCompletionRequest
@@ -31,6 +31,12 @@ class ChatTurns:
         conversation: Conversation,
         tools: list[dict[str, Any]] | None,
     ) -> ChatResult:
+        if request.continue_final_message:
+            raise InvalidFieldsError(
+                "continuing the final assistant message (an Anthropic prefill) needs a token "
+                "engine: a chat-level one (openai://) answers messages, it cannot continue one",
+                param="messages",
+            )
         sampling = state.sampling_for(request.sampling_overrides())
         request_id = state.begin_turn()
         started = time.perf_counter()

@@ -29,7 +29,7 @@ from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.gateway.render.renderers import renderer_class
+from rollway.gateway.render.renderers import load_renderer
 from rollway.gateway.render.turn_stream import TurnPiece, closing_pieces
 from rollway.gateway.request_messages import ChatCompletionAsSent, read_conversation
 from rollway.gateway.request_schema import ChatCompletionRequest, RegisterRequest
@@ -139,7 +139,7 @@ class Gateway:
         """The renderer ``name`` over this gateway's tokenizer, made once."""
         renderer = self._renderers.get(name)
         if renderer is None:
-            renderer = renderer_class(name)(self.renderer.tokenizer)
+            renderer = load_renderer(self.renderer.tokenizer, name)
             self._renderers[name] = renderer
         return renderer
 

@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
+from rollway.gateway.render.prefill import Prefill, read_prefill
 from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
 from rollway.trajectory import Turn
 
@@ -40,6 +41,8 @@ class PromptPlan:
     head: tuple[Turn, ...] = ()
     #: How many ids the head holds: where ``tail`` begins in the whole prompt.
     start: int = 0
+    #: The final assistant message the prompt continues (None: it asks for a new answer).
+    prefill: Prefill | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -73,10 +76,17 @@ async def plan_prompt(
     conversation: Conversation,
     tools: list[dict[str, Any]] | None,
     budget: int | None,
+    continue_final: bool = False,
 ) -> PromptPlan:
     """The prompt for ``messages``; raises ``TokenBudgetExceeded`` past ``budget`` tokens,
-    ruling out an over-long prompt from its length before tokenizing it where it can."""
+    ruling out an over-long prompt from its length before tokenizing it where it can. With
+    ``continue_final`` the last message is not answered but continued: the prompt ends with
+    its head (``render.prefill``; a 422 where it cannot be continued)."""
     messages, keys = conversation.messages, conversation.keys
+    prefill = None
+    if continue_final:
+        prefill = await _render(keys, tools, read_prefill, renderer, messages, tools)
+        messages, keys = messages[:-1], keys[:-1]
     last = state.turns[-1] if state.turns else None
     known = len(state.message_keys)
     if (
@@ -84,6 +94,7 @@ async def plan_prompt(
         and last.finish_reason != "abort"
         and tools == state.tools
         and keys[:known] == state.message_keys
+        and (prefill is None or known < len(keys))
     ):
         base = last.prompt_len + len(last.completion_ids)
         room = None if budget is None else budget - base
@@ -100,15 +111,21 @@ async def plan_prompt(
                 room,
                 keep,
             )
+            if tail is not None and prefill is not None:
+                left = None if room is None else room - len(tail)
+                tail += renderer.encode(prefill.head, left)
         except TokenBudgetExceeded as exc:
             raise TokenBudgetExceeded(base + exc.at_least) from None
         if tail is not None:
             # Turns are only appended: the parent's segment through it stays as it is, even
             # if another call of the rollout records a turn while this one renders or samples.
             head = segment_turns(state.turns, last)
-            return PromptPlan(array("i", tail), last.segment, last.index, head, base)
-    ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
-    return PromptPlan(array("i", ids), None, None)
+            return PromptPlan(array("i", tail), last.segment, last.index, head, base, prefill)
+    if prefill is not None:
+        ids = await _render(keys, tools, renderer.encode, prefill.asked + prefill.head, budget)
+    else:
+        ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
+    return PromptPlan(array("i", ids), None, None, prefill=prefill)
 
 
 async def _render(

@@ -192,6 +192,11 @@ class ChatCompletionRequest(SamplingFields):
         description="vLLM's extension: the answer also carries the completion's token ids "
         "(choice.token_ids) and rollway.logprobs and rollway.turn_index.",
     )
+    continue_final_message: bool = Field(
+        default=False,
+        description="vLLM's extension (and how an Anthropic prefill is asked): the final "
+        "assistant message is continued, not answered; the answer is the continuation.",
+    )
     n: int = Field(default=1, ge=1, le=1)
     frequency_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
     presence_penalty: float | None = Field(default=None, ge=0.0, le=0.0)

@@ -5,6 +5,7 @@ the exact ids and logprobs the engine gave."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from array import array
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -101,6 +102,13 @@ class TokenTurns:
         """``answer`` as the tokens come: content deltas, then the rest of the answer and the
         ``ChatResult``, recorded from the collected chunks exactly as ``answer`` records."""
         turn = await self._plan(state, request, conversation, tools)
+        if not isinstance(turn, ChatResult) and turn.plan.prefill is not None:
+            # A continued message is parsed with its head, which a stream has not seen: its
+            # answer comes whole at the end.
+            at_once = await self.calls.sample(
+                self.engine, state, turn.request_id, turn.plan.ids().tolist(), turn.sampling
+            )
+            turn = self._finish(state, turn, at_once)
         if isinstance(turn, ChatResult):
             for piece in closing_pieces(turn):
                 yield piece
@@ -136,10 +144,12 @@ class TokenTurns:
         tools: list[dict[str, Any]] | None,
     ) -> _PlannedTurn | ChatResult:
         """The turn's prompt and sampling, or the answer made without the engine."""
+        renderer = state.renderer or self.renderer
         try:
-            renderer = state.renderer or self.renderer
             budget = self._prompt_budget(state)
-            plan = await plan_prompt(renderer, state, conversation, tools, budget)
+            plan = await plan_prompt(
+                renderer, state, conversation, tools, budget, request.continue_final_message
+            )
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
         sampling = state.sampling_for(request.sampling_overrides())
@@ -159,12 +169,23 @@ class TokenTurns:
             and prompt_tokens + len(result.output_ids) >= state.max_seq_len
         ):
             self.truncate(state, "max_seq_len")
+        renderer = state.renderer or self.renderer
+        prefill = plan.prefill
+        head = prefill.head if prefill else ""
         parsed, stop, specials = self._parse(
-            state.renderer or self.renderer, result, turn.sampling, turn.use_tools, turn.tools
+            renderer, result, turn.sampling, turn.use_tools, turn.tools, head
         )
+        whole = parsed
+        if prefill is not None and parsed.content.startswith(prefill.text):
+            # The answer is the continuation (as Anthropic answers a prefill); the
+            # conversation holds the message whole, as the caller will send it back.
+            parsed = dataclasses.replace(parsed, content=parsed.content[len(prefill.text) :])
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
-        state.close_turn(turn.conversation, message, turn.tools)
+        conversation = turn.conversation
+        if prefill is not None:
+            conversation = Conversation(conversation.messages[:-1], conversation.keys[:-1])
+        state.close_turn(conversation, _assistant_message(whole), turn.tools)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"
@@ -216,11 +237,13 @@ class TokenTurns:
         sampling: SamplingParams,
         use_tools: bool,
         tools: list[dict[str, Any]] | None,
+        head: str = "",
     ) -> tuple[ParsedToolCalls, str | None, list[int]]:
         """The answer's text, cut at the first stop string, that stop string (if any), and
         where the model sampled special tokens inside its answer: they are not text (a
         ``<|im_start|>`` mid-answer is the model opening a turn of its own), so the text leaves
-        them out, as vLLM's ``skip_special_tokens`` does; the turn records where they were."""
+        them out, as vLLM's ``skip_special_tokens`` does; the turn records where they were.
+        ``head``: the text of a continued message's start, before the sampled text."""
         ids = result.output_ids
         special_ids = renderer.stop_ids  # the rollout's renderer's: GPT-OSS's are fewer
         end_id = None
@@ -235,7 +258,7 @@ class TokenTurns:
         if cut is not None:
             at, stop = cut
             text, end_id = text[:at], None  # a stop string ended it, not the token
-        return renderer.parse(text, use_tools, tools, end_id), stop, specials
+        return renderer.parse(head + text, use_tools, tools, end_id), stop, specials
 
     @staticmethod
     def _record(

@@ -4,21 +4,40 @@ needs the last segment's."""
 
 from __future__ import annotations
 
+import logging
+
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
 from rollway.samples import Sample, build_samples
 from rollway.trajectory import Drift, Trajectory, truncation_reason
 
+log = logging.getLogger(__name__)
 
-def measure_drift(state: RolloutState, samples: list[Sample], renderer: ChatRenderer) -> Drift:
-    """Compare the last segment's ids with a fresh render of the final messages."""
+
+def measure_drift(
+    state: RolloutState, samples: list[Sample], renderer: ChatRenderer
+) -> Drift | None:
+    """Compare the last segment's ids with a fresh render of the final messages. None where
+    the template cannot render them, the reason logged: the record is whole without the
+    figure (its turns are what was sampled), so it is never a failure of the trajectory."""
     last = samples[-1]
     last_turn = state.last_in_segment(last.segment)
     # In flight a turn's ids are an array (``Turn.as_recorded``): the tokenizer takes a list.
     glue = renderer.closing_glue(list(last_turn.completion_ids)) if last_turn else None
     closing = renderer.encode(glue) if glue is not None else []
     recorded = last.prompt_ids + last.response_ids + closing
-    fresh = renderer.transcript_ids(state.messages, state.tools)
+    try:
+        fresh = renderer.transcript_ids(state.messages, state.tools)
+    except Exception as error:  # a template's own refusal (raise_exception) or its bug
+        log.warning(
+            "rollout %s: no drift figure: the %s renderer cannot render its final messages "
+            "afresh (%s: %s)",
+            state.rollout_id,
+            renderer.name,
+            type(error).__name__,
+            error,
+        )
+        return None
     return compare_ids(recorded, fresh)
 
 

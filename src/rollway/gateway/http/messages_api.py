@@ -111,6 +111,8 @@ class MessagesRequest(BaseModel):
         for message in self.messages:
             messages += _chat_messages(message)
         chat: dict[str, Any] = {"messages": messages, "max_tokens": self.max_tokens}
+        if self.messages[-1].role == "assistant":  # a prefill: the model continues it
+            chat["continue_final_message"] = True
         if self.tools:
             chat["tools"] = [_chat_tool(t) for t in self.tools]
         if self.tool_choice and self.tool_choice.get("type") == "none":

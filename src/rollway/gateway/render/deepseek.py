@@ -34,6 +34,7 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
+from rollway.gateway.render.template_marks import family_hint
 from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.generation import Message
 
@@ -245,6 +246,6 @@ def _check_family(tokenizer: Any) -> None:
             f"renderer 'deepseek_v3': the tokenizer and chat template of "
             f"{tokenizer.name_or_path!r} are not DeepSeek V3's (its template writes "
             f"{CALLS_BEGIN} calls and no <think> reasoning, its vocabulary has the tool "
-            "markers as tokens); choose the renderer of its family, or 'hermes'",
+            f"markers as tokens); {family_hint(tokenizer, 'deepseek_v3')}",
             param="renderer",
         )

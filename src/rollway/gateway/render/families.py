@@ -6,6 +6,7 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.template_marks import family_hint
 
 
 class Qwen3Renderer(ChatRenderer):
@@ -23,6 +24,6 @@ class Qwen3Renderer(ChatRenderer):
             raise InvalidFieldsError(
                 f"renderer 'qwen3': the chat template of {tokenizer.name_or_path!r} is not "
                 "Qwen3's (it must write tools, <tool_call> blocks and <think> reasoning); "
-                "choose the renderer of its family, or 'hermes'",
+                f"{family_hint(tokenizer, 'qwen3')}",
                 param="renderer",
             )

@@ -25,6 +25,7 @@ from typing import Any
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
 from rollway.gateway.render.harmony_parse import HarmonyChannels, call_recipients, parse_harmony
+from rollway.gateway.render.template_marks import family_hint
 from rollway.gateway.render.tool_calls import ParsedToolCalls
 from rollway.generation import Message
 
@@ -48,7 +49,7 @@ class GptOssRenderer(ChatRenderer):
         if not all(mark in template for mark in ("<|channel|>", "<|start|>", "<|message|>")):
             raise InvalidFieldsError(
                 f"renderer 'gpt_oss': the chat template of {tokenizer.name_or_path!r} is not "
-                "GPT-OSS's harmony template; choose the renderer of its family, or 'hermes'",
+                f"GPT-OSS's harmony template; {family_hint(tokenizer, 'gpt_oss')}",
                 param="renderer",
             )
         self._prefixes: OrderedDict[str, str] = OrderedDict()
@@ -117,10 +118,11 @@ class GptOssRenderer(ChatRenderer):
                 *({"role": m["role"], "content": content_text(m.get("content"))} for m in head),
                 {"role": "user", "content": _PROBE},
             ]
-            kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+            kwargs: dict[str, Any] = {"tools": harmony_tools(tools)} if tools else {}
             rendered: str = self.tokenizer.apply_chat_template(
                 probe, tokenize=False, add_generation_prompt=False, **kwargs
             )
+            rendered = rendered.replace(f"// {_NO_DESCRIPTION}\n", "")
             prefix = rendered[: rendered.rindex(f"<|start|>user<|message|>{_PROBE}")]
             self._prefixes[key] = prefix
             if len(self._prefixes) > PREFIX_CACHE_SIZE:
@@ -131,6 +133,30 @@ class GptOssRenderer(ChatRenderer):
 
 
 _TOKENS = ("<|return|>", "<|call|>", "<|end|>", "<|endoftext|>")
+#: Stands for a function's missing description in the template's run, its line then cut.
+_NO_DESCRIPTION = "rollwayharmonynodescription"
+
+
+def harmony_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tools whose descriptions the template writes as harmony does: one ``// `` comment line
+    each, none for a function without one (optional in the OpenAI API, where the template
+    would fail on it). The template writes ``"// " + description + "\n"``: a description is
+    given it with its lines joined by ``\n// ``, a missing or empty one as a marker whose
+    line is cut from the text."""
+    written = []
+    for tool in tools:
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            written.append(tool)
+            continue
+        lines = str(function.get("description") or "").split("\n")
+        if lines[-1] == "":  # harmony's lines(): a final newline ends a line, opens none
+            lines.pop()
+        description = "\n// ".join(line.removesuffix("\r") for line in lines)
+        written.append(
+            {**tool, "function": {**function, "description": description or _NO_DESCRIPTION}}
+        )
+    return written
 
 
 def messages_text(messages: list[Message], last_call: str | None, prompting: bool) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.render.template_marks import family_hint
 from rollway.gateway.render.tool_calls import OPEN_TAG, ParsedToolCalls, new_call
 
 #: What marks a template as writing calls the Qwen3-Coder way.
@@ -148,8 +149,8 @@ class QwenXmlRenderer(ChatRenderer):
         if missing := [t for t in _TOKENS if t not in vocabulary]:
             raise InvalidFieldsError(
                 f"renderer 'qwen3_coder': the tokenizer of {tokenizer.name_or_path!r} has no "
-                f"{', '.join(missing)} (Qwen3-Coder's is Qwen3's); choose the renderer of its "
-                "family, or 'hermes'",
+                f"{', '.join(missing)} (Qwen3-Coder's is Qwen3's); "
+                f"{family_hint(tokenizer, 'qwen3_coder')}",
                 param="renderer",
             )
         if XML_CALL not in str(tokenizer.chat_template or ""):

@@ -14,7 +14,7 @@ from typing import Any
 
 from rollway.errors import InvalidFieldsError
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.gateway.render.template_marks import TEMPLATE_MARKS, template_fits
+from rollway.gateway.render.template_marks import TEMPLATE_MARKS, refuse_hermes, template_fits
 
 #: name -> "module:class" of its renderer (an unknown name is refused naming these, in order).
 RENDERERS: dict[str, str] = {
@@ -67,8 +67,12 @@ def choose_renderer(tokenizer: Any) -> str:
 
 
 def load_renderer(tokenizer: Any, name: str | None = None) -> ChatRenderer:
-    """The renderer named ``name``, or the one chosen from the model folder, for ``tokenizer``."""
-    return renderer_class(name or choose_renderer(tokenizer))(tokenizer)
+    """The renderer named ``name``, or the one chosen from the model folder, for ``tokenizer``.
+    Each family's refuses a template not of its family; ``hermes`` one it cannot serve."""
+    chosen = name or choose_renderer(tokenizer)
+    if chosen == "hermes":
+        refuse_hermes(tokenizer)
+    return renderer_class(chosen)(tokenizer)
 
 
 def _architectures(folder: Path) -> list[str]:

@@ -39,7 +39,30 @@ def require_template(tokenizer: Any, name: str, family: str, writes: str) -> Non
     if not template_fits(str(getattr(tokenizer, "chat_template", None) or ""), name):
         raise InvalidFieldsError(
             f"renderer {name!r}: the chat template of {tokenizer.name_or_path!r} is not "
-            f"{family}'s (it must write {writes}); choose the renderer of its family, or "
-            "'hermes'",
+            f"{family}'s (it must write {writes}); {family_hint(tokenizer, name)}",
+            param="renderer",
+        )
+
+
+def family_hint(tokenizer: Any, refused: str) -> str:
+    """What renderer ``refused``'s refusal suggests: the family whose marks the template has,
+    else the renderer of its family or ``hermes`` (the template as it is; never over a
+    template ``refuse_hermes`` refuses, which is GPT-OSS's and so has its family)."""
+    template = str(getattr(tokenizer, "chat_template", None) or "")
+    family = next((name for name in TEMPLATE_MARKS if template_fits(template, name)), None)
+    if family is not None and family != refused:
+        return f"choose {family!r}, the renderer of its family"
+    return "choose the renderer of its family, or 'hermes'"
+
+
+def refuse_hermes(tokenizer: Any) -> None:
+    """Refuse ``hermes`` over a template whose answers are not text: GPT-OSS's harmony writes
+    an answer as messages made of special tokens (its channels), which the Hermes parser
+    cannot read and the template refuses back in an answer's content."""
+    if template_fits(str(getattr(tokenizer, "chat_template", None) or ""), "gpt_oss"):
+        raise InvalidFieldsError(
+            f"renderer 'hermes': the chat template of {tokenizer.name_or_path!r} is GPT-OSS's "
+            "harmony, whose answers are channels of special tokens, not text a Hermes "
+            f"renderer reads; {family_hint(tokenizer, 'hermes')}",
             param="renderer",
         )
