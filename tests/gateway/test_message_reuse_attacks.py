@@ -618,7 +618,7 @@ def test_hashes_hold_for_truncated_streamed_and_cancelled_turns(renderer: ChatRe
 async def test_anthropic_route_records_what_in_process_chat_records(
     sim_http: tuple[httpx.Client, str, Gateway], renderer: ChatRenderer
 ) -> None:
-    from rollway.gateway.http.messages_api import MessagesRequest
+    from rollway.gateway.http.messages_request import MessagesRequest
 
     client, admin_key, _ = sim_http
     rollout = Rollout(client, admin_key)
