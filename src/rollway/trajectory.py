@@ -217,12 +217,16 @@ class Trajectory(WireModel):
     engine_errors: list[str] = Field(
         default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
     )
+    # Left out of a record when empty: records of rollouts that had neither stay as they were.
     request_fields: list[TurnFields] = Field(
         default_factory=list,
         description="Fields of the requests that changed nothing sampled, by turn.",
+        exclude_if=lambda fields: not fields,
     )
     refusals: Refusals | None = Field(
-        default=None, description="The 4xx answers its agent got; None: none."
+        default=None,
+        description="The 4xx answers its agent got; None: none.",
+        exclude_if=lambda refusals: refusals is None,
     )
 
     @model_validator(mode="before")

@@ -91,11 +91,15 @@ def refuse_non_text(messages: list[dict[str, Any]], start: int = 0) -> None:
     for i, message in enumerate(messages, start):
         content = message.get("content")
         for j, part in enumerate(content if isinstance(content, list) else ()):
-            if part["type"] != "text" or part.get("text") is None:
+            where = f"messages[{i}].content[{j}]"
+            if part["type"] != "text":
                 refuse(
-                    f"messages[{i}].content[{j}].type",
-                    f"{part['type']!r} parts are not supported: the model takes text only "
-                    "(a text part needs its text)",
+                    f"{where}.type",
+                    f"{part['type']!r} parts are not supported: the model takes text only",
+                )
+            if part.get("text") is None:
+                raise InvalidFieldsError(
+                    f"{where}.text: a text part needs its text", f"{where}.text"
                 )
 
 
