@@ -14,7 +14,10 @@ import pytest
 import websockets.exceptions
 import websockets.sync.client
 
+from rollway.gateway import Gateway
 from rollway.gateway.http.messages_request import MessagesRequest
+from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.generation import ChatGeneration, SamplingParams
 from tests.conftest import Served
 
 
@@ -154,3 +157,42 @@ def test_codexs_websocket_attempt_is_answered_426(sim_served: Served) -> None:
     with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
         websockets.sync.client.connect(url, additional_headers=key, open_timeout=10)
     assert refused.value.response.status_code == 426
+
+
+class CountingChat:
+    """A chat-level engine (a hosted API) that numbers its answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        sampling: SamplingParams,
+        request_id: str,
+    ) -> ChatGeneration:
+        self.calls += 1
+        return ChatGeneration(
+            {"role": "assistant", "content": f"answer {self.calls}"}, "stop", 5, 2
+        )
+
+    async def abort(self, request_id: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+async def test_n_choices_behind_a_chat_level_engine_are_n_calls_the_first_goes_on(
+    renderer: ChatRenderer,
+) -> None:
+    gateway = Gateway(CountingChat(), renderer, model_name="hosted")
+    gateway.register("hosted-1", {})
+    asked = {"messages": [{"role": "user", "content": "Hi."}], "n": 3}
+    choices = await gateway.chat_choices("hosted-1", asked)
+    # The first choice is answered last, so that the conversation goes on from it.
+    assert [c.content for c in choices] == ["answer 3", "answer 1", "answer 2"]
+    recorded = await gateway.trajectory("hosted-1")
+    assert len(recorded.turns) == 3 and recorded.messages[-1]["content"] == "answer 3"
+    assert [choice.turn_index for choice in choices] == [2, 0, 1]
