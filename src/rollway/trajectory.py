@@ -144,6 +144,23 @@ class Turn(WireModel):
         return self.distribution.entropy if self.distribution else None
 
 
+class TurnFields(WireModel):
+    """What a request sent that changed nothing sampled or rendered (``metadata``,
+    ``service_tier``, an effort hint, a cache marker...), kept with the turn it made."""
+
+    turn: int = Field(description="The turn's index.")
+    fields: dict[str, Any] = Field(description="The fields as sent, by their API's names.")
+
+
+class Refusals(WireModel):
+    """The 4xx answers the gateway gave a rollout's agent (a field it cannot honour, a
+    malformed request): how many, and the first one."""
+
+    count: int
+    first_status: int
+    first_body: dict[str, Any] = Field(description="The first refusal's body, as answered.")
+
+
 class Drift(WireModel):
     """How far the recorded ids are from a fresh render of the final messages."""
 
@@ -199,6 +216,17 @@ class Trajectory(WireModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     engine_errors: list[str] = Field(
         default_factory=list, description="Engine failures the rollout's calls met (the last 5)."
+    )
+    # Left out of a record when empty: records of rollouts that had neither stay as they were.
+    request_fields: list[TurnFields] = Field(
+        default_factory=list,
+        description="Fields of the requests that changed nothing sampled, by turn.",
+        exclude_if=lambda fields: not fields,
+    )
+    refusals: Refusals | None = Field(
+        default=None,
+        description="The 4xx answers its agent got; None: none.",
+        exclude_if=lambda refusals: refusals is None,
     )
 
     @model_validator(mode="before")

@@ -9,7 +9,7 @@ import anthropic
 import httpx
 import pytest
 
-from rollway.gateway.http.messages_api import MessagesRequest
+from rollway.gateway.http.messages_request import MessagesRequest
 from tests.conftest import Closing, Served
 
 ADD = {
@@ -109,7 +109,7 @@ def test_wrong_key_and_bad_bodies_get_anthropic_sdk_errors(
         anthropic.Anthropic(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0)
     )
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
-    with pytest.raises(anthropic.UnprocessableEntityError):
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):
         client.messages.create(
             model="m", max_tokens=8, messages=[{"role": "user", "content": [image]}]
         )

@@ -154,4 +154,6 @@ def test_the_sdk_raises_its_own_errors_for_gateway_errors(served: Served, closin
         wrong.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     client = closing(openai.OpenAI(base_url=reg["base_url"], api_key=reg["api_key"], max_retries=0))
     with pytest.raises(openai.UnprocessableEntityError):
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], n=2)
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], extra_body={"mystery": 1}
+        )

@@ -24,6 +24,19 @@ class ChatTurns:
         self.calls = calls
         self.metrics = metrics
 
+    async def answer_choices(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        conversation: Conversation,
+        tools: list[dict[str, Any]] | None,
+        n: int,
+    ) -> list[ChatResult]:
+        """``n`` answers, one call each; the first answered last, so that the conversation
+        goes on from it."""
+        others = [await self.answer(state, request, conversation, tools) for _ in range(n - 1)]
+        return [await self.answer(state, request, conversation, tools), *others]
+
     async def answer(
         self,
         state: RolloutState,

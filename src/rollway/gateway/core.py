@@ -154,15 +154,35 @@ class Gateway:
     async def chat(
         self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
     ) -> ChatResult:
+        """One answer; a request for ``n`` > 1 choices goes to ``chat_choices``."""
         state, request = self._open_turn(rollout_id, request)
-        attributes = _turn_attributes(rollout_id, state.turns_started)
+        if request.n > 1:
+            raise InvalidFieldsError(
+                "n: more than one choice is answered by Gateway.chat_choices", param="n"
+            )
+        return (await self._answered(state, request))[0]
+
+    async def chat_choices(
+        self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
+    ) -> list[ChatResult]:
+        """``request.n`` samples of one prompt, in choice order: the first continues the
+        rollout's conversation (the next request extends it); each other is recorded as its
+        own branch (a turn that starts a segment: one exact sample of its own)."""
+        state, request = self._open_turn(rollout_id, request)
+        return await self._answered(state, request)
+
+    async def _answered(
+        self, state: RolloutState, request: ChatCompletionRequest
+    ) -> list[ChatResult]:
+        attributes = _turn_attributes(state.rollout_id, state.turns_started)
         with (
             self._busy(state) as answered,
             tracing.span("rollway.gateway.turn", attributes, parent=state.trace_parent) as span,
         ):
-            answered.append(await self._chat(state, request))
-            span.set(_turn_outcome(answered[0]))
-            return answered[0]
+            choices = await self._chat(state, request)
+            answered.append(choices[0])
+            span.set(_turn_outcome(choices[0]))
+            return choices
 
     async def chat_stream(
         self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
@@ -186,9 +206,10 @@ class Gateway:
                     async for piece in pieces:
                         if isinstance(piece, ChatResult):
                             answered.append(piece)
+                            state.record_fields([piece], request.recorded_fields())
                         yield piece
             else:
-                answered.append(await self._chat(state, request))
+                answered.append((await self._chat(state, request))[0])
                 for piece in closing_pieces(answered[0]):
                     yield piece
             if answered:
@@ -232,14 +253,46 @@ class Gateway:
     def _past_max_turns(self, state: RolloutState) -> bool:
         return state.max_turns is not None and state.turns_started >= state.max_turns
 
-    async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> ChatResult:
+    async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> list[ChatResult]:
+        """The request's choices (one unless it asks ``n``), its recorded fields noted."""
         conversation = read_conversation(state, request)
         if self._past_max_turns(state):
             if state.mark_truncated("max_turns"):
                 self.metrics.truncated(state.rollout_id, "max_turns")
             self.metrics.turn_answered("length")
-            return length_answer()
-        return await self._turns.answer(state, request, conversation, request.tool_dicts())
+            return [length_answer()] * request.n
+        tools = request.tool_dicts()
+        if request.n > 1:
+            choices = await self._turns.answer_choices(
+                state, request, conversation, tools, request.n
+            )
+        else:
+            choices = [await self._turns.answer(state, request, conversation, tools)]
+        state.record_fields(choices, request.recorded_fields())
+        return choices
+
+    async def count_tokens(self, rollout_id: str, request: ChatCompletionRequest) -> int:
+        """The prompt's length in tokens as the rollout's renderer makes it (no turn)."""
+        state = self._get(rollout_id)
+        renderer = state.renderer or self.renderer
+        messages = request.message_dicts()
+        ids = await asyncio.to_thread(renderer.prompt_ids, messages, request.tool_dicts())
+        return len(ids)
+
+    def note_refusal(self, rollout_id: str, status: int, body: dict[str, Any]) -> None:
+        """A 4xx the gateway gave a rollout's agent: logged, and counted on its record (the
+        first body kept) where the rollout is open."""
+        error = body.get("error") or {}
+        log.warning(
+            "refused a request of rollout %s (%d): %s",
+            rollout_id,
+            status,
+            error.get("message"),
+            extra={"rollout_id": rollout_id, "stage": "refusal"},
+        )
+        state = self._rollouts.get(rollout_id)
+        if state is not None:
+            state.note_refusal(status, body)
 
     def remember_response(self, rollout_id: str, response_id: str) -> None:
         """Name the rollout's current conversation, for ``previous_response_id``."""

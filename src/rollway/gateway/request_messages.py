@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr, SkipValidation, TypeAdapter, ValidationError
 
-from rollway.gateway.request_schema import ChatCompletionRequest, ChatMessage
+from rollway.gateway.request_schema import ChatCompletionRequest, ChatMessage, refuse_non_text
 from rollway.gateway.rollout_state import (
     Conversation,
     MessageKey,
@@ -118,7 +118,9 @@ def _validated(sent: Any, start: int = 0) -> list[dict[str, Any]]:
     except (ValidationError, ValueError):
         parse_model(_Messages, {"messages": sent})  # raises, naming the field as for a body
         raise AssertionError("the messages failed one check and passed the other") from None
-    return [m.model_dump(exclude_none=True) for m in checked]
+    messages = [m.model_dump(exclude_none=True) for m in checked]
+    refuse_non_text(messages, start)
+    return messages
 
 
 def _object_arguments(message: dict[str, Any]) -> bool:

@@ -7,13 +7,14 @@ objects ignore extra keys: agents echo back whole SDK message objects (``refusal
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, NoReturn
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -21,13 +22,33 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from rollway.checks import MAX_SEQ_LEN
-from rollway.errors import InvalidFieldsError
+from rollway.errors import InvalidFieldsError, RequestError
 from rollway.generation import SamplingParams
 from rollway.sampling_settings import SAMPLING_NAMES, SETTING, checked
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def refuse(field: str, why: str) -> NoReturn:
+    """A field the real API defines that rollway cannot honour: a 400 naming it and why."""
+    raise RequestError(f"{field}: {why}", param=field)
+
+
+class ApiRequest(_Strict):
+    """A request body of one of the APIs the gateway speaks, accepting every field its SDK
+    defines (``tests/gateway/test_api_fields.py`` walks them): a field that changes sampling or
+    the prompt is applied or refused (``refuse``); one that does not is listed in ``RECORDED``,
+    accepted as sent and recorded on the turn (``Trajectory.request_fields``)."""
+
+    RECORDED: ClassVar[tuple[str, ...]] = ()
+
+    def recorded_fields(self) -> dict[str, Any]:
+        """The ``RECORDED`` fields the request set, as sent."""
+        return {
+            name: getattr(self, name) for name in self.RECORDED if getattr(self, name) is not None
+        }
 
 
 class FunctionSpec(BaseModel):
@@ -56,11 +77,30 @@ class ToolCall(BaseModel):
 
 
 class TextPart(BaseModel):
-    """A content part; only text is rendered (images and audio have no place in the prompt)."""
+    """A content part. Only text is rendered: another type (``image_url``, ``input_audio``,
+    ``file``) is refused by name (``refuse_non_text``), as the API refuses it on a text model."""
 
     model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
+    type: str
+    text: str | None = None
+
+
+def refuse_non_text(messages: list[dict[str, Any]], start: int = 0) -> None:
+    """A 400 naming the first content part that is not text (``messages[i].content[j].type``):
+    the policy is a text-only model."""
+    for i, message in enumerate(messages, start):
+        content = message.get("content")
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            where = f"messages[{i}].content[{j}]"
+            if part["type"] != "text":
+                refuse(
+                    f"{where}.type",
+                    f"{part['type']!r} parts are not supported: the model takes text only",
+                )
+            if part.get("text") is None:
+                raise InvalidFieldsError(
+                    f"{where}.text: a text part needs its text", f"{where}.text"
+                )
 
 
 class ChatMessage(BaseModel):
@@ -173,11 +213,26 @@ class RegisterRequest(SamplingFields):
         return SamplingParams(**self.sampling_overrides())
 
 
-class StreamOptions(_Strict):
+class StreamOptions(BaseModel):
+    #: ``include_obfuscation`` and what comes next change nothing here.
+    model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
 
 
-class ChatCompletionRequest(SamplingFields):
+#: The most choices one request may ask (OpenAI's bound).
+MAX_CHOICES = 128
+
+#: Chat-completions fields refused whenever they are set, and why.
+_CHAT_REFUSED = {
+    "audio": "audio output is not supported: the model answers in text",
+    "functions": "the deprecated functions field is not supported: send tools",
+    "function_call": "the deprecated function_call field is not supported: send tool_choice",
+    "web_search_options": "a hosted web search runs on OpenAI's servers; rollway cannot run "
+    "it (give the agent a search tool of its own)",
+}
+
+
+class ChatCompletionRequest(SamplingFields, ApiRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str | None = None
     tools: list[ToolSpec] | None = None
@@ -197,12 +252,77 @@ class ChatCompletionRequest(SamplingFields):
         description="vLLM's extension (and how an Anthropic prefill is asked): the final "
         "assistant message is continued, not answered; the answer is the continuation.",
     )
-    n: int = Field(default=1, ge=1, le=1)
-    frequency_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
-    presence_penalty: float | None = Field(default=None, ge=0.0, le=0.0)
-    user: str | None = None
-    metadata: dict[str, Any] | None = None
-    store: bool | None = None
+    n: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_CHOICES,
+        description="That many samples of the same prompt: the first continues the rollout's "
+        "conversation, each other is recorded as its own branch (a segment, one exact sample).",
+    )
+    response_format: dict[str, Any] | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    # Recorded (``RECORDED``): they change nothing sampled for a self-hosted policy.
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    moderation: Any = None
+    prediction: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    reasoning_effort: Any = None
+    safety_identifier: Any = None
+    service_tier: Any = None
+    verbosity: Any = None
+
+    RECORDED: ClassVar[tuple[str, ...]] = (
+        "user",
+        "metadata",
+        "store",
+        "moderation",
+        "prediction",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "reasoning_effort",
+        "safety_identifier",
+        "service_tier",
+        "verbosity",
+    )
+    #: Fields a Messages or Responses request carried that are recorded with the turn.
+    _carried: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _refuse_what_cannot_be_done(self) -> ChatCompletionRequest:
+        for name, why in _CHAT_REFUSED.items():
+            if getattr(self, name) is not None:
+                refuse(name, why)
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                refuse(
+                    name, "penalties are not applied by rollway's engines: send 0 or leave it out"
+                )
+        if self.logit_bias:
+            refuse("logit_bias", "logit biases are not applied by rollway's engines")
+        if self.modalities is not None and set(self.modalities) - {"text"}:
+            refuse("modalities", "the model answers in text only: ask ['text']")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            refuse(
+                "response_format",
+                f"{self.response_format.get('type')!r} needs constrained decoding, which "
+                "rollway's engines do not apply: ask for the format in the prompt, or send "
+                "{'type': 'text'}",
+            )
+        if self.n > 1 and self.stream:
+            refuse("n", "more than one choice is answered as JSON only: send stream: false")
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_with_logprobs(self) -> ChatCompletionRequest:
@@ -226,7 +346,16 @@ class ChatCompletionRequest(SamplingFields):
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        messages = [m.model_dump(exclude_none=True) for m in self.messages]
+        refuse_non_text(messages)
+        return messages
+
+    def carry(self, fields: dict[str, Any]) -> None:
+        """Record ``fields`` (another API's recorded fields) with this request's turn."""
+        self._carried = fields
+
+    def recorded_fields(self) -> dict[str, Any]:
+        return super().recorded_fields() | self._carried
 
 
 #: Versions stay exact in JSON (a double) and in every integer column a trainer reads.

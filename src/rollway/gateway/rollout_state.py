@@ -13,8 +13,8 @@ from typing import Any
 
 from rollway.gateway.render.chat_template import ChatRenderer, content_text
 from rollway.gateway.render.reasoning import sent_reasoning
-from rollway.generation import Message, SamplingParams
-from rollway.trajectory import Turn
+from rollway.generation import ChatResult, Message, SamplingParams
+from rollway.trajectory import Refusals, Turn, TurnFields
 
 MessageKey = tuple[Any, ...]
 
@@ -115,6 +115,25 @@ class RolloutState:
     trace_parent: Any = None
     #: Hash states of recent turns' sequences: a prompt that extends one hashes its tail only.
     sequence_hashes: SequenceHashes = field(default_factory=SequenceHashes)
+    #: Fields of the requests that changed nothing sampled, by the turns they made.
+    request_fields: list[TurnFields] = field(default_factory=list)
+    #: The 4xx answers its agent got: how many, and the first.
+    refusals: Refusals | None = None
+
+    def record_fields(self, answers: list[ChatResult], fields: dict[str, Any]) -> None:
+        """Keep a request's recorded fields with each turn it made."""
+        if fields:
+            self.request_fields += [
+                TurnFields(turn=a.turn_index, fields=fields)
+                for a in answers
+                if a.turn_index is not None
+            ]
+
+    def note_refusal(self, status: int, body: dict[str, Any]) -> None:
+        if self.refusals is None:
+            self.refusals = Refusals(count=1, first_status=status, first_body=body)
+        else:
+            self.refusals = self.refusals.model_copy(update={"count": self.refusals.count + 1})
 
     def next_segment(self) -> int:
         self.segment_count += 1

@@ -4,6 +4,7 @@ the exact ids and logprobs the engine gave."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from array import array
@@ -92,6 +93,47 @@ class TokenTurns:
         )
         return self._finish(state, turn, sampled)
 
+    async def answer_choices(
+        self,
+        state: RolloutState,
+        request: ChatCompletionRequest,
+        conversation: Conversation,
+        tools: list[dict[str, Any]] | None,
+        n: int,
+    ) -> list[ChatResult]:
+        """``n`` samples of one prompt, sampled together. The others are recorded first, each
+        a branch (a new segment holding the whole prompt), and the first last, extending the
+        conversation's segment: the next request extends it, as after ``answer``."""
+        first = await self._plan(state, request, conversation, tools)
+        if isinstance(first, ChatResult):
+            return [first] * n
+        # Each its own request id and sampling (a seed moves on per turn).
+        planned = [first] + [
+            _PlannedTurn(
+                first.plan,
+                self._sampling(state, request, first.plan),
+                state.begin_turn(),
+                first.use_tools,
+                conversation,
+                tools,
+            )
+            for _ in range(n - 1)
+        ]
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(
+                    self.calls.sample(
+                        self.engine, state, t.request_id, t.plan.ids().tolist(), t.sampling
+                    )
+                )
+                for t in planned
+            ]
+        branches = [
+            self._finish(state, turn, task.result(), branch=True)
+            for turn, task in zip(planned[1:], tasks[1:], strict=True)
+        ]
+        return [self._finish(state, first, tasks[0].result()), *branches]
+
     async def stream(
         self,
         state: RolloutState,
@@ -152,15 +194,25 @@ class TokenTurns:
             )
         except TokenBudgetExceeded as exc:
             return self._refuse_long_prompt(state, exc.at_least)
+        sampling = self._sampling(state, request, plan)
+        use_tools = bool(tools) and request.tool_choice != "none"
+        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, conversation, tools)
+
+    @staticmethod
+    def _sampling(
+        state: RolloutState, request: ChatCompletionRequest, plan: PromptPlan
+    ) -> SamplingParams:
         sampling = state.sampling_for(request.sampling_overrides())
         if state.max_seq_len is not None:
             room = state.max_seq_len - plan.prompt_len
             sampling = sampling.replace(max_tokens=min(sampling.max_tokens or room, room))
-        use_tools = bool(tools) and request.tool_choice != "none"
-        return _PlannedTurn(plan, sampling, state.begin_turn(), use_tools, conversation, tools)
+        return sampling
 
-    def _finish(self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled) -> ChatResult:
-        """Record the sampled turn and make its answer."""
+    def _finish(
+        self, state: RolloutState, turn: _PlannedTurn, sampled: Sampled, branch: bool = False
+    ) -> ChatResult:
+        """Record the sampled turn and make its answer; a ``branch`` (another choice of the
+        same prompt) starts its own segment and leaves the conversation as it is."""
         plan, result = turn.plan, sampled.result
         prompt_tokens = plan.prompt_len
         if (
@@ -180,12 +232,13 @@ class TokenTurns:
             # The answer is the continuation (as Anthropic answers a prefill); the
             # conversation holds the message whole, as the caller will send it back.
             parsed = dataclasses.replace(parsed, content=parsed.content[len(prefill.text) :])
-        recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
+        recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials, branch)
         message = _assistant_message(parsed)
         conversation = turn.conversation
         if prefill is not None:
             conversation = Conversation(conversation.messages[:-1], conversation.keys[:-1])
-        state.close_turn(conversation, _assistant_message(whole), turn.tools)
+        if not branch:
+            state.close_turn(conversation, _assistant_message(whole), turn.tools)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"
@@ -268,12 +321,13 @@ class TokenTurns:
         sampled: Sampled,
         parsed: ParsedToolCalls,
         specials: list[int],
+        branch: bool = False,
     ) -> Turn:
         segment = plan.segment
         extends = segment is not None
         # A concurrent call may have extended the same parent first: then this is a branch.
         last = None if segment is None else state.last_in_segment(segment)
-        if last is None or last.index != plan.parent:
+        if branch or last is None or last.index != plan.parent:
             segment, extends = state.next_segment(), False
         result = sampled.result
         hashes = state.sequence_hashes

@@ -61,7 +61,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
     a gateway limit, or its last turn cut)."""
     # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
     turns = [turn.as_recorded() for turn in state.turns]
-    last = max((turn.segment for turn in turns), default=None)
+    # The last turn's segment: a branch (another of ``n`` choices) may have a later number.
+    last = turns[-1].segment if turns else None
     tail = [turn for turn in turns if turn.segment == last]
     samples = build_samples(tail) if state.has_token_ids and tail else []
     truncated = truncation_reason(state.turns, state.truncation_reason)
@@ -82,4 +83,6 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         drift=measure_drift(state, samples, renderer) if samples else None,
         has_token_ids=state.has_token_ids,
         metadata=state.metadata,
+        request_fields=list(state.request_fields),
+        refusals=state.refusals,
     )

@@ -449,6 +449,12 @@ def _as_recorded(
         # A program agent exits on the gateway's 502: the engine failed, not the agent.
         reason = f"the engine failed ({trajectory.engine_errors[-1]}); the agent said "
         return AgentOutcome("error", "engine", reason + str(outcome.reason))
+    refusals = trajectory.refusals
+    if outcome.status == "error" and outcome.kind == "agent" and refusals is not None:
+        # A program that exits on the gateway's 4xx says little of it: the refusal says why.
+        first = refusals.first_body.get("error", {}).get("message")
+        said = f"the gateway refused {refusals.count} request(s), first {refusals.first_status}"
+        outcome.reason = f"{outcome.reason}; {said}: {first}"
     return outcome
 
 

@@ -30,23 +30,48 @@ from rollway.web.handlers import error_body
 def completion_body(
     result: ChatResult, model: str, logprobs: dict[str, Any] | None, token_ids: bool = False
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": result.message,
-        "finish_reason": result.finish_reason,
-        "logprobs": logprobs,
-    }
+    return choices_body([result], model, lambda _: logprobs, token_ids)
+
+
+def choices_body(
+    results: list[ChatResult],
+    model: str,
+    logprobs: Callable[[ChatResult], dict[str, Any] | None],
+    token_ids: bool = False,
+) -> dict[str, Any]:
+    """The answer to a request of ``len(results)`` choices (``n``): usage counts the prompt
+    once and every choice's completion, as OpenAI's does."""
+    choices = []
+    for index, result in enumerate(results):
+        choice: dict[str, Any] = {
+            "index": index,
+            "message": result.message,
+            "finish_reason": result.finish_reason,
+            "logprobs": logprobs(result),
+        }
+        if token_ids:
+            choice["token_ids"] = result.completion_ids
+        choices.append(choice)
+    first = results[0]
+    completion = sum(result.completion_tokens for result in results)
     body: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [choice],
-        "usage": result.usage,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": first.prompt_tokens,
+            "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+        },
     }
     if token_ids:
-        choice["token_ids"] = result.completion_ids
-        body["rollway"] = {"turn_index": result.turn_index, "logprobs": result.logprobs}
+        body["rollway"] = {"turn_index": first.turn_index, "logprobs": first.logprobs}
+        if len(results) > 1:
+            body["rollway"]["choices"] = [
+                {"turn_index": r.turn_index, "logprobs": r.logprobs} for r in results
+            ]
     return body
 
 

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute
+from starlette.routing import BaseRoute, WebSocketRoute
 
 from rollway import tracing
 from rollway.engines.base import HealthChecked
@@ -24,7 +24,7 @@ from rollway.gateway.core import Gateway
 from rollway.gateway.http import chat_routes, rollout_routes, weight_routes
 from rollway.gateway.http.app_state import gateway_of, require_admin
 from rollway.gateway.http.lease_routes import LEASE_ENDPOINTS
-from rollway.gateway.http.messages_api import MessagesRequest
+from rollway.gateway.http.messages_request import CountTokensRequest, MessagesRequest
 from rollway.gateway.http.responses_api import ResponsesRequest
 from rollway.gateway.metrics import PROMETHEUS_TEXT
 from rollway.gateway.request_schema import (
@@ -126,6 +126,18 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         errors=_CHAT_ERRORS,
         streams=True,
     ),
+    *(
+        Endpoint(
+            "POST",
+            f"{_PREFIX}{path}",
+            chat_routes.count_tokens,
+            "Anthropic Messages count_tokens: the prompt's tokens as the renderer makes them",
+            CountTokensRequest,
+            auth="rolloutKey",
+            errors=(400, 404, 413, 422),
+        )
+        for path in ("/messages/count_tokens", "/v1/messages/count_tokens")
+    ),
     Endpoint(
         "POST",
         f"{_PREFIX}/responses",
@@ -137,6 +149,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         streams=True,
     ),
     Endpoint("GET", f"{_PREFIX}/models", rollout_routes.models, "Model list", auth="rolloutKey"),
+    # The anthropic SDK's path; the body carries both APIs' fields.
+    Endpoint("GET", f"{_PREFIX}/v1/models", rollout_routes.models, "Model list", auth="rolloutKey"),
     Endpoint(
         "GET",
         f"{_PREFIX}/trajectory",
@@ -249,8 +263,10 @@ def create_app(
             "rolloutKey": "the rollout's key (also accepted as x-api-key)",
         },
     )
+    # Codex's WebSocket attempt on /responses, answered so that it falls back at once.
+    websockets = [WebSocketRoute(f"{_PREFIX}/responses", chat_routes.responses_websocket)]
     app = Starlette(
-        routes=[*routes, *extra_routes],
+        routes=[*routes, *websockets, *extra_routes],
         lifespan=lifespan,
         exception_handlers={HTTPException: route_error},
         middleware=[Middleware(tracing.TraceContextMiddleware)],

@@ -1,173 +1,26 @@
-"""The Anthropic Messages API over the same recording core: requests are translated to chat
-messages (tool_use blocks become tool calls, tool_result blocks tool messages), answered by
-``Gateway.chat`` token-exactly, and translated back (JSON, or SSE events the official
-``anthropic`` SDK reads)."""
+"""The Anthropic Messages API over the same recording core: the request (``messages_request``)
+is answered by ``Gateway.chat`` token-exactly and translated back (JSON, or SSE events the
+official ``anthropic`` SDK reads)."""
 
 from __future__ import annotations
 
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
-from rollway.errors import InvalidFieldsError, RollwayError
+from rollway.errors import RollwayError
 from rollway.gateway.render.turn_stream import (
     ContentDelta,
     ReasoningDelta,
     ToolCallDelta,
     TurnPiece,
 )
-from rollway.gateway.request_schema import (
-    Temperature,
-    TopK,
-    TopP,
-    sampling_rule,
-    sampling_schema,
-)
 from rollway.generation import ChatResult
 
 _STOP_REASON = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
-
-
-class AnthropicTool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str = Field(min_length=1)
-    description: str | None = None
-    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-
-
-class TextBlock(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: str
-
-
-class ToolUseBlock(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["tool_use"]
-    id: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    input: dict[str, Any] = Field(default_factory=dict)
-
-
-class ThinkingBlock(BaseModel):
-    """An earlier answer's reasoning sent back: the gateway keeps it as sampled (the answer is
-    recognised with or without it); the signature is answered empty and not checked."""
-
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["thinking"]
-    thinking: str
-    signature: str = ""
-
-
-class ToolResultBlock(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["tool_result"]
-    tool_use_id: str = Field(min_length=1)
-    content: str | list[TextBlock] = ""
-    is_error: bool | None = None
-
-
-#: The blocks a text-only policy can take; images and documents are refused.
-ContentBlock = Annotated[
-    TextBlock | ThinkingBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")
-]
-
-
-class AnthropicMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: Literal["user", "assistant"]
-    content: str | list[ContentBlock]
-
-
-class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
-    max_tokens: Annotated[int, sampling_schema("max_tokens"), sampling_rule("max_tokens")]
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[TextBlock] | None = None
-    tools: list[AnthropicTool] | None = None
-    tool_choice: dict[str, Any] | None = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    top_k: TopK = None
-    stop_sequences: Annotated[list[str] | None, sampling_schema("stop"), sampling_rule("stop")] = (
-        None
-    )
-    stream: bool = False
-    #: Whether and how long to think is the model's template's to say: accepted, not used.
-    thinking: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
-
-    def to_chat(self) -> dict[str, Any]:
-        """The same request as a chat-completions body for ``Gateway.chat``."""
-        messages: list[dict[str, Any]] = []
-        if self.system:
-            messages.append({"role": "system", "content": _text(self.system)})
-        for message in self.messages:
-            messages += _chat_messages(message)
-        chat: dict[str, Any] = {"messages": messages, "max_tokens": self.max_tokens}
-        if self.messages[-1].role == "assistant":  # a prefill: the model continues it
-            chat["continue_final_message"] = True
-        if self.tools:
-            chat["tools"] = [_chat_tool(t) for t in self.tools]
-        if self.tool_choice and self.tool_choice.get("type") == "none":
-            chat["tool_choice"] = "none"
-        for name in ("temperature", "top_p", "top_k"):
-            if getattr(self, name) is not None:
-                chat[name] = getattr(self, name)
-        if self.stop_sequences:
-            chat["stop"] = self.stop_sequences
-        return chat
-
-
-def _chat_tool(tool: AnthropicTool) -> dict[str, Any]:
-    function = {
-        "name": tool.name,
-        "description": tool.description or "",
-        "parameters": tool.input_schema,
-    }
-    return {"type": "function", "function": function}
-
-
-def _text(content: str | list[TextBlock]) -> str:
-    return content if isinstance(content, str) else "".join(block.text for block in content)
-
-
-def _chat_messages(message: AnthropicMessage) -> list[dict[str, Any]]:
-    if isinstance(message.content, str):
-        return [{"role": message.role, "content": message.content}]
-    texts: list[str] = []
-    thoughts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    results: list[dict[str, Any]] = []
-    for block in message.content:
-        if isinstance(block, TextBlock):
-            texts.append(block.text)
-        elif isinstance(block, ThinkingBlock) and message.role == "assistant":
-            thoughts.append(block.thinking)
-        elif isinstance(block, ToolUseBlock) and message.role == "assistant":
-            arguments = json.dumps(block.input, ensure_ascii=False)
-            function = {"name": block.name, "arguments": arguments}
-            calls.append({"id": block.id, "type": "function", "function": function})
-        elif isinstance(block, ToolResultBlock) and message.role == "user":
-            results.append(
-                {"role": "tool", "tool_call_id": block.tool_use_id, "content": _text(block.content)}
-            )
-        else:
-            raise InvalidFieldsError(
-                f"a {block.type} block cannot be in a {message.role} message", param="messages"
-            )
-    if message.role == "assistant":
-        out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
-        if thoughts:
-            out["reasoning_content"] = "".join(thoughts)
-        return [out | {"tool_calls": calls}] if calls else [out]
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts else [])
 
 
 def message_body(result: ChatResult, model: str) -> dict[str, Any]:

@@ -11,11 +11,18 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from rollway.gateway.request_schema import MaxTokens, Temperature, TopLogprobs, TopP
+from rollway.gateway.request_schema import (
+    ApiRequest,
+    MaxTokens,
+    Temperature,
+    TopLogprobs,
+    TopP,
+    refuse,
+)
 from rollway.generation import ChatResult, Message
 
 
@@ -86,16 +93,58 @@ InputItem = Annotated[
 
 
 class FunctionTool(BaseModel):
+    """A function tool; a ``namespace`` tool (Codex's) groups function tools, which the
+    policy sees as function tools of their own names. Other types are refused by name."""
+
     model_config = ConfigDict(extra="allow")  # echoed back as sent
-    type: Literal["function"]
-    name: str = Field(min_length=1)
+    type: str
+    name: str | None = None
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+#: Tool types OpenAI's servers run: rollway cannot.
+HOSTED_TOOLS = (
+    "web_search",
+    "file_search",
+    "computer",
+    "mcp",
+    "code_interpreter",
+    "programmatic_tool_calling",
+    "image_generation",
+    "tool_search",
+)
+
+
+def _functions(at: int, tool: FunctionTool) -> list[dict[str, Any]]:
+    """The chat function tools ``tool`` gives the policy."""
+    if tool.type == "function" and tool.name:
+        fields: dict[str, Any] = {"name": tool.name, "description": tool.description}
+        fields["parameters"] = tool.parameters
+        function = {k: v for k, v in fields.items() if v is not None}
+        return [{"type": "function", "function": function}]
+    if tool.type == "namespace":
+        inner = [FunctionTool.model_validate(t) for t in tool.tools or ()]
+        return [f for t in inner for f in _functions(at, t)]
+    if tool.type.startswith(HOSTED_TOOLS):
+        refuse(
+            f"tools[{at}]",
+            f"{tool.type!r} is a hosted tool that OpenAI's servers run; "
+            "rollway cannot run it (give the agent a function tool of its own)",
+        )
+    if tool.type == "function":
+        refuse(f"tools[{at}].name", "a function tool needs a name")
+    refuse(
+        f"tools[{at}]",
+        f"{tool.type!r} tools are not supported: the policy calls function "
+        "tools (send it as a function tool with parameters)",
+    )
 
 
 class TextFormat(_Lenient):
-    #: Only plain text output: structured outputs would need constrained decoding.
-    type: Literal["text"] = "text"
+    #: Only plain text output: structured outputs would need constrained decoding (refused).
+    type: str = "text"
 
 
 class TextOptions(_Lenient):
@@ -109,8 +158,16 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 TextLogprobs = Callable[[ChatResult], list[dict[str, Any]]]
 
 
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+#: Responses fields refused whenever they are set, and why.
+_REFUSED = {
+    "conversation": "server-held conversations are not kept: send previous_response_id or "
+    "the whole input",
+    "prompt": "stored prompt templates live on OpenAI's servers: send the instructions",
+    "image": "image generation is not supported: the model answers in text",
+}
+
+
+class ResponsesRequest(ApiRequest):
     model: str | None = None
     input: str | list[InputItem]
     instructions: str | None = None
@@ -122,25 +179,74 @@ class ResponsesRequest(BaseModel):
     stream: bool = False
     previous_response_id: str | None = None
     parallel_tool_calls: bool | None = None
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
-    user: str | None = None
-    truncation: str | None = None
+    store: Any = None
+    metadata: Any = None
+    user: Any = None
+    truncation: Any = None
     #: ``message.output_text.logprobs`` answers each output text's ``logprobs``; the others
     #: are accepted and ignored, as the fields below.
     include: list[str] | None = None
     #: The most likely tokens each answered logprob carries (OpenAI's 0 to 20); recorded on the
     #: turn too, as chat's ``top_logprobs`` is.
     top_logprobs: TopLogprobs = None
-    # Accepted and ignored: they change nothing for a self-hosted policy without hidden
-    # reasoning or server-side caches (agent frameworks send them by default).
-    reasoning: dict[str, Any] | None = None
-    prompt_cache_key: str | None = None
-    prompt_cache_retention: str | None = None
-    service_tier: str | None = None
-    safety_identifier: str | None = None
-    background: bool = Field(default=False, le=False)
+    background: bool | None = None
     text: TextOptions | None = None
+    conversation: Any = None
+    prompt: Any = None
+    image: Any = None
+    # Recorded (``RECORDED``): they change nothing for a self-hosted policy without hidden
+    # reasoning or server-side caches (agent frameworks send them by default).
+    reasoning: Any = None
+    prompt_cache_key: Any = None
+    prompt_cache_options: Any = None
+    prompt_cache_retention: Any = None
+    service_tier: Any = None
+    safety_identifier: Any = None
+    client_metadata: Any = None
+    access_programs: Any = None
+    background_options: Any = None
+    context_management: Any = None
+    max_tool_calls: Any = None
+    moderation: Any = None
+    stream_options: Any = None
+
+    RECORDED: ClassVar[tuple[str, ...]] = (
+        "store",
+        "metadata",
+        "user",
+        "truncation",
+        "reasoning",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "service_tier",
+        "safety_identifier",
+        "client_metadata",
+        "access_programs",
+        "background_options",
+        "context_management",
+        "max_tool_calls",
+        "moderation",
+        "stream_options",
+    )
+
+    @model_validator(mode="after")
+    def _refuse_what_cannot_be_done(self) -> ResponsesRequest:
+        for name, why in _REFUSED.items():
+            if getattr(self, name) is not None:
+                refuse(name, why)
+        if self.background:
+            refuse("background", "background responses are not run: send the request and wait")
+        form = self.text.format if self.text else None
+        if form is not None and form.type != "text":
+            refuse(
+                "text.format",
+                f"{form.type!r} needs constrained decoding, which rollway's "
+                "engines do not apply: ask for the format in the instructions",
+            )
+        for at, tool in enumerate(self.tools or ()):
+            _functions(at, tool)
+        return self
 
     def to_chat(self, history: list[Message]) -> dict[str, Any]:
         messages: list[Message] = list(history)
@@ -155,8 +261,9 @@ class ResponsesRequest(BaseModel):
         for item in items:
             answer = _append_item(messages, item, answer)
         chat: dict[str, Any] = {"messages": messages}
-        if self.tools:
-            chat["tools"] = [_chat_tool(t) for t in self.tools]
+        tools = [f for at, t in enumerate(self.tools or ()) for f in _functions(at, t)]
+        if tools:
+            chat["tools"] = tools
         if self.tool_choice == "none":
             chat["tool_choice"] = "none"
         if self.max_output_tokens is not None:
@@ -177,11 +284,6 @@ class ResponsesRequest(BaseModel):
     def tool_dicts(self) -> list[dict[str, Any]]:
         """The tools as the caller sent them, for the response body."""
         return [t.model_dump(exclude_unset=True) for t in self.tools or []]
-
-
-def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
-    function = tool.model_dump(include={"name", "description", "parameters"}, exclude_none=True)
-    return {"type": "function", "function": function}
 
 
 #: An input item, as ``ResponsesRequest.input`` reads it.

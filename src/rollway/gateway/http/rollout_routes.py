@@ -33,8 +33,19 @@ async def register(request: Request) -> Response:
 async def models(request: Request) -> Response:
     gateway = gateway_of(request)
     gateway.authorize(request.path_params["rollout_id"], bearer(request))
-    model = {"id": gateway.model_name, "object": "model", "created": 0, "owned_by": "rollway"}
-    return JSONResponse({"object": "list", "data": [model]})
+    name = gateway.model_name
+    # OpenAI's fields and Anthropic's (type, display_name, created_at, the page's ids).
+    model = {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "rollway",
+        "type": "model",
+        "display_name": name,
+        "created_at": "1970-01-01T00:00:00Z",
+    }
+    page = {"has_more": False, "first_id": name, "last_id": name}
+    return JSONResponse({"object": "list", "data": [model]} | page)
 
 
 async def trajectory(request: Request) -> Response:
