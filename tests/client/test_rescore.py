@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,13 +22,27 @@ from rollway.gateway.handle import GatewayHandle, LocalGateway
 from rollway.leases import Lease, LeaseHolder
 from rollway.store import export_records
 from rollway.trajectory import Trajectory
+from tests.agents.server.fixtures import wait_until
 from tests.client.conftest import ScriptedAgent
 
 MakeClient = Callable[..., RolloutClient]
 
 GRADER = """
+import asyncio
+import pathlib
+
+from rollway import Judge
+
+policy_judge = Judge()
+
 def broken(task, trajectory):
     raise ConnectionError("grader down")
+
+async def stalls(task, trajectory):
+    if task["task_id"] == "g1":
+        pathlib.Path("stalled").touch()
+        await asyncio.sleep(120)
+    return 1.0
 
 def turns(task, trajectory):
     return {"reward": float(len(trajectory.turns)), "turns": len(trajectory.turns)}
@@ -259,3 +274,53 @@ def test_a_rescore_holds_the_experiment_and_never_writes_over_a_newer_record(
     with pytest.raises(ExperimentInUseError):
         rescore(client.store, meanwhile)
     client.store.release_lease(other.holder)
+
+
+def test_ctrl_c_says_how_far_a_rescore_got_and_a_rerun_goes_on(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    client = broken_run(make_client, tmp_path)
+    run = client.store.path
+    command = [sys.executable, "-m", "rollway", "rescore", str(run), "--reward",
+               "grader.py:stalls", "--concurrency", "1"]  # fmt: skip
+    with subprocess.Popen(
+        command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            wait_until(lambda: (tmp_path / "stalled").exists() or process.poll() is not None, 120)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=60)
+        finally:
+            process.kill()
+    assert process.returncode == 130, err
+    assert (
+        "interrupted: 2 of 4 rollouts rescored with rollway_agent_grader:stalls; run the same "
+        "command again to go on from there"
+    ) in err
+    summary = orjson.loads((run / "summary.json").read_bytes())
+    assert summary["rescored"]["interrupted"] and summary["rescored"]["scored"] == 2
+    assert summary["by_status"] == {"completed": 2, "error": 2}  # of what was written
+    assert [client.store.get(f"g0.{i}").reward for i in range(2)] == [1.0, 1.0]
+    assert not (run / "lease.json").exists()  # given back
+
+
+def test_rollway_rescore_refuses_a_held_experiment_and_a_judge_it_cannot_run(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
+    client = broken_run(make_client, tmp_path)
+    run = client.store.path
+    files = {p: p.read_bytes() for p in (run / "trajectories").iterdir()}
+    judged = rollway("rescore", str(run), "--reward", "grader.py:policy_judge", cwd=tmp_path)
+    assert judged.returncode == 1 and "Traceback" not in judged.stderr
+    assert "error: the reward holds a Judge with no engine of its own" in judged.stderr
+    holder = LeaseHolder.this_process()  # a live client: this process
+    client.store.take_lease(Lease(exp_id="graded", holder=holder, renewed_at=time.time(),
+                                  ttl_s=30.0))  # fmt: skip
+    try:
+        held = rollway("rescore", str(run), "--reward", "grader.py:turns", cwd=tmp_path)
+    finally:
+        client.store.release_lease(holder)
+    assert held.returncode == 1 and "Traceback" not in held.stderr
+    assert "error: experiment 'graded' is in use by another client" in held.stderr
+    assert "hint: rescore once that client has ended" in held.stderr
+    assert {p: p.read_bytes() for p in (run / "trajectories").iterdir()} == files
