@@ -266,6 +266,8 @@ def test_a_rescore_holds_the_experiment_and_never_writes_over_a_newer_record(
     kept = client.store.get("l0.0")
     assert (kept.run_id, kept.reward, kept.reward_history) == ("newer", 0.9, [])
     assert client.store.get("l1.0").reward == 1.0
+    summary = orjson.loads((client.store.path / "summary.json").read_bytes())
+    assert summary["mean_reward"] == pytest.approx(0.95)  # of the records as they are now
     assert not (client.store.path / "lease.json").exists()  # given back
     # While another client holds it, a rescore is refused before reading a record.
     other = Lease(exp_id="leased", holder=LeaseHolder.this_process(), renewed_at=time.time(),

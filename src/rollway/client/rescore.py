@@ -179,7 +179,12 @@ class _Rescoring:
     async def write_back(self, read: RolloutRecord, new: RolloutRecord, error: str | None) -> None:
         """``new`` written where the store still holds ``read``, and counted."""
         report = self.report
-        if not await asyncio.to_thread(_write_if_unchanged, self.store, read, new):
+        stored = await asyncio.to_thread(_write_if_unchanged, self.store, read, new)
+        if stored is not new:  # the summaries count the record the store holds now
+            if stored is None:
+                self.by_key.pop(read.rollout_key, None)
+            else:
+                self.by_key[read.rollout_key] = stored
             report.changed += 1
         else:
             self.by_key[new.rollout_key] = new
@@ -257,10 +262,13 @@ async def _rescored(
     return record.model_copy(update=update), scored.error
 
 
-def _write_if_unchanged(store: Store, read: RolloutRecord, new: RolloutRecord) -> bool:
+def _write_if_unchanged(
+    store: Store, read: RolloutRecord, new: RolloutRecord
+) -> RolloutRecord | None:
     """Write ``new`` (``read`` with its reward fields replaced) only while the store still
     holds ``read``: a record written meanwhile (a new rollout under the same key) is newer
-    than the trajectory scored, and stays. False: it had changed."""
+    than the trajectory scored, and stays. What the store holds now: ``new`` when written,
+    else the other writer's record (None: gone, or no longer readable)."""
     try:
         current = store.get(read.rollout_key)
     except BadRecordError:
@@ -269,9 +277,9 @@ def _write_if_unchanged(store: Store, read: RolloutRecord, new: RolloutRecord) -
         log.warning(
             "record %s changed since the rescore read it: left as it is now", read.rollout_key
         )
-        return False
+        return current
     store.write(new)
-    return True
+    return new
 
 
 async def _uninterrupted(step: Coroutine[Any, Any, T]) -> T:
