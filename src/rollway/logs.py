@@ -26,9 +26,15 @@ def log_stage(
     logger: logging.Logger, stage: str, rollout_id: str, level: int = logging.DEBUG, **fields: Any
 ) -> None:
     """One line per stage of a rollout (``stage=create_sandbox rollout_id=...``), at DEBUG by
-    default: ``ROLLWAY_LOG_LEVEL=DEBUG`` follows each rollout through its stages."""
+    default: ``ROLLWAY_LOG_LEVEL=DEBUG`` follows each rollout through its stages. A warning
+    names its rollout and fields in its message too: a handler other than rollway's (an
+    application's, Python's last resort) prints the message alone."""
+    message = stage.replace("_", " ")
+    if level >= logging.WARNING:
+        said = "".join(f", {k}={v}" for k, v in fields.items())
+        message, fields = f"{message} (rollout {rollout_id}){said}", {}
     extra = {"rollout_id": rollout_id, "stage": stage, "fields": fields}
-    logger.log(level, stage.replace("_", " "), extra=extra)
+    logger.log(level, message, extra=extra)
 
 
 def configure(level: int | str) -> None:

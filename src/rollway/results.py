@@ -17,7 +17,9 @@ from rollway.trajectory import Trajectory, WireModel
 Status = Literal["completed", "truncated", "error", "timeout", "cancelled"]
 
 #: What rollway itself keeps in a record's ``reward_info``: never a component of the reward.
-RESERVED_INFO = frozenset({"reward", "source", "agent_reward", "tries", "reward_fn", "judge_calls"})
+RESERVED_INFO = frozenset(
+    {"reward", "source", "agent_reward", "tries", "reward_fn", "judge_calls", "rescore_failed"}
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -93,9 +93,17 @@ def test_a_run_where_no_rollout_completed_exits_1_and_says_why(workdir: Path) ->
     result = rollway("run", "echo.py:Echo", "--tasks", "tasks.jsonl", "--engine", "sim",
                      "--reward", "score.py:score", "--out", "runs", cwd=workdir)  # fmt: skip
     hint = assert_one_error(result, "no rollout completed", "4 of 4", "reward")
-    assert "KeyError" in hint and "--no-resume" in hint
+    assert "KeyError" in hint and "--no-resume" not in hint  # which would sample them again
+    command = "rollway rescore runs/echo-tasks --reward score.py:score --failed"
+    assert hint.endswith(command)
     summary = orjson.loads((workdir / "runs" / "echo-tasks" / "summary.json").read_bytes())
     assert summary["by_status"] == {"error": 4}  # the summary is still written
+    # The reward fixed, the hint's command scores the recorded rollouts, sampling none.
+    (workdir / "score.py").write_text("def score(task, trajectory):\n    return 1.0\n")
+    rescored = rollway(*command.split()[1:], cwd=workdir)
+    assert rescored.returncode == 0, rescored.stderr
+    summary = orjson.loads((workdir / "runs" / "echo-tasks" / "summary.json").read_bytes())
+    assert summary["by_status"] == {"completed": 4} and summary["mean_reward"] == 1.0
 
 
 def test_a_run_with_some_completed_rollouts_exits_0_and_names_those_to_rerun(

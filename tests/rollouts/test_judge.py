@@ -10,7 +10,7 @@ import pytest
 
 from rollway import ConfigError, Gateway, Judge, JudgeAnswerError, RolloutClient, Rubric
 from rollway.engines.embedded import EmbeddedEngine
-from rollway.rollouts.judge import parse_score
+from rollway.rollouts.judge import judging, parse_score
 from rollway.rollouts.rewards import score
 from rollway.trajectory import Trajectory
 from tests.client.conftest import ScriptedAgent
@@ -141,3 +141,30 @@ def test_a_judge_on_the_embedded_model(
     assert call["answer"] and call["score"] == 1.0 and "tries" not in item.result.reward_info
     assert len(item.result.trajectory.turns) == 1
     assert call["prompt"][0]["content"] == f"Is 2+2=4? {item.result.trajectory.turns[0].content}"
+
+
+def unreadable(answer: str) -> float:
+    raise JudgeAnswerError(f"no score in {answer!r}")
+
+
+def test_a_greedy_judge_asks_again_with_what_can_change() -> None:
+    judge = Judge("Grade: {answer}", parse=unreadable, engine="sim")
+    with judging(None, "r") as calls:
+        result = asyncio.run(score(judge, {}, TRAJECTORY, limit_s=60.0, retries=2))
+    assert result.error is not None and result.error.endswith("(3 tries)")
+    assert "sampling" not in calls[0]  # the first ask is the judge's own: greedy
+    assert [c.get("sampling") for c in calls[1:]] == [
+        {"temperature": 0.7, "seed": 1},
+        {"temperature": 0.7, "seed": 2},
+    ]
+    assert len({c["answer"] for c in calls}) == 3  # each ask could answer otherwise
+    asyncio.run(judge.aclose())
+
+
+def test_a_greedy_judge_that_may_not_change_fails_at_once_saying_why() -> None:
+    judge = Judge("Grade: {answer}", parse=unreadable, engine="sim", retry_temperature=None)
+    with judging(None, "r") as calls:
+        result = asyncio.run(score(judge, {}, TRAJECTORY, limit_s=60.0, retries=2))
+    assert len(calls) == 1 and len(result.tries) == 1
+    assert result.error is not None and "not asked again: at temperature 0" in result.error
+    asyncio.run(judge.aclose())

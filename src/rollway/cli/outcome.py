@@ -15,11 +15,12 @@ from rollway.client.batch import BatchItem, should_rerun
 
 #: What to do when most rollouts ended this way; resume reruns cancelled rollouts,
 #: infrastructure and engine failures, and what other settings made (a longer --timeout), so
-#: the rest need --no-resume (or a new --exp-id).
+#: the rest need --no-resume (or a new --exp-id); a failed reward needs no rollout run again.
 _ADVICE = {
     "error/infrastructure": "rerun to retry them (resume reruns infrastructure failures)",
     "error/engine": "check the engine (--engine), then rerun (resume reruns engine failures)",
-    "error/reward": "fix the reward function, then rerun with --no-resume",
+    "error/reward": "fix the reward function, then score the recorded rollouts again, "
+    "sampling none: rollway rescore {results} --reward {reward} --failed",
     "error/agent": "fix the agent (`rollway validate AGENT`), then rerun with --no-resume",
     "timeout": "raise --timeout, then rerun (resume runs again what another timeout made)",
     "cancelled": "rerun to resume",
@@ -40,8 +41,11 @@ def report_interrupt(summary: dict[str, Any] | None) -> None:
     )
 
 
-def require_a_completed_rollout(items: Sequence[BatchItem]) -> None:
-    """Fail, saying why, when no rollout of the batch completed (or was truncated)."""
+def require_a_completed_rollout(
+    items: Sequence[BatchItem], results: str = "RUN", reward: str | None = None
+) -> None:
+    """Fail, saying why, when no rollout of the batch completed (or was truncated);
+    ``results`` (the experiment's folder) and ``reward`` (``--reward``) go in the advice."""
     if any(item.success for item in items):
         return
     outcomes = Counter(_outcome(item) for item in items)
@@ -52,9 +56,10 @@ def require_a_completed_rollout(items: Sequence[BatchItem]) -> None:
     if reasons:
         reason, count = reasons.most_common(1)[0]
         why = f"{count}x {reason!r}; "
+    advice = _ADVICE.get(most, "see the records for each reason")
     fail(
         f"no rollout completed: {len(items)} of {len(items)} failed ({listed})",
-        f"{why}{_ADVICE.get(most, 'see the records for each reason')}",
+        f"{why}{advice.format(results=results, reward=reward or 'FILE.py:FUNCTION')}",
     )
 
 

@@ -105,8 +105,9 @@ def _run_settings(s: RunSettings) -> None:
         _client(s, chosen, exp, on_event) as client,
     ):
         items = _run_batch(client, rows, s)
-    typer.echo(f"results in {s.out.rstrip('/')}/{exp}")
-    require_a_completed_rollout(items)
+    results = f"{s.out.rstrip('/')}/{exp}"
+    typer.echo(f"results in {results}")
+    require_a_completed_rollout(items, results, s.reward)
     warn_about_reruns(items)
 
 

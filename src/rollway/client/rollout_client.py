@@ -437,10 +437,16 @@ class RolloutClient:
         )
 
     def rescore(
-        self, reward: RewardFn | None = None, *, failed_only: bool = False, again: bool = False
+        self,
+        reward: RewardFn | None = None,
+        *,
+        failed_only: bool = False,
+        again: bool = False,
+        replace_on_failure: bool = False,
     ) -> RescoreReport:
         """Score this experiment's stored rollouts again with ``reward`` (default: the
-        client's), running none (docs/agents.md#rescoring-a-recorded-run)."""
+        client's), running none (docs/agents.md#rescoring-a-recorded-run); refused while a
+        batch of this client (or another) runs."""
         self._check_open("to rescore")
         reward_fn = reward or self.reward_fn
         if reward_fn is None:
@@ -451,6 +457,7 @@ class RolloutClient:
                 reward_fn,
                 failed_only=failed_only,
                 again=again,
+                replace_on_failure=replace_on_failure,
                 limits=self.settings.limits,
                 # A judge of the policy's engine asks it here; Ray workers' gateways are theirs.
                 gateway=self.executor.gateway if isinstance(self.executor, LocalExecutor) else None,

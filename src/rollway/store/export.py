@@ -53,7 +53,7 @@ def sample_rows(
 ) -> Iterator[dict[str, Any]]:
     """The rows of ``records``. A record whose turns do not line up (``Trajectory.check``) is
     passed to ``on_bad`` and skipped, or raised where no ``on_bad`` is given."""
-    records = [r for r in records if r.trajectory is not None and _aligned(r, on_bad)]
+    records = [r for r in records if r.trajectory is not None and aligned(r, on_bad)]
     if drop_flat_groups:
         flat = flat_groups(records)
         records = [r for r in records if r.group_id not in flat]
@@ -65,7 +65,9 @@ def sample_rows(
             yield row | {f"reward/{name}": found.get(name) for name in components}
 
 
-def _aligned(record: RolloutRecord, on_bad: OnBadRecord | None) -> bool:
+def aligned(record: RolloutRecord, on_bad: OnBadRecord | None) -> bool:
+    """Whether ``record``'s token data line up (``Trajectory.check``); one that does not is
+    passed to ``on_bad`` (raised where it is None). Rescore skips what export skips."""
     assert record.trajectory is not None
     try:
         record.trajectory.check()

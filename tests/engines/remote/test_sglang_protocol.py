@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from rollway.engines.remote.router import RoutedEngine
 from rollway.engines.remote.sglang import SGLangEngine
 from rollway.engines.remote.sglang_wire import parse_generate_response
 from rollway.engines.sim import SimConfig, SimEngine
-from rollway.errors import ConfigError, EngineError
+from rollway.errors import ConfigError, EngineConnectError, EngineError
 from rollway.generation import SamplingParams
 from rollway.simulators.sglang_server import SGLangSimConfig, create_app
 from rollway.web.background_server import BackgroundServer
@@ -178,6 +179,24 @@ async def test_an_sglang_router_is_refused_with_the_workers_to_list() -> None:
         finally:
             await engine.close()
         assert stats(url)["generations"] == {}
+
+
+async def test_a_server_that_cannot_be_reached_names_the_generate_not_the_probe() -> None:
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    engine = SGLangEngine(url)
+    try:
+        with pytest.raises(EngineConnectError) as raised:
+            await engine.generate(PROMPT, SamplingParams(max_tokens=4), "down-1")
+        with pytest.raises(EngineConnectError) as streamed:
+            async for _ in engine.generate_stream(PROMPT, SamplingParams(max_tokens=4), "down-2"):
+                pass
+    finally:
+        await engine.close()
+    for error in (raised.value, streamed.value):
+        assert str(error).startswith(f"cannot connect to {url}/generate: ")
+        assert "abort_request" not in str(error)  # the probe's route reads as a failed abort
 
 
 async def test_health_uses_the_cheap_route_so_a_paused_server_stays_in() -> None:

@@ -142,7 +142,7 @@ class SGLangEngine:
         await self._open.wait()
         self._enter()
         try:
-            server = await self.probe()
+            server = await self.probe("/generate")
             payload = self.generate_payload(input_ids, sampling, request_id, server)
             url = f"{self.base_url}/generate"
             try:
@@ -174,7 +174,7 @@ class SGLangEngine:
         kind = self.logprob_kind(sampling)
         events: AsyncGenerator[Any, None] | None = None
         try:
-            server = await self.probe()
+            server = await self.probe("/generate")
             payload = self.generate_payload(input_ids, sampling, request_id, server, stream=True)
             url = f"{self.base_url}/generate"
             last = None
@@ -303,19 +303,27 @@ class SGLangEngine:
             )
             self.policy_version = served
 
-    async def probe(self) -> SGLangServer:
+    async def probe(self, route: str = "") -> SGLangServer:
         """What the server is, learnt once (first use calls it): a ``ConfigError`` for an
-        SGLang router or a refused key; the release and context length otherwise."""
+        SGLang router or a refused key; the release and context length otherwise. A server
+        that cannot be reached is an ``EngineConnectError`` naming ``route``, the call that
+        needed it, not the probe's own (``/abort_request``, which reads as a failed abort)."""
         if self.server is None:
             async with self._probe_lock:
                 if self.server is None:
-                    self.server = await self._probe()
+                    try:
+                        self.server = await self._probe()
+                    except EngineConnectError as exc:
+                        why = exc.__cause__ or exc
+                        raise EngineConnectError(
+                            f"cannot connect to {self.base_url}{route}: {why}"
+                        ) from exc
         return self.server
 
     async def pause(self, mode: PauseMode = "abort") -> None:
         if mode not in self.pause_modes:
             raise ConfigError(f"unknown pause mode {mode!r}: abort, drain or keep", "mode")
-        server = await self.probe()
+        server = await self.probe("/pause_generation")
         if mode == "keep" and server.older_than(PAUSE_MODES_VERSION):
             raise EngineError(
                 f"pause('keep') needs SGLang >= 0.5.6 (/pause_generation modes); "
