@@ -60,10 +60,10 @@ def ratio_summary(steps: Sequence[dict[str, Any]], tolerance: float) -> str:
         found = (
             f"max |ratio-1| {max(m['ratio_dev_on_policy'] for m in checked):.1e} over "
             f"{sum(m['on_policy_tokens'] for m in checked)} on-policy tokens of {len(checked)} "
-            f"of {len(steps)} steps (tolerance {tolerance:g})"
+            f"of {_count(len(steps), 'step')} (tolerance {tolerance:g})"
         )
     else:
-        found = f"no on-policy token in {len(steps)} steps"
+        found = f"no on-policy token in {_count(len(steps), 'step')}"
     if unchecked and checked:
         found += f", none in step{'s' if len(unchecked) > 1 else ''} {_spans(unchecked)}"
     off = [m for m in steps if m["stale_tokens"]]
@@ -72,8 +72,12 @@ def ratio_summary(steps: Sequence[dict[str, Any]], tolerance: float) -> str:
     return (
         f"ratio check: {found}; off-policy (not checked): max |ratio-1| "
         f"{max(m['ratio_dev_stale'] for m in off):.1e} over "
-        f"{sum(m['stale_tokens'] for m in off)} tokens of {len(off)} steps"
+        f"{sum(m['stale_tokens'] for m in off)} tokens of {_count(len(off), 'step')}"
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _spans(steps: Sequence[int]) -> str:
