@@ -99,15 +99,16 @@ def describe_mode(config: GRPOConfig) -> str:
     """What the run's mode does, in one line (printed at the start)."""
     batch = f"{config.prompts_per_step} groups x {config.group_size}"
     extra = (
-        f"flat groups set aside and replaced, up to {max_extra_groups(config)} a step"
+        f"flat groups set aside and replaced, up to {max_extra_groups(config)} a step (past "
+        "that the batch is handed short: 'lacking N')"
         if config.dynamic_sampling
         else "flat groups kept"
     )
     if not carries_groups(config):
         return (
             f"sync: each step's batch is {batch}, sampled by the step's weights only: groups "
-            f"run only while the trainer waits and none is carried over ({extra}; a batch "
-            "short of groups says so as 'lacking'); the ratio check covers every token"
+            "run only while the trainer waits, none is carried over, and one that finished "
+            f"under older weights runs again; {extra}; the ratio check covers every token"
         )
     going = math.ceil(config.prompts_per_step * (1 + over_sample(config)))
     when = (
@@ -118,7 +119,7 @@ def describe_mode(config: GRPOConfig) -> str:
     return (
         f"{'async' if config.async_rollouts else 'sync, over-sampled'}: each step's batch is "
         f"{batch}, the first done of up to {going} kept going ({when}; the rest carried into "
-        f"the next step; {extra}); its tokens are the step's weights' (ratio-checked) or one "
+        f"the next step); {extra}; its tokens are the step's weights' (ratio-checked) or one "
         "version behind (off-policy: importance-corrected by their recorded logprobs, reported "
         "apart); a group further behind runs again"
     )

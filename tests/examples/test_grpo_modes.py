@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from examples.grpo.config import GRPOConfig
+from examples.grpo.config import GRPOConfig, describe_mode, max_extra_groups, source_staleness
 from examples.grpo.loop import run
 from examples.grpo.metrics import ratio_summary
 from examples.grpo.tasks import QUESTIONS, TaskSet
@@ -130,3 +130,23 @@ def test_the_async_summary_accounts_for_every_step(
             assert "ratio check: no on-policy tok" in line
         if m["stale_tokens"]:
             assert f"| {m['stale_tokens']} off-policy tok (not checked): max|ratio-1| " in line
+
+
+def test_each_mode_says_what_it_does_and_sets_the_source_so() -> None:
+    sync, over, run_async = (
+        GRPOConfig(),
+        GRPOConfig(over_sample=0.5),
+        GRPOConfig(async_rollouts=True, prompts_per_step=4),
+    )
+    assert (source_staleness(sync), max_extra_groups(sync)) == (0, 32)
+    assert source_staleness(over) == source_staleness(run_async) == 1
+    assert max_extra_groups(GRPOConfig(max_extra_groups=3)) == 3
+    said = describe_mode(sync)
+    assert said.startswith("sync: each step's batch is 8 groups x 4, sampled by the step's")
+    assert "none is carried over" in said and "up to 32 a step" in said
+    assert said.endswith("the ratio check covers every token")
+    said = describe_mode(run_async)
+    assert said.startswith("async: each step's batch is 4 groups x 4, the first done of up to 6")
+    assert "one version behind (off-policy: importance-corrected" in said
+    assert describe_mode(over).startswith("sync, over-sampled: each step's batch is 8 groups")
+    assert "flat groups kept" in describe_mode(GRPOConfig(dynamic_sampling=False))
