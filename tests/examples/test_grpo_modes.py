@@ -6,6 +6,7 @@ for every step."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,9 @@ from rollway.results import AgentResult
 
 class MostlyFlatAgent(AgentLoop):
     """A ``flat`` task ends at once with reward 0 (its group is flat, no model call: it is set
-    aside within milliseconds); any other is one turn rewarded by the reply's length, so its
-    rewards differ within a group (almost surely)."""
+    aside within milliseconds); any other is one turn rewarded by the reply's length and a
+    share of its rollout id's hash, so its rewards differ within a group even when its replies
+    are the same."""
 
     name = "mostly-flat"
 
@@ -31,7 +33,7 @@ class MostlyFlatAgent(AgentLoop):
         if ctx.task["flat"]:
             return ctx.complete(messages, "stop", reward=0.0)
         reply = await ctx.chat(messages)
-        reward = len(reply.content or "") / 40
+        reward = len(reply.content or "") / 40 + zlib.crc32(ctx.rollout_id.encode()) / 2**40
         return ctx.complete([*messages, reply.message], reply.finish_reason, reward=reward)
 
 
@@ -120,7 +122,8 @@ def test_the_async_summary_accounts_for_every_step(
     assert f"over {sum(m['on_policy_tokens'] for m in on)} on-policy tokens of {len(on)} of 2 " in (
         summary
     )
-    assert f"over {sum(m['stale_tokens'] for m in off)} tokens of {len(off)} steps" in summary
+    steps_off = f"{len(off)} step{'' if len(off) == 1 else 's'}"
+    assert f"over {sum(m['stale_tokens'] for m in off)} tokens of {steps_off}" in summary
     for m in steps:
         line = next(x for x in out.splitlines() if x.startswith(f"step {m['step']:>3} "))
         if m["on_policy_tokens"]:
