@@ -24,7 +24,7 @@ class MostlyFlatAgent(AgentLoop):
     """A ``flat`` task ends at once with reward 0 (its group is flat, no model call: it is set
     aside within milliseconds); any other is one turn rewarded by the reply's length and a
     share of its rollout id's hash, so its rewards differ within a group even when its replies
-    are the same."""
+    are the same (a reply of at most the task's ``max_tokens``)."""
 
     name = "mostly-flat"
 
@@ -32,17 +32,19 @@ class MostlyFlatAgent(AgentLoop):
         messages = [{"role": "user", "content": ctx.task["question"]}]
         if ctx.task["flat"]:
             return ctx.complete(messages, "stop", reward=0.0)
-        reply = await ctx.chat(messages)
+        reply = await ctx.chat(messages, max_tokens=ctx.task["max_tokens"])
         reward = len(reply.content or "") / 40 + zlib.crc32(ctx.rollout_id.encode()) / 2**40
         return ctx.complete([*messages, reply.message], reply.finish_reason, reward=reward)
 
 
-def task_set(flat: str) -> TaskSet:
-    """One task per letter of ``flat`` (``f``: flat, ``i``: informative), cycled."""
+def task_set(kinds: str) -> TaskSet:
+    """One task per letter of ``kinds`` (``f``: flat, ``i``: informative, ``s``: informative
+    with a one-token reply, done long before an ``i``), cycled."""
     rows = tuple(
-        {"task_id": f"q{i}", "question": QUESTIONS[i][0], "flat": kind == "f"}
-        for i, kind in enumerate(flat)
-    )
+        {"task_id": f"q{i}", "question": QUESTIONS[i][0], "flat": kind == "f",
+         "max_tokens": 1 if kind == "s" else 8}
+        for i, kind in enumerate(kinds)
+    )  # fmt: skip
     return TaskSet(MostlyFlatAgent, rows, max_tokens=8)
 
 
@@ -94,9 +96,9 @@ def test_sync_never_hands_a_group_carried_from_older_weights_after_a_short_batch
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # No flat group may be replaced: once the flat one is set aside the batch of 3 cannot be
-    # filled, and it is handed with the first informative group done while the other still
-    # runs. That one finishes under the old weights: it runs again under the new ones.
-    steps = run(config(tmp_path, prompts_per_step=3, max_extra_groups=0), task_set("ifi"))
+    # filled, and it is handed with the one-token group while the other still runs. That one
+    # finishes under the old weights: it runs again under the new ones.
+    steps = run(config(tmp_path, prompts_per_step=3, max_extra_groups=0), task_set("sfi"))
     assert all(m["lacking"] >= 1 for m in steps)
     assert steps[0]["carried_over"] >= 1
     for m in steps:
