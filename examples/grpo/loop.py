@@ -2,8 +2,9 @@
 new weights back.
 
 A step: a batch of whole groups from the client's step source (``open_source``: the first
-``prompts_per_step`` groups done, flat groups set aside and replaced, the rest carried into the
-next step); the trainer's forward pass over the recorded ids, whose ratios to the recorded
+``prompts_per_step`` groups done, flat groups set aside and replaced; in sync mode every token
+is the step's weights', with over-sampling the rest are carried into the next step); the
+trainer's forward pass over the recorded ids, whose ratios to the recorded
 logprobs must be 1 on on-policy tokens (the mismatch of those and of the stale, carried ones is
 logged apart: ``split_mismatch``), then the clipped GRPO loss and one AdamW step
 (``train_step``); the new weights pushed to the engine as the next version (``push_weights``).
@@ -25,7 +26,13 @@ from typing import Any
 
 import torch
 
-from examples.grpo.config import GRPOConfig
+from examples.grpo.config import (
+    GRPOConfig,
+    describe_mode,
+    max_extra_groups,
+    over_sample,
+    source_staleness,
+)
 from examples.grpo.metrics import MetricsLog, check_plotting, plot, step_line
 from examples.grpo.objective import (
     RatioCheckError,
@@ -71,14 +78,6 @@ def frozen_embeddings(config: GRPOConfig) -> bool:
     return not config.engine.startswith("embedded")
 
 
-def over_sample(config: GRPOConfig) -> float:
-    """The share of extra groups kept going: the config's, else 0.5 in async mode (the long
-    tail is carried over) and 0 in sync mode (every token on-policy)."""
-    if config.over_sample is not None:
-        return config.over_sample
-    return 0.5 if config.async_rollouts else 0.0
-
-
 def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
     """A client on ``config.engine``, sampling at ``config.temperature``: the recorded
     logprobs are that distribution's, the behaviour policy the trainer recomputes."""
@@ -98,8 +97,10 @@ def make_client(config: GRPOConfig, task_set: TaskSet) -> RolloutClient:
 
 
 def open_source(client: RolloutClient, task_set: TaskSet, config: GRPOConfig) -> StepSource:
-    """The run's batches: ``prompts_per_step`` whole groups of ``group_size`` a step. A group
-    more than one version behind when it is handed over runs again (``stale="restart"``); in
+    """The run's batches: ``prompts_per_step`` whole groups of ``group_size`` a step, flat
+    groups replaced up to ``max_extra_groups``. A group more versions behind than
+    ``source_staleness`` allows when it is handed over runs again (``stale="restart"``): in
+    sync mode any that finished under older weights (0), in async mode any two behind (1). In
     async mode groups start while the trainer trains (``prefetch``). A run trains fresh
     weights, so the task stream starts afresh too (``resume=False``)."""
     return client.step_source(
@@ -108,7 +109,9 @@ def open_source(client: RolloutClient, task_set: TaskSet, config: GRPOConfig) ->
         groups_per_step=config.prompts_per_step,
         over_sample=over_sample(config),
         dynamic_sampling=config.dynamic_sampling,
-        max_staleness=1,
+        max_extra_groups=max_extra_groups(config),
+        max_staleness=source_staleness(config),
+        stale="restart",
         prefetch=config.async_rollouts,
         resume=False,
     )
@@ -121,7 +124,8 @@ def next_batch(source: StepSource, step: int) -> StepBatch:
     if batch is None or not batch.groups:
         raise RuntimeError(
             f"step {step}: every group's rewards agreed (no advantage) up to the cap on extra "
-            "groups; raise --max-tokens or --group-size, or run with --no-dynamic-sampling"
+            "groups; raise --max-extra-groups, --max-tokens or --group-size, or run with "
+            "--no-dynamic-sampling"
         )
     return batch
 
@@ -271,13 +275,16 @@ def run_step(
     return metrics
 
 
-def run(config: GRPOConfig) -> list[dict[str, Any]]:
-    """Train for ``config.steps`` steps; write ``metrics.jsonl`` (and ``metrics.png``) under
-    ``config.out_dir``; return the steps' metrics."""
+def run(config: GRPOConfig, task_set: TaskSet | None = None) -> list[dict[str, Any]]:
+    """Train for ``config.steps`` steps on ``task_set`` (default: ``config.task``'s); write
+    ``metrics.jsonl`` (and ``metrics.png``) under ``config.out_dir``; return the steps'
+    metrics."""
     if config.plot:
         check_plotting()
-    task_set = load_task_set(config.task)
+    task_set = task_set or load_task_set(config.task)
     log = MetricsLog(config.out_dir / "metrics.jsonl")
+    if config.verbose:
+        print(describe_mode(config), flush=True)
     with make_client(config, task_set) as client:
         trainer = Trainer(config, client.policy_version or 0)
         if not config.engine.startswith("embedded"):

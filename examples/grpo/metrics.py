@@ -1,4 +1,5 @@
-"""The loop's record: one JSON line per step, a one-line summary, and a PNG of the run."""
+"""The loop's record: one JSON line per step, a line per step and one for the run, and a PNG
+of the run."""
 
 from __future__ import annotations
 
@@ -28,15 +29,66 @@ class MetricsLog:
 
 
 def step_line(m: dict[str, Any]) -> str:
-    """A step as one human line: reward, ratio check and mismatch of the on-policy and the
-    stale tokens (of those it has), time split."""
-    parts = [p for p in ("on_policy", "stale") if m[f"{p}_tokens"]] or ["on_policy"]
-    mismatch = " | ".join(_mismatch(m, part) for part in parts)
+    """A step as one human line: reward, the step source's groups, the ratio check over the
+    step's on-policy tokens (how many it covered) with their mismatch, the off-policy tokens'
+    mismatch apart (not checked: importance-corrected), time split."""
     return (
         f"step {m['step']:>3} v{m['policy_version']} | reward {m['reward_mean']:.3f} "
-        f"± {m['reward_std']:.3f}{_components(m)} | {_groups(m)} | {mismatch} | "
+        f"± {m['reward_std']:.3f}{_components(m)} | {_groups(m)} | {_checks(m)} | "
         f"rollout {m['rollout_s']:.1f}s train {m['train_s']:.1f}s sync {m['sync_s']:.1f}s"
     )
+
+
+def _checks(m: dict[str, Any]) -> str:
+    if m["on_policy_tokens"]:
+        checked = (
+            f"ratio check over {m['on_policy_tokens']} on-policy tok: {_mismatch(m, 'on_policy')}"
+        )
+    else:
+        checked = "ratio check: no on-policy tok"
+    if not m["stale_tokens"]:
+        return checked
+    return f"{checked} | {m['stale_tokens']} off-policy tok (not checked): {_mismatch(m, 'stale')}"
+
+
+def ratio_summary(steps: Sequence[dict[str, Any]], tolerance: float) -> str:
+    """The run's ratio check in one clause: over which tokens of which steps it ran, and the
+    off-policy tokens (importance-corrected, never checked) apart."""
+    checked = [m for m in steps if m["on_policy_tokens"]]
+    unchecked = [m["step"] for m in steps if not m["on_policy_tokens"]]
+    if checked:
+        found = (
+            f"max |ratio-1| {max(m['ratio_dev_on_policy'] for m in checked):.1e} over "
+            f"{sum(m['on_policy_tokens'] for m in checked)} on-policy tokens of {len(checked)} "
+            f"of {_count(len(steps), 'step')} (tolerance {tolerance:g})"
+        )
+    else:
+        found = f"no on-policy token in {_count(len(steps), 'step')}"
+    if unchecked and checked:
+        found += f", none in step{'s' if len(unchecked) > 1 else ''} {_spans(unchecked)}"
+    off = [m for m in steps if m["stale_tokens"]]
+    if not off:
+        return f"ratio check: {found}; no off-policy token"
+    return (
+        f"ratio check: {found}; off-policy (not checked): max |ratio-1| "
+        f"{max(m['ratio_dev_stale'] for m in off):.1e} over "
+        f"{sum(m['stale_tokens'] for m in off)} tokens of {_count(len(off), 'step')}"
+    )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _spans(steps: Sequence[int]) -> str:
+    """``[1, 2, 3, 5]`` as ``1-3, 5``."""
+    spans: list[list[int]] = []
+    for step in steps:
+        if spans and step == spans[-1][-1] + 1:
+            spans[-1].append(step)
+        else:
+            spans.append([step])
+    return ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else str(s[0]) for s in spans)
 
 
 def _components(m: dict[str, Any]) -> str:
@@ -57,11 +109,9 @@ def _groups(m: dict[str, Any]) -> str:
 
 
 def _mismatch(m: dict[str, Any], part: str) -> str:
-    name = part.replace("_", "-")
     return (
-        f"{name} max|ratio-1| {m[f'ratio_dev_{part}']:.1e}"
-        f" |Δlogp| {m[f'logprob_diff_mean_{part}']:.1e} k3 {m[f'k3_kl_{part}']:.1e}"
-        f" out {m[f'ratio_outside_{part}']:.0%} ({m[f'{part}_tokens']} tok)"
+        f"max|ratio-1| {m[f'ratio_dev_{part}']:.1e} |Δlogp| {m[f'logprob_diff_mean_{part}']:.1e}"
+        f" k3 {m[f'k3_kl_{part}']:.1e} out {m[f'ratio_outside_{part}']:.0%}"
     )
 
 
@@ -154,7 +204,7 @@ def plot_mismatch(steps: Sequence[dict[str, Any]], ratio: Axes, diff: Axes, outs
     """The trainer's recompute against the recorded logprobs, before each update: on-policy
     and stale tokens apart, each only on steps that have some (log scales: an exact 0 is
     drawn at 1e-9 for the ratio, 1e-16 for the logprob diff and KL)."""
-    for part, label in (("on_policy", "on-policy"), ("stale", "stale")):
+    for part, label in (("on_policy", "on-policy (checked)"), ("stale", "off-policy")):
         shown = [m for m in steps if m[f"{part}_tokens"]]
         if not shown:
             continue

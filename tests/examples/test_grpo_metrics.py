@@ -6,7 +6,7 @@ import asyncio
 import math
 
 from examples.grpo.loop import component_means
-from examples.grpo.metrics import plot_components, step_line
+from examples.grpo.metrics import plot_components, ratio_summary, step_line
 from examples.grpo.tasks import ONE_WORD_RUBRIC, load_task_set, one_word_reward
 
 from rollway.results import RolloutRecord
@@ -41,30 +41,56 @@ STEP = {
 }
 
 
-def test_a_synchronous_step_line_shows_the_on_policy_mismatch() -> None:
+def test_a_synchronous_step_line_shows_the_ratio_check_over_its_on_policy_tokens() -> None:
     assert step_line(STEP) == (
         "step   3 v3 | reward 0.529 ± 0.250 | groups 8, set aside 2 flat 0 failed, 1 refilled, "
-        "4 carried | on-policy max|ratio-1| 2.1e-05 |Δlogp| 3.4e-06 "
-        "k3 1.2e-11 out 0% (80 tok) | rollout 2.0s train 4.5s sync 0.1s"
+        "4 carried | ratio check over 80 on-policy tok: max|ratio-1| 2.1e-05 |Δlogp| 3.4e-06 "
+        "k3 1.2e-11 out 0% | rollout 2.0s train 4.5s sync 0.1s"
     )
 
 
-def test_a_step_with_stale_tokens_shows_their_mismatch_apart() -> None:
-    stale = {
-        "stale_tokens": 50,
-        "ratio_dev_stale": 0.31,
-        "logprob_diff_mean_stale": 0.012,
-        "k3_kl_stale": 1.5e-4,
-        "ratio_outside_stale": 0.04,
-    }
+STALE = {
+    "stale_tokens": 50,
+    "ratio_dev_stale": 0.31,
+    "logprob_diff_mean_stale": 0.012,
+    "k3_kl_stale": 1.5e-4,
+    "ratio_outside_stale": 0.04,
+}
+
+
+def test_a_step_with_off_policy_tokens_shows_their_mismatch_apart_unchecked() -> None:
     assert (
-        "| on-policy max|ratio-1| 2.1e-05 |Δlogp| 3.4e-06 k3 1.2e-11 out 0% (80 tok) "
-        "| stale max|ratio-1| 3.1e-01 |Δlogp| 1.2e-02 k3 1.5e-04 out 4% (50 tok) |"
-    ) in step_line(STEP | stale)
-    # Asynchronous steps past the first: every token stale, and only they are shown.
-    only_stale = STEP | stale | {"on_policy_tokens": 0}
-    assert ", 4 carried | stale max|ratio-1| 3.1e-01 " in step_line(only_stale)
-    assert "on-policy" not in step_line(only_stale)
+        "| ratio check over 80 on-policy tok: max|ratio-1| 2.1e-05 |Δlogp| 3.4e-06 k3 1.2e-11 "
+        "out 0% | 50 off-policy tok (not checked): max|ratio-1| 3.1e-01 |Δlogp| 1.2e-02 "
+        "k3 1.5e-04 out 4% |"
+    ) in step_line(STEP | STALE)
+    # Asynchronous steps past the first: every token off-policy, and the line says the check
+    # covered none.
+    only_stale = STEP | STALE | {"on_policy_tokens": 0}
+    assert (
+        ", 4 carried | ratio check: no on-policy tok | 50 off-policy tok (not checked): "
+        "max|ratio-1| 3.1e-01 "
+    ) in step_line(only_stale)
+
+
+def test_the_run_summary_says_which_steps_and_tokens_the_ratio_check_covered() -> None:
+    # Async on 2 cores: step 0 on-policy, steps 1-3 off-policy, step 4 a mix.
+    steps = [
+        STEP | {"step": 0},
+        *(STEP | STALE | {"step": s, "on_policy_tokens": 0, "ratio_dev_on_policy": 0.0}
+          for s in (1, 2, 3)),
+        STEP | STALE | {"step": 4, "ratio_dev_on_policy": 3e-5, "ratio_dev_stale": 1.4},
+    ]  # fmt: skip
+    assert ratio_summary(steps, 1e-3) == (
+        "ratio check: max |ratio-1| 3.0e-05 over 160 on-policy tokens of 2 of 5 steps "
+        "(tolerance 0.001), none in steps 1-3; off-policy (not checked): max |ratio-1| 1.4e+00 "
+        "over 200 tokens of 4 steps"
+    )
+    assert ratio_summary([STEP, STEP | {"step": 4}], 1e-3) == (
+        "ratio check: max |ratio-1| 2.1e-05 over 160 on-policy tokens of 2 of 2 steps "
+        "(tolerance 0.001); no off-policy token"
+    )
+    assert ratio_summary(steps[1:2], 1e-3).startswith("ratio check: no on-policy token in 1 step;")
 
 
 def test_a_step_short_of_groups_says_how_many_it_lacks() -> None:
