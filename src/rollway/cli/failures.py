@@ -2,7 +2,8 @@
 
 A failure is one ``error:`` line and one ``hint:`` line on stderr, and exit status 1. Tracebacks
 only with ``ROLLWAY_DEBUG=1``, for known errors and for bugs alike. Exit statuses:
-0 done, 1 failed (``error:``), 2 a usage error (click's), 130 interrupted (Ctrl-C).
+0 done, 1 failed (``error:``), 2 a usage error (click's), 130 interrupted (Ctrl-C), 143 stopped
+by a SIGTERM (``cli.stopping``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rollway.errors import (
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process a SIGTERM ended
 
 _DEBUG = "ROLLWAY_DEBUG=1 shows the traceback"
 
