@@ -58,6 +58,8 @@ HINTS: dict[type[RollwayError], str] = {
 _INPUT_HINTS = {
     "agent": "fix the agent; `rollway validate AGENT` checks one without running it",
     "reward": "--reward takes path/to/file.py:function or module:function",
+    "model": "--model takes a local HF model folder (config.json, tokenizer, weights); "
+    "docs/engines.md",
     "tasks": 'a task file holds one JSON object per line, such as {"prompt": "What is 2+2?"}',
     "ray_auth": "the cluster uses Ray's token authentication: set RAY_AUTH_MODE=token and its "
     "token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) where rollway runs; "
