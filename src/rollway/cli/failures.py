@@ -57,6 +57,7 @@ HINTS: dict[type[RollwayError], str] = {
 #: Hints for a ``ConfigError`` about one input, named by its ``param``.
 _INPUT_HINTS = {
     "agent": "fix the agent; `rollway validate AGENT` checks one without running it",
+    "agent_key": "export ROLLWAY_AGENT_KEY=KEY where rollway runs (the agent server's key)",
     "reward": "--reward takes path/to/file.py:function or module:function",
     "model": "--model takes a local HF model folder (config.json, tokenizer, weights); "
     "docs/engines.md",
