@@ -358,6 +358,7 @@ def _say_resumed(reused: int, total: int, reruns: Counter[str], *, show: bool) -
         whys = "; ".join(f"{n} {why}" for why, n in reruns.most_common())
         line += f"; {reruns.total()} stored run again: {whys}"
     log.info(line, extra={"stage": "resume"})
-    if show:
+    # Once: ``rollway run`` logs the client's lines at INFO, and a caller may too.
+    if show and not log.isEnabledFor(logging.INFO):
         console = BatchProgress(0, show=False).console
         console.print(line, highlight=False, markup=False, soft_wrap=True)
