@@ -76,6 +76,22 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+#: Why the browser tests skip without Chromium (tests/viewer/conftest.py), and the block the
+#: run's last lines then give: ``-rs`` output is not what a new user reads.
+NO_CHROMIUM = "no chromium binary: install Debian's chromium (apt-get install chromium)"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = terminalreporter.stats.get("skipped", [])
+    browser = sum(NO_CHROMIUM in str(getattr(report, "longrepr", "")) for report in skipped)
+    if browser:
+        terminalreporter.write_sep("=", "browser tests skipped", yellow=True, bold=True)
+        terminalreporter.write_line(
+            f"{browser} browser tests skipped: Chromium not found; "
+            "install with: apt-get install chromium"
+        )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         where = item.path.relative_to(ROOT).as_posix()

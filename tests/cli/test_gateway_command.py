@@ -73,3 +73,13 @@ def test_gateway_help_names_every_renderer_and_the_scripted_engine(tmp_path: Pat
     text = " ".join(ran.stdout.split())  # as wrapped to the terminal, unwrapped
     assert f"({', '.join(RENDERERS)})" in text
     assert "scripted://FILE" in text
+
+
+def test_workers_with_the_embedded_engine_are_warned_about_at_start(tmp_path: Path) -> None:
+    """Warned before the model loads: the test stops there (a missing model folder)."""
+    missing = str(tmp_path / "no-model")
+    ran = rollway("gateway", "--workers", "2", "--model", missing, cwd=tmp_path)
+    assert "warning: --workers 2 with the embedded engine" in ran.stderr, ran.stderr
+    assert "remote engines (vllm://, sglang://)" in ran.stderr
+    one = rollway("gateway", "--model", missing, cwd=tmp_path)
+    assert "warning" not in one.stderr and one.returncode == 1

@@ -1,5 +1,6 @@
-"""Ctrl-C in the middle of `rollway run`: it says what happened, writes the summary of what
-finished, exits 130; a rerun resumes."""
+"""Ctrl-C, or a SIGTERM (how Slurm, Kubernetes and `ray job stop` end a job), in the middle of
+`rollway run`: it says what happened, writes the summary of what finished, releases the
+experiment's lease, exits 130 (143 for the SIGTERM); a rerun resumes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import orjson
+import pytest
 
 from tests.cli.test_run_failures import AGENT_SOURCE
 
@@ -21,7 +23,14 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status", "said"),
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated (SIGTERM)")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stop_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(
+    tmp_path: Path, signum: signal.Signals, status: int, said: str
+) -> None:
     (tmp_path / "echo.py").write_text(AGENT_SOURCE)
     rows = [{"task_id": f"t{i}", "question": f"q{i}"} for i in range(12)]
     (tmp_path / "tasks.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
@@ -40,15 +49,16 @@ def test_ctrl_c_mid_batch_reports_writes_the_summary_and_a_rerun_resumes(tmp_pat
         while len(list(trajectories.glob("*.json"))) < 3:
             assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
             time.sleep(0.05)
-        slow.send_signal(signal.SIGINT)
+        slow.send_signal(signum)
         out, err = slow.communicate(timeout=60)
-    assert slow.returncode == 130, err
+    assert slow.returncode == status, err
     assert "Traceback" not in err and "Aborted" not in err and "results in" not in out
     records = [orjson.loads(p.read_bytes()) for p in trajectories.glob("*.json")]
     recorded = sum(r["status"] != "cancelled" for r in records)
     cancelled = sum(r["status"] == "cancelled" for r in records)
     assert recorded >= 2 and recorded + cancelled == 12 and cancelled > 0
-    assert f"interrupted: {recorded} recorded, {cancelled} cancelled; rerun to resume" in err
+    assert f"{said}: {recorded} recorded, {cancelled} cancelled; rerun to resume" in err
+    assert not (tmp_path / "runs" / "echo-tasks" / "lease.json").exists()
     summary = orjson.loads((tmp_path / "runs" / "echo-tasks" / "summary.json").read_bytes())
     assert summary["by_status"] == {"completed": recorded, "cancelled": cancelled}
     assert summary["interrupted"] is True

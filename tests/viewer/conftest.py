@@ -22,7 +22,7 @@ from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.results import AgentResult
 from rollway.viewer import create_viewer_app, open_run
 from rollway.web.background_server import BackgroundServer
-from tests.conftest import ADD_TOOL, tool_call
+from tests.conftest import ADD_TOOL, NO_CHROMIUM, tool_call
 
 EXP_ID = "viewer-run"
 FOLDED_ID = "folded-run"
@@ -132,7 +132,7 @@ def find_chromium() -> str:
     found = _find_chromium()
     if found is not None:
         return found
-    why = "no chromium binary: install Debian's chromium (apt-get install chromium)"
+    why = NO_CHROMIUM
     if os.environ.get("CI"):
         pytest.fail(f"{why}; CI is set, so the browser tests may not skip", pytrace=False)
     pytest.skip(why)

@@ -388,3 +388,14 @@ def test_groups_have_each_components_mean_and_sort_by_it(tmp_path: Path) -> None
     assert [g["group_id"] for g in ascending["rows"]] == ["exp:t00000", "exp:t00001", "exp:t00002"]
     assert detail["group"]["reward_components"] == ["format"]
     assert detail["group"]["rollouts"][0]["reward_components"] == {"format": 0.5}
+
+
+def test_the_runs_completed_figure_leaves_truncated_rollouts_out(tmp_path: Path) -> None:
+    """5 of 8 rollouts cut by a gateway limit: 37.5% completed, 62.5% truncated, not 100%."""
+    store = FileStore(tmp_path, "exp")
+    for i in range(1, 9):
+        record = small_record(i)
+        store.write(record.model_copy(update={"status": "truncated"}) if i <= 5 else record)
+    totals = RunIndex(open_run(str(store.path)), recheck_s=0.0).totals()
+    assert (totals["completed_rate"], totals["truncated_rate"]) == (3 / 8, 5 / 8)
+    assert totals["success_rate"] == 1.0  # ran to the end, whatever cut it

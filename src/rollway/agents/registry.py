@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -54,9 +55,26 @@ def load_agent(spec: str) -> type[AgentLoop]:
         )
     module = import_target(target)
     cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-        raise ConfigError(f"{attr!r} in {target!r} is not an AgentLoop subclass", param="agent")
-    return cls
+    if isinstance(cls, type) and issubclass(cls, AgentLoop):
+        return cls
+    names = ", ".join(c.__name__ for c in agent_classes(module)) or "none"
+    what = "does not exist" if cls is None else "is not an AgentLoop subclass"
+    raise ConfigError(
+        f"{attr!r} in {target!r} {what}; its AgentLoop classes: {names}", param="agent"
+    )
+
+
+def agent_classes(module: object) -> list[type[AgentLoop]]:
+    """The agent classes ``module`` defines (not those it imports). An abstract class without
+    a name is a base for others; with one, it is an agent."""
+    return [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, AgentLoop)
+        and value.__module__ == getattr(module, "__name__", None)
+        and (value.name or not inspect.isabstract(value))
+    ]
 
 
 def _registered() -> str:

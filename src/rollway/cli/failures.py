@@ -2,7 +2,8 @@
 
 A failure is one ``error:`` line and one ``hint:`` line on stderr, and exit status 1. Tracebacks
 only with ``ROLLWAY_DEBUG=1``, for known errors and for bugs alike. Exit statuses:
-0 done, 1 failed (``error:``), 2 a usage error (click's), 130 interrupted (Ctrl-C).
+0 done, 1 failed (``error:``), 2 a usage error (click's), 130 interrupted (Ctrl-C), 143 stopped
+by a SIGTERM (``cli.stopping``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rollway.errors import (
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM, as a shell reports a process a SIGTERM ended
 
 _DEBUG = "ROLLWAY_DEBUG=1 shows the traceback"
 
@@ -55,7 +57,10 @@ HINTS: dict[type[RollwayError], str] = {
 #: Hints for a ``ConfigError`` about one input, named by its ``param``.
 _INPUT_HINTS = {
     "agent": "fix the agent; `rollway validate AGENT` checks one without running it",
+    "agent_key": "export ROLLWAY_AGENT_KEY=KEY where rollway runs (the agent server's key)",
     "reward": "--reward takes path/to/file.py:function or module:function",
+    "model": "--model takes a local HF model folder (config.json, tokenizer, weights); "
+    "docs/engines.md",
     "tasks": 'a task file holds one JSON object per line, such as {"prompt": "What is 2+2?"}',
     "ray_auth": "the cluster uses Ray's token authentication: set RAY_AUTH_MODE=token and its "
     "token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token) where rollway runs; "

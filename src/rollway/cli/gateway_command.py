@@ -53,13 +53,23 @@ def serve(
             envvar="ROLLWAY_GATEWAY_WORKERS",
             min=1,
             help="Gateway processes behind the one port (one per core to use); each rollout's "
-            "calls reach the process that holds it.",
+            "calls reach the process that holds it. For remote engines (vllm://, sglang://): "
+            "with the embedded engine each worker runs its own copy of the model on the same "
+            "cores, slower than one process.",
         ),
     ] = 1,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
     limits = ServerLimits(request_timeout, keep_alive, max_connections)
+    if workers > 1 and engine.partition(":")[0] == "embedded":
+        typer.secho(
+            f"warning: --workers {workers} with the embedded engine: each worker runs its own "
+            "copy of the model on the same cores, slower than one process; workers help "
+            "remote engines (vllm://, sglang://). docs/gateway.md",
+            err=True,
+            fg="yellow",
+        )
     if workers > 1:
         options = {"--engine": engine, "--model": model, "--rollout-ttl": str(rollout_ttl),
                    "--renderer": renderer, "--request-timeout": str(request_timeout),

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from rollway.cli.failures import fail
+from rollway.cli.stopping import what_stopped
 from rollway.client.batch import BatchItem, should_rerun
 
 #: What to do when most rollouts ended this way; resume reruns cancelled rollouts,
@@ -27,15 +28,16 @@ _ADVICE = {
 }
 
 
-def report_interrupt(summary: dict[str, Any] | None) -> None:
-    """Ctrl-C: how many rollouts have a record and how many were cut short."""
+def report_interrupt(summary: dict[str, Any] | None, stop: KeyboardInterrupt) -> None:
+    """Ctrl-C or SIGTERM: how many rollouts have a record and how many were cut short."""
+    what = what_stopped(stop)
     if summary is None or not summary["interrupted"]:
-        typer.secho("interrupted; rerun to resume", err=True, fg="yellow")
+        typer.secho(f"{what}; rerun to resume", err=True, fg="yellow")
         return
     cancelled = summary["by_status"].get("cancelled", 0)
     recorded = summary["total"] - cancelled
     typer.secho(
-        f"interrupted: {recorded} recorded, {cancelled} cancelled; rerun to resume",
+        f"{what}: {recorded} recorded, {cancelled} cancelled; rerun to resume",
         err=True,
         fg="yellow",
     )

@@ -16,10 +16,10 @@ from rollway.agents.registry import import_target
 from rollway.agents.server.remote_agent import resolve_agent
 from rollway.cli import run_options as o
 from rollway.cli.config_file import as_toml, merged_settings
-from rollway.cli.failures import EXIT_INTERRUPTED
 from rollway.cli.options import EngineOption, ModelOption
 from rollway.cli.outcome import report_interrupt, require_a_completed_rollout, warn_about_reruns
 from rollway.cli.run_settings import RunSettings
+from rollway.cli.stopping import exit_status, sigterm_as_interrupt
 from rollway.client import BatchItem, RolloutClient
 from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
@@ -88,7 +88,12 @@ def run(
     if print_config:
         typer.echo(as_toml(merged), nl=False)
         return
-    _run_settings(RunSettings.of(merged))
+    try:
+        with sigterm_as_interrupt():
+            _run_settings(RunSettings.of(merged))
+    except KeyboardInterrupt as stop:  # before the batch: nothing ran, nothing to report
+        report_interrupt(None, stop)
+        raise typer.Exit(exit_status(stop)) from None
 
 
 def _run_settings(s: RunSettings) -> None:
@@ -141,12 +146,13 @@ def _run_batch(
     client: RolloutClient, rows: list[dict[str, Any]], s: RunSettings
 ) -> list[BatchItem]:
     try:
-        # list() drives the batch from C code, so a Ctrl-C lands inside run_batch, which
-        # cancels what is running and writes the summary of what finished.
-        return list(client.run_batch(rows, s.group_size, resume=s.resume))
-    except KeyboardInterrupt:
-        report_interrupt(client.last_summary)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        # list() drives the batch from C code, so a Ctrl-C (or SIGTERM) lands inside
+        # run_batch, which cancels what is running and writes the summary of what finished.
+        with sigterm_as_interrupt():  # again: a Ray executor's start set its own handler
+            return list(client.run_batch(rows, s.group_size, resume=s.resume))
+    except KeyboardInterrupt as stop:
+        report_interrupt(client.last_summary, stop)
+        raise typer.Exit(exit_status(stop)) from None
 
 
 def _sampling(s: RunSettings) -> SamplingParams:

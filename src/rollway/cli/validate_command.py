@@ -5,14 +5,13 @@ untyped parameter), so that each is reported with the rest instead of stopping t
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from typing import Annotated
 
 import typer
 
 from rollway.agents.base import AgentLoop
-from rollway.agents.registry import import_target, load_agent
+from rollway.agents.registry import agent_classes, import_target, load_agent
 from rollway.agents.tools import DEFERRED_PROBLEMS
 from rollway.agents.validate import ValidationResult
 from rollway.agents.validate import validate as validate_agent
@@ -44,16 +43,7 @@ def validate(
 def _agent_classes(spec: str) -> list[type[AgentLoop]]:
     if ":" in spec or not (spec.endswith(".py") or "." in spec):
         return [load_agent(spec)]
-    module = import_target(spec)
-    found = [
-        value
-        for value in vars(module).values()
-        if isinstance(value, type)
-        and issubclass(value, AgentLoop)
-        and value.__module__ == getattr(module, "__name__", None)
-        # An abstract class without a name is a base for others; with one, it is an agent.
-        and (value.name or not inspect.isabstract(value))
-    ]
+    found = agent_classes(import_target(spec))
     if not found:
         raise ConfigError(f"{spec} defines no AgentLoop subclass", param="agent")
     return found

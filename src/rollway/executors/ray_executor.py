@@ -23,6 +23,8 @@ from rollway.errors import ConfigError, ErrorKind, InfrastructureError
 from rollway.events import EventBus
 from rollway.executors.base import WorkerConfig
 from rollway.executors.ray_chunks import CallLost, ChunkedCalls
+from rollway.executors.ray_connect import join_cluster
+from rollway.executors.ray_connect import ray_start_error as ray_start_error
 from rollway.executors.ray_workers import WORKER_RESTART as WORKER_RESTART
 from rollway.executors.ray_workers import (
     RayWorker,
@@ -34,7 +36,6 @@ from rollway.executors.ray_workers import (
     wait_for_restart,
     worker_nodes,
 )
-from rollway.executors.ray_workers import ray_start_error as ray_start_error
 from rollway.executors.worker import RolloutWorker
 from rollway.gateway.engine_choice import EngineChoice
 from rollway.gateway.weight_control import NewWeights, PolicyState, WeightUpdate
@@ -143,10 +144,7 @@ class RayExecutor:
             # None is a local cluster of its own: Ray's own None joins any cluster it finds
             # on this machine (another run's, a test's), unless RAY_ADDRESS names one.
             address = self.address or os.environ.get("RAY_ADDRESS") or "local"
-            try:
-                ray.init(address=address, **self.init_options)
-            except Exception as exc:
-                raise ray_start_error(exc, self.address) from exc
+            join_cluster(ray, address, self.address, self.init_options)
             self._owns_ray = True
         self._store = setup.store
         self._engine = setup.engine

@@ -116,17 +116,6 @@ def ray_cause(exc: BaseException) -> str:
     return text[:500]
 
 
-def ray_start_error(exc: BaseException, address: str | None) -> ConfigError:
-    """Why ``ray.init`` failed, its ``param`` saying what about, for the hint
-    (``cli.failures``): a cluster with token authentication (Ray >= 2.52) refuses a driver
-    without its token ("Authentication token is missing or incorrect")."""
-    where = address or "RAY_ADDRESS, or a new local instance"
-    cause = ray_cause(exc)
-    said = f"{type(exc).__name__} {cause}".lower()
-    param = "ray_auth" if "auth" in said and "token" in said else "ray_address"
-    return ConfigError(f"cannot start Ray ({where}): {cause}", param)
-
-
 def task_error(exc: BaseException) -> Exception:
     """The error a worker raised, as itself when Ray kept it (a refused version stays a
     refused version), else an infrastructure error naming it."""

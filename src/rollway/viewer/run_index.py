@@ -454,6 +454,10 @@ def _groups(rows: list[Row]) -> list[Row]:
     return groups
 
 
+def _share(rows: list[Row], status: str) -> float | None:
+    return sum(r["status"] == status for r in rows) / len(rows) if rows else None
+
+
 def _pstdev(values: list[float], mean: float | None) -> float | None:
     """The population standard deviation (as ``groups.json``), in floats: ``statistics``
     computes it exactly in fractions, 20 times slower over thousands of groups."""
@@ -472,6 +476,9 @@ def _totals(rows: list[Row], groups: list[Row]) -> dict[str, Any]:
         "by_status": dict(Counter(r["status"] for r in rows).most_common()),
         "errors_by_kind": dict(Counter(r["error_kind"] for r in rows if r["error_kind"])),
         "success_rate": sum(r["status"] in SUCCESS for r in rows) / len(rows) if rows else None,
+        # What the page calls "completed": ran to its end without a gateway limit cutting it.
+        "completed_rate": _share(rows, "completed"),
+        "truncated_rate": _share(rows, "truncated"),
         "scored": len(scored),
         "mean_reward": sum(scored) / len(scored) if scored else None,
         "flat_groups": sum(group["flat"] for group in groups),

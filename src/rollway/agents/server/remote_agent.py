@@ -295,5 +295,12 @@ def resolve_agent(
 ) -> AgentLoop:
     """An agent ready to run: ``http(s)://...`` is an agent server, else a validated loop."""
     if isinstance(agent, str) and agent.startswith(("http://", "https://")):
-        return RemoteAgent(agent, api_key=key or os.environ.get("ROLLWAY_AGENT_KEY", ""), poll=poll)
+        key = key or os.environ.get("ROLLWAY_AGENT_KEY")
+        if not key:
+            raise ConfigError(
+                f"agent server {agent} needs its key, and none is given: set ROLLWAY_AGENT_KEY "
+                "(or --agent-key) to the key `rollway serve-agent` printed or was given",
+                param="agent_key",
+            )
+        return RemoteAgent(agent, api_key=key, poll=poll)
     return ready_agent(agent)

@@ -41,7 +41,13 @@ from rollway.engines.base import PauseMode, WeightSource
 from rollway.engines.embedded.batch_runner import BatchRunner, Request
 from rollway.engines.embedded.kv_cache import PrefixCache
 from rollway.engines.embedded.sampling import make_generator
-from rollway.engines.embedded.state_dicts import check_state_dict, copy_weights, read_state_dict
+from rollway.engines.embedded.state_dicts import (
+    check_state_dict,
+    copy_weights,
+    read_state_dict,
+    weight_files,
+    weight_names,
+)
 from rollway.errors import ConfigError, EngineError, InvalidFieldsError
 from rollway.generation import GenerationChunk, GenerationResult, SamplingParams
 from rollway.model_folders import resolve_model_path
@@ -152,6 +158,7 @@ class EmbeddedEngine:
         torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if torch_dtype == torch.float16 and torch_device.type == "cpu":
             raise ConfigError("dtype float16 needs a GPU; on a CPU use bfloat16", "dtype")
+        require_weights(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
         # transformers wraps ``to`` with functools.wraps, whose type takes the model as argument 1.
@@ -460,3 +467,16 @@ def _context_length(model: Any, cap: int | None) -> int:
             f"context_length {cap} is past the model's context ({own} tokens)", "context_length"
         )
     return cap
+
+
+def require_weights(folder: Path) -> None:
+    """A folder with a tokenizer and a config but no weights (a family's tokenizer, to try
+    its template) cannot be run: say so, and what runs without weights."""
+    if folder.is_dir() and not weight_files(folder):
+        raise ConfigError(
+            f"model folder {str(folder)!r} has no weights (no {weight_names()}): the embedded "
+            "engine runs a model's weights. To try a family without them, give its folder "
+            "to the scripted engine (--engine scripted://FILE --model FOLDER: the answers "
+            "listed in FILE) or to the simulator (--engine sim --model FOLDER)",
+            param="model",
+        )

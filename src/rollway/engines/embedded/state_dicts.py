@@ -42,6 +42,16 @@ def read_state_dict(source: WeightSource) -> Mapping[str, Any]:
 
 def checkpoint_files(folder: Path) -> list[Path]:
     """The weight files of an HF checkpoint folder, safetensors first (as ``from_pretrained``)."""
+    if not folder.is_dir():
+        raise ConfigError(f"weights source {str(folder)!r} is not a folder", "source")
+    files = weight_files(folder)
+    if not files:
+        raise ConfigError(f"weights folder {str(folder)!r} holds no {weight_names()}", "source")
+    return files
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files in ``folder``, safetensors first; none: it holds no weights."""
     from transformers.utils import (
         SAFE_WEIGHTS_INDEX_NAME,
         SAFE_WEIGHTS_NAME,
@@ -49,8 +59,6 @@ def checkpoint_files(folder: Path) -> list[Path]:
         WEIGHTS_NAME,
     )
 
-    if not folder.is_dir():
-        raise ConfigError(f"weights source {str(folder)!r} is not a folder", "source")
     for single, index in (
         (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME),
         (WEIGHTS_NAME, WEIGHTS_INDEX_NAME),
@@ -60,11 +68,19 @@ def checkpoint_files(folder: Path) -> list[Path]:
         if (folder / index).is_file():
             weight_map = json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"]
             return [folder / name for name in sorted(set(weight_map.values()))]
-    raise ConfigError(
-        f"weights folder {str(folder)!r} holds no {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
-        f"{WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}",
-        "source",
+    return []
+
+
+def weight_names() -> str:
+    """The files a folder's weights may be in, for a message."""
+    from transformers.utils import (
+        SAFE_WEIGHTS_INDEX_NAME,
+        SAFE_WEIGHTS_NAME,
+        WEIGHTS_INDEX_NAME,
+        WEIGHTS_NAME,
     )
+
+    return f"{SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME}"
 
 
 def check_state_dict(model: torch.nn.Module, state: Mapping[str, Any]) -> dict[str, torch.Tensor]:

@@ -29,7 +29,8 @@ async function loadRun() {
     fact("rollouts", num(t.rollouts)),
     ...Object.entries(t.by_status).map(([status, n]) => el("span", { class: "fact" }, statusChip(status), ` ${num(n)}`)),
     // Completion and reward apart: an RL run completes every rollout long before it learns.
-    fact("completed", percent(t.success_rate)),
+    fact("completed", percent(t.completed_rate)),
+    t.truncated_rate ? fact("truncated (a gateway limit)", percent(t.truncated_rate)) : null,
     fact("mean reward", num(t.mean_reward)),
     fact("groups", num(t.groups)),
     fact("flat groups (no reward spread)", num(t.flat_groups)),

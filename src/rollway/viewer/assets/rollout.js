@@ -47,7 +47,7 @@ function renderGroup(group, current) {
     fact("scored", num(group.scored)),
     fact("mean reward", num(group.mean_reward)),
     fact("std", num(group.std_reward)),
-    fact("completed", percent(group.success_rate)),
+    fact("ran to the end (completed or truncated)", percent(group.success_rate)),
     group.flat ? el("span", { class: "fact flat", "data-flat": "1", title: "fewer than two different rewards: every advantage is 0, no GRPO signal", text: "flat group: no signal" }) : null);
   groupView = { group, current, sort: "sample_index", order: "asc" };
   componentHeaders("group", 'th[data-sort="reward"]', group.reward_components || [], sortGroup);

@@ -45,7 +45,7 @@ function versionChart(versions) {
   versions.forEach((v, k) => {
     const x = left + slot * (k + 0.5);
     const name = versionName(v.policy_version);
-    const tip = `version ${name}: mean reward ${num(v.mean_reward)} over ${v.scored} scored of ${v.n} rollouts; completed ${percent(v.success_rate)}`;
+    const tip = `version ${name}: mean reward ${num(v.mean_reward)} over ${v.scored} scored of ${v.n} rollouts; ran to the end ${percent(v.success_rate)}`;
     if (v.mean_reward !== null) {
       const top0 = Math.min(y(v.mean_reward), y(0));
       marks.push(svg("rect", {
@@ -71,7 +71,7 @@ function versionChart(versions) {
 
 function versionTable(versions) {
   return el("table", { class: "grid versions" },
-    el("thead", {}, el("tr", {}, ...["policy version", "rollouts", "scored", "mean reward", "completed"].map((h, k) => el("th", { class: k ? "num" : null, text: h })))),
+    el("thead", {}, el("tr", {}, ...["policy version", "rollouts", "scored", "mean reward", "ran to the end"].map((h, k) => el("th", { class: k ? "num" : null, text: h })))),
     el("tbody", {}, ...versions.map((v) => el("tr", { "data-version-row": versionName(v.policy_version) },
       el("td", { text: versionName(v.policy_version) }),
       el("td", { class: "num", text: num(v.n) }),
@@ -83,6 +83,6 @@ function versionTable(versions) {
 function renderVersions(versions) {
   const legend = el("p", { class: "legend" },
     el("span", { class: "swatch bar-swatch" }), " mean reward (scored rollouts) ",
-    el("span", { class: "swatch completion-swatch" }), " completed (right axis, 0 to 100%)");
+    el("span", { class: "swatch completion-swatch" }), " ran to the end: completed or truncated (right axis, 0 to 100%)");
   fill(document.getElementById("versions"), versions.length ? [legend, versionChart(versions), versionTable(versions)] : el("p", { class: "muted", text: "no rollouts yet" }));
 }
