@@ -120,3 +120,52 @@ def _this_rollway() -> dict[str, str]:
     source = str(Path(rollway.__file__).resolve().parents[1])
     path = os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": path}
+
+
+@pytest.mark.timeout(120, method="thread")  # a child that lingered would hold waitpid
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_copy_of_the_client_a_reward_forks_ends_where_it_returns(
+    make_client: MakeClient, kind: str
+) -> None:
+    children: list[int] = []
+
+    def forking(task: dict[str, Any], trajectory: Trajectory) -> float:
+        pid = os.fork()
+        if pid == 0:
+            return 0.0  # the child, a copy of this client, comes back into rollway
+        children.append(pid)
+        return 1.0
+
+    async def forking_async(task: dict[str, Any], trajectory: Trajectory) -> float:
+        return forking(task, trajectory)
+
+    reward = forking if kind == "sync" else forking_async
+    client = make_client(reward=reward, limits=QUICK)
+    items = list(client.run_batch([{"task_id": "a"}, {"task_id": "b"}]))
+    assert [item.result.reward for item in items] == [1.0, 1.0]
+    assert len(children) == 2
+    for child in children:  # each ended at once, with nothing of the batch run again
+        assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+    assert len(list(client.store.records())) == 2
+
+
+def test_a_helper_a_reward_starts_is_its_own_to_end(make_client: MakeClient) -> None:
+    helpers: list[subprocess.Popen[bytes]] = []
+
+    def starts_a_helper(task: dict[str, Any], trajectory: Trajectory) -> float:
+        helper = [sys.executable, "-c", "import time; time.sleep(120)"]
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        helpers.append(subprocess.Popen(helper, start_new_session=True, **quiet))
+        return 1.0
+
+    client = make_client(reward=starts_a_helper, limits=QUICK)
+    try:
+        (item,) = client.run_batch([{"task_id": "a"}])
+        client.close()
+        assert item.result.reward == 1.0
+        # As docs/agents.md says: rollway does not end what a reward starts itself.
+        assert [helper.poll() for helper in helpers] == [None]
+    finally:
+        for helper in helpers:
+            helper.kill()
+            helper.wait(30)

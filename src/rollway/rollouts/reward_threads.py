@@ -12,7 +12,8 @@ Threads, not processes: a reward function may be a closure, is given the task an
 by reference, reads the judge's scope (a context variable) and calls ``run_sync`` on its
 environment (which calls back into the event loop); a process would need all of it pickled
 and would lose the last two. What a reward starts itself (a child process, a detached helper)
-is therefore its own to end (docs/agents.md, "What a reward function may start")."""
+is therefore its own to end (docs/agents.md, "What a reward may start"), except a forked copy
+of the process that returns into this module: it ends at once."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import asyncio
 import contextlib
 import contextvars
 import itertools
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -91,10 +93,15 @@ class RewardThreads:
 
 
 def _answer(job: _Job) -> None:
+    pid = os.getpid()
     try:
         outcome: tuple[bool, Any] = (True, job.context.run(job.fn, *job.args))
     except BaseException as exc:  # the caller's to judge (sys.exit() included)
         outcome = (False, exc)
+    if os.getpid() != pid:
+        # A child the function forked came back here: a copy of the whole client, whose event
+        # loop thread did not follow it. It ends now rather than linger, or run on as a copy.
+        os._exit(0)
     with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for this any more
         job.loop.call_soon_threadsafe(_settle, job.future, outcome)
 

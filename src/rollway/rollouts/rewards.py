@@ -9,8 +9,9 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,7 +196,7 @@ async def call(
         args = (task, trajectory, environment)
     try:
         if inspect.iscoroutinefunction(reward_fn) or _is_async_callable(reward_fn):
-            return await reward_fn(*args)
+            return await _in_this_process(reward_fn(*args))
         # A sync scorer runs on a reward thread; on timeout it is abandoned, not killed.
         return await REWARD_THREADS.run(_on_worker, reward_fn, *args)
     except RewardError:
@@ -204,6 +205,17 @@ async def call(
         if not is_failure(exc):
             raise
         raise _TryFailed(f"reward function raised {type(exc).__name__}: {exc}") from exc
+
+
+async def _in_this_process(scoring: Awaitable[Any]) -> Any:
+    """``scoring``'s value; a child it forked that comes back here (a copy of the client, its
+    event loop included) ends at once instead of running the batch on as a second client."""
+    pid = os.getpid()
+    try:
+        return await scoring
+    finally:
+        if os.getpid() != pid:
+            os._exit(0)
 
 
 def _is_async_callable(fn: Any) -> bool:
