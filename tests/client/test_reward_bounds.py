@@ -76,8 +76,9 @@ def test_an_async_reward_that_swallows_its_cancel_is_abandoned_with_a_warning(
     for item in items:
         record = item.result
         assert (record.status, record.error_kind) == ("error", "reward")
-        assert record.reason.startswith("reward function timed out after 0.5 s; it ignored")
-        assert "abandoned, still running" in record.reason
+        reason = record.reason or ""
+        assert reason.startswith("reward function timed out after 0.5 s; it ignored")
+        assert "abandoned, still running" in reason
     warned = [r for r in caplog.records if "ignored its cancellation" in r.getMessage()]
     assert len(warned) == 2 and "stubborn" in warned[0].getMessage()
 
@@ -154,8 +155,8 @@ def test_a_helper_a_reward_starts_is_its_own_to_end(make_client: MakeClient) -> 
 
     def starts_a_helper(task: dict[str, Any], trajectory: Trajectory) -> float:
         helper = [sys.executable, "-c", "import time; time.sleep(120)"]
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-        helpers.append(subprocess.Popen(helper, start_new_session=True, **quiet))
+        quiet = subprocess.DEVNULL
+        helpers.append(subprocess.Popen(helper, start_new_session=True, stdout=quiet, stderr=quiet))
         return 1.0
 
     client = make_client(reward=starts_a_helper, limits=QUICK)
@@ -169,3 +170,19 @@ def test_a_helper_a_reward_starts_is_its_own_to_end(make_client: MakeClient) -> 
         for helper in helpers:
             helper.kill()
             helper.wait(30)
+
+
+@pytest.mark.timeout(120, method="thread")  # a hang must fail, not hold the suite
+def test_a_rescore_with_graders_hung_for_ever_ends(
+    make_client: MakeClient, release: threading.Event
+) -> None:
+    def hang(task: dict[str, Any], trajectory: Trajectory) -> float:
+        release.wait()
+        return 1.0
+
+    client = make_client(reward=lambda task, trajectory: 0.5)
+    assert all(
+        item.success for item in client.run_batch([{"task_id": f"t{i}"} for i in range(HUNG)])
+    )
+    report = rollway.rescore(client.store, hang, limits=QUICK, concurrency=HUNG)
+    assert (report.scored, report.failed) == (0, HUNG)

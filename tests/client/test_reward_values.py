@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from rollway.client import RolloutClient
 from rollway.errors import BadRecordError
 from rollway.store import export_records
+from rollway.store.file import FileStore
 from rollway.trajectory import Trajectory
 from rollway.viewer import create_viewer_app, open_run
 
@@ -40,7 +41,7 @@ def test_a_reward_or_component_that_is_no_finite_float_fails_only_its_rollout(
 ) -> None:
     client = make_client(reward=by_task, exp_id="values", reward_retries=0)
     by_id = {i.result.task["task_id"]: i.result for i in client.run_batch(list(map(_task, VALUES)))}
-    reasons = {key: r.reason for key, r in by_id.items() if key != "fine"}
+    reasons = {key: r.reason or "" for key, r in by_id.items() if key != "fine"}
     assert {key: r.error_kind for key, r in by_id.items()} == {
         "huge": "reward", "huge-dict": "reward", "huge-part": "reward", "nan-part": "reward",
         "inf": "reward", "fine": None,
@@ -51,7 +52,7 @@ def test_a_reward_or_component_that_is_no_finite_float_fails_only_its_rollout(
     assert by_id["fine"].reward_components == {"passed": 3.0}
     # Every record was written, and every reader takes them.
     assert len(list(client.store.records())) == len(VALUES)
-    summary = orjson.loads((client.store.path / "summary.json").read_bytes())
+    summary = orjson.loads((_folder(client) / "summary.json").read_bytes())
     assert summary["total"] == len(VALUES)
     for fmt in ("jsonl", "parquet"):
         assert export_records(client.store.records(), tmp_path / f"rows.{fmt}", fmt) >= 1
@@ -66,7 +67,7 @@ def test_a_stored_non_finite_reward_is_a_bad_record_to_export_viewer_and_resume(
     tasks = [{"task_id": k} for k in ("a", "b", "c")]
     client = make_client(reward=fine, exp_id="edited")
     assert all(item.success for item in client.run_batch(tasks))
-    folder = client.store.path
+    folder = _folder(client)
     client.close()
     files = sorted((folder / "trajectories").iterdir())
     _edit(files[0], b'"reward":1.0,', b'"reward":NaN,')  # as json.dumps writes a NaN
@@ -90,6 +91,11 @@ def test_a_stored_non_finite_reward_is_a_bad_record_to_export_viewer_and_resume(
     assert sorted(i.from_store for i in items) == [False, False, True]
     summary = orjson.loads((folder / "summary.json").read_bytes())
     assert summary["rerun"] == {"bad record": 2} and summary["mean_reward"] == 1.0
+
+
+def _folder(client: RolloutClient) -> Path:
+    assert isinstance(client.store, FileStore)
+    return client.store.path
 
 
 def _task(task_id: str) -> dict[str, Any]:
