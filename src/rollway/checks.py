@@ -13,6 +13,25 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def finite_float(value: Any) -> float | None:
+    """``value`` as a float when it is a number (not a bool) that a float holds and is finite;
+    None for NaN, an infinity, an int too large for a float (``10**400``), or no number."""
+    if not is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def shown_number(value: Any) -> str:
+    """A number as an error names it: a huge int by its size (its digits may be thousands)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
+
+
 #: The longest rollout in tokens anyone may ask: an int32, what engines and trainers count in.
 MAX_SEQ_LEN = 2**31 - 1
 

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rollway.checks import is_number
+from rollway.checks import finite_float, is_number, shown_number
 from rollway.errors import ErrorKind
 from rollway.trajectory import Trajectory, WireModel
 
@@ -152,6 +152,19 @@ class RolloutRecord(WireModel):
             data = {**data, "trajectory": trajectory}
         return data
 
+    @model_validator(mode="after")
+    def _finite_reward(self) -> RolloutRecord:
+        """A reward and its components are finite floats (``rollouts/rewards.as_reward``): a
+        stored record holding a NaN, an infinity or an int no float holds (put there by hand,
+        or by an older version) is a bad record, rerun by resume and skipped by the export,
+        never a number that poisons a mean or stops a reader."""
+        if self.reward is not None and not math.isfinite(self.reward):
+            raise ValueError(f"reward: {self.reward!r} is no finite float")
+        for name, value in self.reward_info.items():
+            if name not in RESERVED_INFO and is_number(value) and finite_float(value) is None:
+                raise ValueError(f"reward_info.{name}: {shown_number(value)} is no finite float")
+        return self
+
     @property
     def reward_components(self) -> dict[str, float]:
         """The components of the reward, from ``reward_info``: each number a reward function
@@ -160,9 +173,9 @@ class RolloutRecord(WireModel):
         if self.reward is None:
             return {}
         return {
-            name: float(value)
+            name: number
             for name, value in self.reward_info.items()
-            if name not in RESERVED_INFO and is_number(value) and math.isfinite(value)
+            if name not in RESERVED_INFO and (number := finite_float(value)) is not None
         }
 
     @property

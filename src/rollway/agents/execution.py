@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
+from rollway.checks import finite_float, shown_number
 from rollway.errors import AgentError, ErrorKind, error_kind, is_failure
 from rollway.results import AgentResult, Status
 
@@ -111,10 +111,8 @@ def result_problem(result: AgentResult) -> str | None:
         return "messages must be a list of message dicts"
     if not isinstance(finish_reason, str):
         return f"finish_reason must be a string, not {type(finish_reason).__name__}"
-    if reward is not None and (
-        isinstance(reward, bool) or not isinstance(reward, int | float) or not math.isfinite(reward)
-    ):
-        return f"reward must be a finite number or None, not {reward!r}"
+    if reward is not None and finite_float(reward) is None:
+        return f"reward must be a finite number or None, not {shown_number(reward)}"
     if error is not None and not isinstance(error, str):
         return f"error must be a string, not {type(error).__name__}"
     return None

@@ -364,6 +364,7 @@ class RolloutRunner:
                 limits.reward_timeout,
                 limits.reward_retries,
                 environment=environment,
+                grace_s=limits.stop_grace_s,
             )
         info: dict[str, Any] = {**scored.info(), "source": "reward_fn"}
         if judge_calls:
