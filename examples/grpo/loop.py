@@ -118,8 +118,9 @@ def open_source(client: RolloutClient, task_set: TaskSet, config: GRPOConfig) ->
 
 
 def next_batch(source: StepSource, step: int) -> StepBatch:
-    """Step ``step``'s batch. The tasks never run out, so a source that stops had every group
-    of a step set aside as flat past its cap on extra groups."""
+    """Step ``step``'s batch. The tasks never run out, so an empty batch (the source hands one
+    and goes on) had every group of the step set aside as flat up to its cap on extra groups:
+    this loop stops there rather than train a step on nothing."""
     batch = next(source, None)
     if batch is None or not batch.groups:
         raise RuntimeError(
