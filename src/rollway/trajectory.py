@@ -194,6 +194,12 @@ class Trajectory(WireModel):
     )
     is_cancelled: bool
     segment_count: int
+    conversations: int = Field(
+        default=1,
+        description="Conversations its calls held, told apart by their first non-system "
+        "message (a main thread, its subagents and side calls); past the registration's "
+        "max_conversations the gateway warned that separate rollouts may share its URL.",
+    )
     drift: Drift | None
     has_token_ids: bool = True
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -115,6 +115,10 @@ class RolloutState:
     trace_parent: Any = None
     #: Hash states of recent turns' sequences: a prompt that extends one hashes its tail only.
     sequence_hashes: SequenceHashes = field(default_factory=SequenceHashes)
+    #: The conversations its calls held, by their openings' hashes (``conversations``), and
+    #: how many it may hold before the gateway warns (None: the default).
+    openings: set[int] = field(default_factory=set)
+    max_conversations: int | None = None
 
     def next_segment(self) -> int:
         self.segment_count += 1

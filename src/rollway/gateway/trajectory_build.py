@@ -60,6 +60,7 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         is_cancelled=state.cut_by_cancel,
         engine_errors=list(state.engine_errors),
         segment_count=state.segment_count,
+        conversations=max(len(state.openings), 1) if state.turns else 0,
         drift=measure_drift(state, samples, renderer) if samples else None,
         has_token_ids=state.has_token_ids,
         metadata=state.metadata,

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rollway.gateway.core import Gateway
-from rollway.gateway.http.app_state import gateway_of, read_body
+from rollway.gateway.http.app_state import read_body
 from rollway.gateway.http.chat_completions_api import (
     completion_body,
     error_event,
@@ -25,17 +25,17 @@ from rollway.gateway.http.messages_api import sse_events as anthropic_sse_events
 from rollway.gateway.http.responses_api import ResponsesRequest, response_body
 from rollway.gateway.http.responses_stream import error_event as responses_error_event
 from rollway.gateway.http.responses_stream import sse_events as responses_sse
+from rollway.gateway.http.rollout_lookup import authorized_rollout
 from rollway.gateway.http.sse_response import EventStream, first_awaited
 from rollway.gateway.render.turn_stream import TurnPiece
 from rollway.gateway.request_messages import ChatCompletionAsSent
 from rollway.generation import ChatResult
 from rollway.validation import parse_model
-from rollway.web.handlers import JSONResponse, bearer
+from rollway.web.handlers import JSONResponse
 
 
 async def chat_completions(request: Request) -> Response:
-    rollout_id, gateway = request.path_params["rollout_id"], gateway_of(request)
-    gateway.authorize(rollout_id, bearer(request))
+    rollout_id, gateway = authorized_rollout(request)
     body = parse_model(ChatCompletionAsSent, await read_body(request))
     model = body.model or gateway.model_name
 
@@ -54,8 +54,7 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def messages(request: Request) -> Response:
-    rollout_id, gateway = request.path_params["rollout_id"], gateway_of(request)
-    gateway.authorize(rollout_id, bearer(request))
+    rollout_id, gateway = authorized_rollout(request)
     body = parse_model(MessagesRequest, await read_body(request))
     model = body.model or gateway.model_name
     if body.stream:
@@ -66,8 +65,7 @@ async def messages(request: Request) -> Response:
 
 
 async def responses(request: Request) -> Response:
-    rollout_id, gateway = request.path_params["rollout_id"], gateway_of(request)
-    gateway.authorize(rollout_id, bearer(request))
+    rollout_id, gateway = authorized_rollout(request)
     body = parse_model(ResponsesRequest, await read_body(request))
     history = gateway.response_history(rollout_id, body.previous_response_id)
     response_id, model = f"resp_{uuid.uuid4().hex}", body.model or gateway.model_name
