@@ -57,7 +57,7 @@ def test_the_front_routes_shared_calls_to_the_worker_holding_their_rollout(front
         )
         assert answer.status_code == 200, answer.text
         keys[rollout_id] = answer.json()["api_key"]
-    for rollout_id, key in keys.items():
+    for key in keys.values():
         with openai.OpenAI(base_url=f"{front}/v1", api_key=key, timeout=30) as client:
             for _ in range(2):
                 client.chat.completions.create(**body)

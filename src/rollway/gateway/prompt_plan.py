@@ -4,6 +4,7 @@ render that starts a new segment; within a token budget, and off the event loop 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,7 +13,8 @@ from typing import Any, ParamSpec, TypeVar
 import orjson
 
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
-from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState
+from rollway.gateway.rollout_state import Conversation, MessageKey, RolloutState, same_answer
+from rollway.generation import Message
 from rollway.trajectory import Turn
 
 #: Inputs up to this many characters are rendered and tokenized on the event loop: a hop to a
@@ -40,6 +42,8 @@ class PromptPlan:
     head: tuple[Turn, ...] = ()
     #: How many ids the head holds: where ``tail`` begins in the whole prompt.
     start: int = 0
+    #: The conversation as the thread it extends answered it (None: as the request sent it).
+    conversation: Conversation | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -74,41 +78,83 @@ async def plan_prompt(
     tools: list[dict[str, Any]] | None,
     budget: int | None,
 ) -> PromptPlan:
-    """The prompt for ``messages``; raises ``TokenBudgetExceeded`` past ``budget`` tokens,
-    ruling out an over-long prompt from its length before tokenizing it where it can."""
+    """The prompt for ``messages``: the tip of the thread it extends (the last answered
+    conversation first, then the other threads' tips, most recent first), else a fresh render
+    that starts a segment. Raises ``TokenBudgetExceeded`` past ``budget`` tokens, ruling out an
+    over-long prompt from its length before tokenizing it where it can."""
     messages, keys = conversation.messages, conversation.keys
     last = state.turns[-1] if state.turns else None
-    known = len(state.message_keys)
     if (
         last is not None
-        and last.finish_reason != "abort"
         and tools == state.tools
-        and keys[:known] == state.message_keys
+        and keys[: len(state.message_keys)] == state.message_keys
     ):
-        base = last.prompt_len + len(last.completion_ids)
-        room = None if budget is None else budget - base
-        extend = renderer.continuation_ids
-        keep = state.history == "as_sampled"
-        try:
-            tail = await _render(
-                keys[known:],
-                tools,
-                extend,
-                list(last.completion_ids),
-                messages[known:],
-                tools,
-                room,
-                keep,
-            )
-        except TokenBudgetExceeded as exc:
-            raise TokenBudgetExceeded(base + exc.at_least) from None
-        if tail is not None:
-            # Turns are only appended: the parent's segment through it stays as it is, even
-            # if another call of the rollout records a turn while this one renders or samples.
-            head = segment_turns(state.turns, last)
-            return PromptPlan(array("i", tail), last.segment, last.index, head, base)
+        known = len(state.message_keys)
+        plan = await _extend(renderer, state, last, known, messages, keys, budget, tools)
+        if plan is not None:
+            return plan
+    for tip in state.other_tips():
+        matched = tip.tools == tools and answered_as(keys, tip.keys)
+        if not matched:
+            continue
+        # The tip's answer as it was answered (its reasoning), as for the last conversation.
+        messages = [*messages[: len(tip.keys) - 1], tip.messages[-1], *messages[len(tip.keys) :]]
+        keys = [*tip.keys, *keys[len(tip.keys) :]]
+        turn = state.turns[tip.turn]
+        known = len(tip.keys)
+        plan = await _extend(renderer, state, turn, known, messages, keys, budget, tools)
+        if plan is not None:
+            return dataclasses.replace(plan, conversation=Conversation(messages, keys))
+        messages, keys = conversation.messages, conversation.keys
     ids = await _render(keys, tools, renderer.prompt_ids, messages, tools, budget)
     return PromptPlan(array("i", ids), None, None)
+
+
+async def _extend(
+    renderer: ChatRenderer,
+    state: RolloutState,
+    last: Turn,
+    known: int,
+    messages: list[Message],
+    keys: list[MessageKey],
+    budget: int | None,
+    tools: list[dict[str, Any]] | None,
+) -> PromptPlan | None:
+    """The prompt that extends turn ``last``, whose conversation (``known`` messages) ``keys``
+    begins with; None where it cannot be extended (an aborted turn, a history the template
+    renders otherwise)."""
+    if last.finish_reason == "abort":
+        return None
+    base = last.prompt_len + len(last.completion_ids)
+    room = None if budget is None else budget - base
+    keep = state.history == "as_sampled"
+    try:
+        tail = await _render(
+            keys[known:],
+            tools,
+            renderer.continuation_ids,
+            list(last.completion_ids),
+            messages[known:],
+            tools,
+            room,
+            keep,
+        )
+    except TokenBudgetExceeded as exc:
+        raise TokenBudgetExceeded(base + exc.at_least) from None
+    if tail is None:
+        return None
+    # Turns are only appended: the parent's segment through it stays as it is, even if
+    # another call of the rollout records a turn while this one renders or samples.
+    head = segment_turns(state.turns, last)
+    return PromptPlan(array("i", tail), last.segment, last.index, head, base)
+
+
+def answered_as(keys: list[MessageKey], answered: list[MessageKey]) -> bool:
+    """Whether ``keys`` begin with the conversation ``answered`` (a thread's tip): equal, its
+    answers sent back as answered or with their reasoning dropped."""
+    if len(keys) < len(answered):
+        return False
+    return all(same_answer(key, own) for key, own in zip(keys, answered, strict=False))
 
 
 async def _render(

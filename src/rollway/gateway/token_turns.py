@@ -164,7 +164,7 @@ class TokenTurns:
         )
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
         message = _assistant_message(parsed)
-        state.close_turn(turn.conversation, message, turn.tools)
+        state.close_turn(turn.plan.conversation or turn.conversation, message, turn.tools, recorded)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"

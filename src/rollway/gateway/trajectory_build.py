@@ -42,7 +42,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
     a gateway limit, or its last turn cut)."""
     # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
     turns = [turn.as_recorded() for turn in state.turns]
-    last = max((turn.segment for turn in turns), default=None)
+    # The last answered turn's segment: the thread ``state.messages`` is the conversation of.
+    last = turns[-1].segment if turns else None
     tail = [turn for turn in turns if turn.segment == last]
     samples = build_samples(tail) if state.has_token_ids and tail else []
     truncated = truncation_reason(state.turns, state.truncation_reason)
