@@ -35,7 +35,7 @@ async def turn(
 
 def assert_each_thread_one_exact_sample(trajectory: Trajectory, threads: int) -> None:
     assert trajectory.segment_count == threads
-    samples = trajectory.samples
+    samples = trajectory.all_samples  # a thread without tools may be a side call
     assert len(samples) == threads
     chains = list(whole_prompts(trajectory.turns))
     for sample in samples:
@@ -93,3 +93,61 @@ async def test_a_thread_edited_past_its_tip_still_starts_a_segment(renderer: Cha
     trajectory = await gateway.trajectory("edited")
     assert [t.segment for t in trajectory.turns] == [0, 1, 2]
     assert_each_thread_one_exact_sample(trajectory, threads=3)
+
+
+TOOL = {
+    "type": "function",
+    "function": {"name": "bash", "description": "Run a command.", "parameters": {"type": "object"}},
+}
+TITLE = [
+    {"role": "system", "content": "Write a five-word title for the conversation."},
+    {"role": "user", "content": "Fix the bug."},
+]
+
+
+async def harness_with_a_title_call(renderer: ChatRenderer, **registration: Any) -> Trajectory:
+    """A harness's run: its title call first (no tools, its own system prompt), then its main
+    conversation (tools offered) with a subagent (tools offered) between two turns."""
+    gateway = sim_gateway(renderer)
+    gateway.register("harness", {"temperature": 1.0, "seed": 11, **registration})
+    main, sub = [dict(m) for m in MAIN], [dict(m) for m in SUB]
+    await gateway.chat("harness", {"messages": [dict(m) for m in TITLE], "max_tokens": 6})
+    for messages, more in ((main, "go on"), (sub, "report"), (main, "finish")):
+        result = await gateway.chat(
+            "harness", {"messages": messages, "tools": [TOOL], "max_tokens": 6}
+        )
+        messages += [result.message, {"role": "user", "content": more}]
+    return await gateway.trajectory("harness")
+
+
+async def test_a_side_call_is_labelled_and_left_out_of_the_training_samples(
+    renderer: ChatRenderer,
+) -> None:
+    trajectory = await harness_with_a_title_call(renderer)
+    assert [t.segment for t in trajectory.turns] == [0, 1, 2, 1]
+    assert trajectory.side_calls == [0]
+    assert [(s.segment, s.side_call) for s in trajectory.all_samples] == [
+        (0, True),
+        (1, False),
+        (2, False),
+    ]
+    assert [s.segment for s in trajectory.samples] == [1, 2]  # the main thread, the subagent
+    assert trajectory.conversations == 2  # the title call asks about the same first message
+
+
+async def test_side_calls_are_trained_when_the_rollout_asks(renderer: ChatRenderer) -> None:
+    trajectory = await harness_with_a_title_call(renderer, side_calls="train")
+    assert trajectory.side_calls == []
+    assert [s.segment for s in trajectory.samples] == [0, 1, 2]
+
+
+async def test_a_fold_and_a_no_tools_agent_have_no_side_calls(renderer: ChatRenderer) -> None:
+    gateway = sim_gateway(renderer)
+    gateway.register("plain", {"temperature": 1.0, "seed": 13})
+    main = [dict(m) for m in MAIN]
+    await turn(gateway, "plain", main, "more")
+    folded = [dict(MAIN[0]), {"role": "user", "content": "Summary so far: nothing. Go on."}]
+    await turn(gateway, "plain", folded, "more")
+    trajectory = await gateway.trajectory("plain")
+    assert trajectory.segment_count == 2 and trajectory.side_calls == []
+    assert len(trajectory.samples) == 2

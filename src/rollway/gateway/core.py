@@ -133,6 +133,7 @@ class Gateway:
             renderer=renderer,
             metadata=request.metadata,
             max_conversations=request.max_conversations,
+            side_calls=request.side_calls,
             has_token_ids=not isinstance(self.engine, ChatEngine),
             trace_parent=tracing.current_context(),
         )

@@ -164,6 +164,12 @@ class RegisterRequest(SamplingFields):
         "rollout may hold before the gateway warns that separate rollouts share its URL "
         "(default 4: a main thread with subagents and side calls).",
     )
+    side_calls: Literal["label", "train"] = Field(
+        default="label",
+        description="Side calls (a conversation sharing no first message with the rollout's "
+        "main one and offering no tools: a title, a summary): label them and leave their "
+        "samples out of the training view (label), or train on them like any segment (train).",
+    )
     history: Literal["as_sampled", "as_template"] = Field(
         default="as_sampled",
         description="Where the chat template renders earlier answers differently once more "

@@ -139,6 +139,10 @@ class RolloutState:
     #: how many it may hold before the gateway warns (None: the default).
     openings: set[int] = field(default_factory=set)
     max_conversations: int | None = None
+    #: Each segment's first message and whether its first request offered tools
+    #: (``conversations.side_call_segments``), and whether side calls are labelled.
+    segment_openings: dict[int, tuple[MessageKey | None, bool]] = field(default_factory=dict)
+    side_calls: str = "label"
 
     def next_segment(self) -> int:
         self.segment_count += 1

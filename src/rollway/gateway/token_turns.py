@@ -14,6 +14,7 @@ from rollway.engines.base import Engine
 from rollway.engines.whole_text import first_stop
 from rollway.errors import InvalidFieldsError, RequestError, RolloutClosedError
 from rollway.gateway.chat_answer import length_answer
+from rollway.gateway.conversations import note_segment
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
@@ -163,6 +164,7 @@ class TokenTurns:
             state.renderer or self.renderer, result, turn.sampling, turn.use_tools, turn.tools
         )
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials)
+        note_segment(state, recorded, turn.conversation, turn.tools)
         message = _assistant_message(parsed)
         state.close_turn(turn.plan.conversation or turn.conversation, message, turn.tools, recorded)
         if result.finish_reason == "abort":

@@ -4,6 +4,7 @@ needs the last segment's."""
 
 from __future__ import annotations
 
+from rollway.gateway.conversations import side_call_segments
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
 from rollway.samples import Sample, build_samples
@@ -62,6 +63,7 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         engine_errors=list(state.engine_errors),
         segment_count=state.segment_count,
         conversations=max(len(state.openings), 1) if state.turns else 0,
+        side_calls=side_call_segments(state),
         drift=measure_drift(state, samples, renderer) if samples else None,
         has_token_ids=state.has_token_ids,
         metadata=state.metadata,
