@@ -20,6 +20,10 @@ class Sample(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     segment: int
+    side_call: bool = Field(
+        default=False,
+        description="A side call's segment (Turn.side_call): not a training sample unless asked.",
+    )
     prompt_ids: list[int]
     response_ids: list[int]
     loss_mask: list[int] = Field(description="1 on engine-sampled tokens, 0 elsewhere.")
@@ -54,12 +58,14 @@ class Sample(BaseModel):
     )
 
 
-def build_samples(turns: Sequence[Turn]) -> list[Sample]:
+def build_samples(
+    turns: Sequence[Turn], side_calls: set[int] | frozenset[int] = frozenset()
+) -> list[Sample]:
     """One training sample per segment of ``turns``: its first prompt, then completions (mask
     1) and each later turn's new prompt ids, the glue (mask 0). Policy versions follow the
     tokens (-1 on glue), where every turn of the segment has them; so do raw logprobs where
     some turn's logprobs are not raw, and the kept mass, top logprobs and entropy where some
-    turn of the segment has them."""
+    turn of the segment has them. Segments in ``side_calls`` are labelled ``side_call``."""
     samples: dict[int, dict[str, Any]] = {}
     versioned = {t.segment for t in turns if t.policy_versions is not None}
     versioned -= {t.segment for t in turns if t.policy_versions is None}
@@ -73,6 +79,7 @@ def build_samples(turns: Sequence[Turn]) -> list[Sample]:
         if sample is None:
             sample = samples[turn.segment] = {
                 "segment": turn.segment,
+                "side_call": turn.segment in side_calls,
                 "prompt_ids": list(turn.new_prompt_ids),
                 "response_ids": [],
                 "loss_mask": [],

@@ -211,6 +211,18 @@ class Trajectory(WireModel):
     )
     is_cancelled: bool
     segment_count: int
+    side_calls: list[int] = Field(
+        default_factory=list,
+        description="Segments that are side calls (a title, a summary: a conversation that "
+        "offers no tools and shares no first message with the main one, which is the first "
+        "to offer tools); their samples are labelled and left out of samples.",
+    )
+    conversations: int = Field(
+        default=1,
+        description="Conversations its calls held, told apart by their first non-system "
+        "message (a main thread, its subagents and side calls); past the registration's "
+        "max_conversations the gateway warned that separate rollouts may share its URL.",
+    )
     drift: Drift | None
     has_token_ids: bool = True
     metadata: dict[str, Any] = Field(default_factory=dict)
@@ -246,13 +258,19 @@ class Trajectory(WireModel):
 
     @property
     def samples(self) -> list[Sample]:
-        """The training view: one sample per segment (made from the turns on each access;
-        none behind a chat-level engine, which records no ids). Turns whose token data do
-        not line up (``check``) are a ``BadRecordError`` naming the rollout and the turn."""
+        """The training view: one sample per segment, side calls' left out (made from the
+        turns on each access; none behind a chat-level engine, which records no ids). Turns
+        whose token data do not line up (``check``) are a ``BadRecordError`` naming the
+        rollout and the turn."""
+        return [sample for sample in self.all_samples if not sample.side_call]
+
+    @property
+    def all_samples(self) -> list[Sample]:
+        """Every segment's sample, side calls' too (each labelled ``side_call``)."""
         if not self.has_token_ids:
             return []
         self.check()
-        return build_samples(self.turns)
+        return build_samples(self.turns, set(self.side_calls))
 
     def check(self) -> None:
         """Refuse turns a sample cannot be made of: per-token lists not one per completion id

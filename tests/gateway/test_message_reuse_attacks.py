@@ -870,7 +870,9 @@ def test_changing_tools_between_turns_with_reused_messages(
         reply = rollout.reply(body)
         messages = [*messages, reply, {"role": "user", "content": f"Step {step}."}]
     turns = rollout.trajectory()["turns"]
-    assert [t["segment"] for t in turns] == [0, 0, 1, 2, 2, 3]
+    # Back on the first tools, the request extends the first thread's tip (the answers of
+    # the other tools' turns come in its prompt), not a fresh segment.
+    assert [t["segment"] for t in turns] == [0, 0, 1, 2, 2, 0]
     check_turns(renderer, turns, rollout.sent)
     assert "carefully" in renderer.decode(turns[3]["prompt_ids"])
     assert "carefully" not in renderer.decode(turns[5]["prompt_ids"])

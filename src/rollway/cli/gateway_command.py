@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -15,6 +16,7 @@ from rollway.cli.options import (
     key_from_env,
 )
 from rollway.gateway import build_gateway, create_app
+from rollway.gateway.http.rollout_lookup import Sessions
 from rollway.gateway.render.renderers import RENDERERS
 from rollway.gateway.workers.front_app import create_front_app
 from rollway.gateway.workers.worker_pool import WorkerPool
@@ -58,9 +60,21 @@ def serve(
             "cores, slower than one process.",
         ),
     ] = 1,
+    sessions: Annotated[
+        Sessions,
+        typer.Option(
+            envvar="ROLLWAY_SESSIONS",
+            case_sensitive=False,
+            help="What an X-Session-ID header may do on the shared routes (/v1/chat/completions "
+            "... at the root): off; known (name a registered rollout); open (also register one "
+            "per new session with the gateway's defaults). Its key is ROLLWAY_SESSION_KEY, or "
+            "generated and printed.",
+        ),
+    ] = Sessions.OFF,
 ) -> None:
     """Start the gateway; the admin key is ROLLWAY_ADMIN_KEY, or generated and printed."""
     admin_key, generated = key_from_env("ROLLWAY_ADMIN_KEY", "ak")
+    session_key, session_generated = key_from_env("ROLLWAY_SESSION_KEY", "sk")
     limits = ServerLimits(request_timeout, keep_alive, max_connections)
     if workers > 1 and engine.partition(":")[0] == "embedded":
         typer.secho(
@@ -74,8 +88,10 @@ def serve(
         options = {"--engine": engine, "--model": model, "--rollout-ttl": str(rollout_ttl),
                    "--renderer": renderer, "--request-timeout": str(request_timeout),
                    "--keep-alive": str(keep_alive),
-                   "--max-connections": str(max_connections)}  # fmt: skip
+                   "--max-connections": str(max_connections),
+                   "--sessions": sessions.value}  # fmt: skip
         args = [part for name, value in options.items() if value for part in (name, value)]
+        os.environ["ROLLWAY_SESSION_KEY"] = session_key  # the workers check it
         pool = WorkerPool(workers, args, admin_key, host, keep_alive)
         app = create_front_app(pool, admin_key=admin_key, rollout_ttl_s=rollout_ttl or None)
         engine = f"{engine}, {workers} workers"
@@ -83,8 +99,10 @@ def serve(
         gateway = build_gateway(
             engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
         )
-        app = create_app(gateway, admin_key=admin_key)
+        app = create_app(gateway, admin_key=admin_key, sessions=sessions, session_key=session_key)
     typer.echo(f"rollway gateway on http://{host}:{port} (engine: {engine})")
     if generated:
         typer.echo(f"admin key: {admin_key}")
+    if sessions is not Sessions.OFF and session_generated:
+        typer.echo(f"session key: {session_key}")
     run_server(app, limits, host=host, port=port)

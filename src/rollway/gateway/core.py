@@ -25,6 +25,7 @@ from rollway.errors import (
 from rollway.events import EventBus, RolloutStuck, TurnFinished, TurnStarted
 from rollway.gateway.chat_answer import Registration, length_answer
 from rollway.gateway.chat_turns import ChatTurns
+from rollway.gateway.conversations import note_conversation
 from rollway.gateway.engine_calls import EngineCalls
 from rollway.gateway.experiment_leases import ExperimentLeases
 from rollway.gateway.metrics import GatewayMetrics
@@ -91,6 +92,9 @@ class Gateway:
         #: Renderers by name, made on a rollout's first asking (registration's ``renderer``).
         self._renderers: dict[str, ChatRenderer] = {renderer.name: renderer}
         self._rollouts: dict[str, RolloutState] = {}
+        #: Each open rollout's key -> its id: a call on the gateway's shared routes (one base
+        #: URL for every rollout) finds its rollout by the key it carries.
+        self._by_key: dict[str, str] = {}
         self._decoy_key = _new_key()
         #: Which client holds each experiment here (clients sharing this gateway).
         self.leases = ExperimentLeases()
@@ -128,10 +132,13 @@ class Gateway:
             history=request.history,
             renderer=renderer,
             metadata=request.metadata,
+            max_conversations=request.max_conversations,
+            side_calls=request.side_calls,
             has_token_ids=not isinstance(self.engine, ChatEngine),
             trace_parent=tracing.current_context(),
         )
         self._rollouts[rollout_id] = state
+        self._by_key[state.api_key] = rollout_id
         self.metrics.rollouts_active.inc()
         return Registration(rollout_id, state.api_key)
 
@@ -150,6 +157,14 @@ class Gateway:
         expected = state.api_key if state is not None else self._decoy_key
         if not keys_match(api_key, expected) or state is None:
             raise AuthError(f"wrong or missing key for rollout {rollout_id!r}")
+
+    def rollout_of_key(self, api_key: str | None) -> str | None:
+        """The open rollout whose key is ``api_key`` (None: no such rollout). The key is a
+        random secret of 32 characters, so finding it by hashing tells a caller nothing."""
+        return self._by_key.get(api_key) if api_key else None
+
+    def is_open(self, rollout_id: str) -> bool:
+        return rollout_id in self._rollouts
 
     async def chat(
         self, rollout_id: str, request: ChatCompletionRequest | dict[str, Any]
@@ -201,6 +216,7 @@ class Gateway:
         ):
             if isinstance(self._turns, TokenTurns) and not self._past_max_turns(state):
                 conversation = read_conversation(state, request)
+                note_conversation(state, conversation)
                 pieces = self._turns.stream(state, request, conversation, request.tool_dicts())
                 async with contextlib.aclosing(pieces):
                     async for piece in pieces:
@@ -256,6 +272,7 @@ class Gateway:
     async def _chat(self, state: RolloutState, request: ChatCompletionRequest) -> list[ChatResult]:
         """The request's choices (one unless it asks ``n``), its recorded fields noted."""
         conversation = read_conversation(state, request)
+        note_conversation(state, conversation)
         if self._past_max_turns(state):
             if state.mark_truncated("max_turns"):
                 self.metrics.truncated(state.rollout_id, "max_turns")
@@ -326,7 +343,7 @@ class Gateway:
 
     async def unregister(self, rollout_id: str) -> None:
         await self.cancel(rollout_id)
-        del self._rollouts[rollout_id]
+        self._drop(rollout_id)
         self.metrics.rollouts_active.dec()
 
     def expire_idle(self) -> list[str]:
@@ -343,7 +360,7 @@ class Gateway:
             and now - state.last_active > self.rollout_ttl_s
         ]
         for rollout_id in expired:
-            self._rollouts.pop(rollout_id).cancelled = True
+            self._drop(rollout_id).cancelled = True
             self.metrics.rollouts_active.dec()
             self.metrics.rollouts_expired.inc()
             log.info("rollout expired", extra={"rollout_id": rollout_id, "stage": "expire"})
@@ -382,6 +399,11 @@ class Gateway:
         while True:
             await asyncio.sleep(interval)
             self.expire_idle()
+
+    def _drop(self, rollout_id: str) -> RolloutState:
+        state = self._rollouts.pop(rollout_id)
+        self._by_key.pop(state.api_key, None)
+        return state
 
     def _get(self, rollout_id: str) -> RolloutState:
         state = self._rollouts.get(rollout_id)

@@ -197,6 +197,19 @@ class RegisterRequest(SamplingFields):
     max_turns: int | None = Field(default=None, ge=1)
     max_seq_len: int | None = Field(default=None, ge=2, le=MAX_SEQ_LEN)
     metadata: dict[str, Any] = Field(default_factory=dict)
+    max_conversations: int | None = Field(
+        default=None,
+        ge=1,
+        description="Conversations (told apart by their first non-system message) the "
+        "rollout may hold before the gateway warns that separate rollouts share its URL "
+        "(default 4: a main thread with subagents and side calls).",
+    )
+    side_calls: Literal["label", "train"] = Field(
+        default="label",
+        description="Side calls (a conversation sharing no first message with the rollout's "
+        "main one and offering no tools: a title, a summary): label them and leave their "
+        "samples out of the training view (label), or train on them like any segment (train).",
+    )
     history: Literal["as_sampled", "as_template"] = Field(
         default="as_sampled",
         description="Where the chat template renders earlier answers differently once more "

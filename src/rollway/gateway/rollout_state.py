@@ -65,6 +65,24 @@ class Conversation:
     sent: list[Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadTip:
+    """Where one conversation thread of a rollout stands: its last turn (the tip of its
+    segment) and the conversation that turn closed. A request that extends any thread's tip
+    extends its segment, so a subagent or side call running between two turns of the main
+    conversation leaves it one sample."""
+
+    turn: int
+    messages: list[Message]
+    keys: list[MessageKey]
+    tools: list[dict[str, Any]] | None
+
+
+#: Threads a rollout keeps tips of (the most recently answered): a main conversation, its
+#: subagents and side calls.
+KEPT_THREADS = 8
+
+
 @dataclass(eq=False)
 class RolloutState:
     rollout_id: str
@@ -90,6 +108,8 @@ class RolloutState:
     #: checked only past them.
     sent_messages: list[Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    #: Each thread's tip by segment, the most recently answered last (at most KEPT_THREADS).
+    tips: dict[int, ThreadTip] = field(default_factory=dict)
     turns_started: int = 0
     segment_count: int = 0
     #: Engine requests running now, with when each was sent (``time.monotonic``).
@@ -115,6 +135,14 @@ class RolloutState:
     trace_parent: Any = None
     #: Hash states of recent turns' sequences: a prompt that extends one hashes its tail only.
     sequence_hashes: SequenceHashes = field(default_factory=SequenceHashes)
+    #: The conversations its calls held, by their openings' hashes (``conversations``), and
+    #: how many it may hold before the gateway warns (None: the default).
+    openings: set[int] = field(default_factory=set)
+    max_conversations: int | None = None
+    #: Each segment's first message and whether its first request offered tools
+    #: (``conversations.side_call_segments``), and whether side calls are labelled.
+    segment_openings: dict[int, tuple[MessageKey | None, bool]] = field(default_factory=dict)
+    side_calls: str = "label"
     #: Fields of the requests that changed nothing sampled, by the turns they made.
     request_fields: list[TurnFields] = field(default_factory=list)
     #: The 4xx answers its agent got: how many, and the first.
@@ -148,13 +176,28 @@ class RolloutState:
         return f"{self.rollout_id}-{self.turns_started}"
 
     def close_turn(
-        self, conversation: Conversation, reply: Message, tools: list[dict[str, Any]] | None
+        self,
+        conversation: Conversation,
+        reply: Message,
+        tools: list[dict[str, Any]] | None,
+        turn: Turn | None = None,
     ) -> None:
-        """The conversation now ends with ``reply``: the next request should extend it."""
+        """The conversation now ends with ``reply``: the next request should extend it (or
+        another thread's tip). ``turn`` is the turn that answered it, the tip of its thread."""
         self.messages = [*conversation.messages, reply]
         self.message_keys = [*conversation.keys, message_key(reply)]
         self.sent_messages = conversation.sent
         self.tools = tools
+        if turn is not None:
+            self.tips.pop(turn.segment, None)
+            self.tips[turn.segment] = ThreadTip(turn.index, self.messages, self.message_keys, tools)
+            if len(self.tips) > KEPT_THREADS:
+                del self.tips[next(iter(self.tips))]
+
+    def other_tips(self) -> list[ThreadTip]:
+        """The tips of threads other than the last answered one, most recent first."""
+        last = self.turns[-1].index if self.turns else None
+        return [tip for tip in reversed(self.tips.values()) if tip.turn != last]
 
     def sampling_for(self, asked: dict[str, Any]) -> SamplingParams:
         """Registered sampling params win; the request fills only what registration left

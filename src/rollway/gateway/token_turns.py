@@ -16,6 +16,7 @@ from rollway.engines.base import Engine
 from rollway.engines.whole_text import first_stop
 from rollway.errors import InvalidFieldsError, RequestError, RolloutClosedError
 from rollway.gateway.chat_answer import length_answer
+from rollway.gateway.conversations import note_segment
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
 from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
@@ -233,12 +234,16 @@ class TokenTurns:
             # conversation holds the message whole, as the caller will send it back.
             parsed = dataclasses.replace(parsed, content=parsed.content[len(prefill.text) :])
         recorded = self._record(state, plan, turn.sampling, sampled, parsed, specials, branch)
+        note_segment(state, recorded, turn.conversation, turn.tools)
         message = _assistant_message(parsed)
-        conversation = turn.conversation
-        if prefill is not None:
-            conversation = Conversation(conversation.messages[:-1], conversation.keys[:-1])
+        # The conversation as the thread it extends answered it (less a prefill), else as sent.
+        conversation = plan.conversation
+        if conversation is None:
+            conversation = turn.conversation
+            if prefill is not None:
+                conversation = Conversation(conversation.messages[:-1], conversation.keys[:-1])
         if not branch:
-            state.close_turn(conversation, _assistant_message(whole), turn.tools)
+            state.close_turn(conversation, _assistant_message(whole), turn.tools, recorded)
         if result.finish_reason == "abort":
             raise RolloutClosedError(
                 f"rollout {state.rollout_id!r} was cancelled during generation"

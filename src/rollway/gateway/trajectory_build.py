@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from rollway.gateway.conversations import side_call_segments
 from rollway.gateway.render.chat_template import ChatRenderer
 from rollway.gateway.rollout_state import RolloutState
 from rollway.samples import Sample, build_samples
@@ -61,7 +62,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
     a gateway limit, or its last turn cut)."""
     # Drift needs the last segment's sample only; the trajectory makes every sample on demand.
     turns = [turn.as_recorded() for turn in state.turns]
-    # The last turn's segment: a branch (another of ``n`` choices) may have a later number.
+    # The last turn's segment, the last answered thread's (``state.messages`` is its
+    # conversation); a branch (another of ``n`` choices) may have a later number.
     last = turns[-1].segment if turns else None
     tail = [turn for turn in turns if turn.segment == last]
     samples = build_samples(tail) if state.has_token_ids and tail else []
@@ -80,6 +82,8 @@ def build_trajectory(state: RolloutState, renderer: ChatRenderer) -> Trajectory:
         is_cancelled=state.cut_by_cancel,
         engine_errors=list(state.engine_errors),
         segment_count=state.segment_count,
+        conversations=max(len(state.openings), 1) if state.turns else 0,
+        side_calls=side_call_segments(state),
         drift=measure_drift(state, samples, renderer) if samples else None,
         has_token_ids=state.has_token_ids,
         metadata=state.metadata,

@@ -102,7 +102,7 @@ PAGE_TOKENS = 4096
 def sample_views(trajectory: Trajectory, limit: int = PAGE_TOKENS) -> list[dict[str, Any]]:
     """Per sample (segment): its first page of tokens (``token_page``), its whole length, and
     its turns' spans in the stream and where drift starts (for pages the browser asks for)."""
-    samples = trajectory.samples
+    samples = trajectory.all_samples
     views = [_page(trajectory, sample, 0, limit) for sample in samples]
     drift = trajectory.drift
     if views and drift is not None and drift.first_mismatch is not None:
@@ -118,7 +118,7 @@ def token_page(
 ) -> dict[str, Any] | None:
     """Tokens ``offset`` to ``offset + limit`` of a segment's stream (None: no such segment),
     as ``sample_views`` lays out the first page."""
-    views = {sample.segment: sample for sample in trajectory.samples}
+    views = {sample.segment: sample for sample in trajectory.all_samples}
     sample = views.get(segment)
     if sample is None:
         return None

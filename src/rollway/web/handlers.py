@@ -116,6 +116,14 @@ def bearer(request: Request) -> str | None:
     return request.headers.get("x-api-key") or None
 
 
+#: The header that names a call's session (a rollout id) on a gateway's shared routes.
+SESSION_HEADER = "x-session-id"
+
+
+def session_id(request: Request) -> str | None:
+    return request.headers.get(SESSION_HEADER)
+
+
 def require_key(request: Request, key: str, refusal: str) -> None:
     """An ``AuthError`` saying ``refusal`` unless the request carries ``key`` (``bearer``)."""
     if not keys_match(bearer(request), key):

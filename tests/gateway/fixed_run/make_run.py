@@ -1,6 +1,7 @@
 """A fixed, seeded run through an in-process gateway over the sim engine, as bytes: each
 rollout's trajectory JSON and its exported sample rows. The file beside it (``run.jsonl``) is
-these bytes as commit fa584dd made them (before ids were held once, in the turns):
+these bytes as commit fa584dd made them (before ids were held once, in the turns), made again
+when requests could extend any thread's tip (test_records_unchanged.py says what changed):
 ``PYTHONPATH=src python tests/gateway/fixed_run/make_run.py tests/gateway/fixed_run/run.jsonl``.
 A change to how the gateway holds ids in flight must leave them byte for byte as they were."""
 
@@ -61,7 +62,7 @@ async def branched(gateway: Gateway, rollout: str) -> None:
     reply = (await gateway.chat(rollout, {"messages": first})).message
     branches = [[*first, reply, {"role": "user", "content": f"Branch {i}."}] for i in (1, 2)]
     answers = await asyncio.gather(*[gateway.chat(rollout, {"messages": b}) for b in branches])
-    # The branch answered last goes on first (it extends its segment), the other afresh.
+    # The branch answered last goes on first, the other second: each extends its own tip.
     for branch, answer in reversed(list(zip(branches, answers, strict=True))):
         branch += [answer.message, {"role": "user", "content": "More."}]
         reply = (await gateway.chat(rollout, {"messages": branch})).message

@@ -31,12 +31,13 @@ from rollway.gateway.http.messages_request import CountTokensRequest, MessagesRe
 from rollway.gateway.http.responses_api import ResponsesRequest, response_body
 from rollway.gateway.http.responses_stream import error_event as responses_error_event
 from rollway.gateway.http.responses_stream import sse_events as responses_sse
+from rollway.gateway.http.rollout_lookup import authorized_rollout
 from rollway.gateway.http.sse_response import EventStream, first_awaited
 from rollway.gateway.render.turn_stream import TurnPiece
 from rollway.gateway.request_messages import ChatCompletionAsSent
 from rollway.generation import ChatResult
 from rollway.validation import parse_model
-from rollway.web.handlers import Handler, JSONResponse, bearer, error_body
+from rollway.web.handlers import Handler, JSONResponse, error_body
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,9 @@ def refusals_noted(handler: Handler) -> Handler:
             return await handler(request)
         except RollwayError as exc:
             status = http_status_for(exc)
-            rollout_id = request.path_params["rollout_id"]
+            # A shared route's call names its rollout only once its key or session is known.
+            rollout_id = request.scope.get("rollway.rollout_id")
+            rollout_id = rollout_id or request.path_params.get("rollout_id", "(shared route)")
             if 400 <= status < 500 and request.scope.get("rollway.authorized"):
                 gateway_of(request).note_refusal(rollout_id, status, error_body(exc))
             elif 400 <= status < 500:  # not shown to be the rollout's agent: not counted
@@ -68,8 +71,10 @@ def refusals_noted(handler: Handler) -> Handler:
 
 
 def _authorized(request: Request) -> tuple[str, Gateway]:
-    rollout_id, gateway = request.path_params["rollout_id"], gateway_of(request)
-    gateway.authorize(rollout_id, bearer(request))
+    """The call's rollout, its key checked (``rollout_lookup``): from here on a refusal is
+    counted on that rollout's record."""
+    rollout_id, gateway = authorized_rollout(request)
+    request.scope["rollway.rollout_id"] = rollout_id
     request.scope["rollway.authorized"] = True
     return rollout_id, gateway
 

@@ -26,6 +26,7 @@ from rollway.gateway.http.app_state import gateway_of, require_admin
 from rollway.gateway.http.lease_routes import LEASE_ENDPOINTS
 from rollway.gateway.http.messages_request import CountTokensRequest, MessagesRequest
 from rollway.gateway.http.responses_api import ResponsesRequest
+from rollway.gateway.http.rollout_lookup import Sessions
 from rollway.gateway.metrics import PROMETHEUS_TEXT
 from rollway.gateway.request_schema import (
     ChatCompletionRequest,
@@ -79,6 +80,66 @@ _PREFIX = "/v1/rollouts/{rollout_id}"
 # Admin routes document the id rule; rollout routes answer 401 to any id without its key.
 _IDS = {"rollout_id": SafeId}
 _CHAT_ERRORS = (400, 404, 409, 413, 422, 502, 503)
+_SESSION = Param(
+    "X-Session-ID", "header", str, "The session (rollout id) a shared-route call belongs to"
+)
+
+#: One base URL for every rollout: each call finds its rollout by its key or session
+#: (``rollout_lookup``), never by the URL alone.
+SHARED_ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint(
+        "POST",
+        "/v1/chat/completions",
+        chat_routes.chat_completions,
+        "OpenAI chat completions on the shared route (the rollout found by its key or session)",
+        ChatCompletionRequest,
+        auth="rolloutKey",
+        errors=_CHAT_ERRORS,
+        streams=True,
+        params=(_SESSION,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/messages",
+        chat_routes.messages,
+        "Anthropic Messages on the shared route (the rollout found by its key or session)",
+        MessagesRequest,
+        auth="rolloutKey",
+        errors=_CHAT_ERRORS,
+        streams=True,
+        params=(_SESSION,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/responses",
+        chat_routes.responses,
+        "OpenAI Responses on the shared route (the rollout found by its key or session)",
+        ResponsesRequest,
+        auth="rolloutKey",
+        errors=_CHAT_ERRORS,
+        streams=True,
+        params=(_SESSION,),
+    ),
+    Endpoint(
+        "GET",
+        "/v1/models",
+        rollout_routes.models,
+        "Model list on the shared route",
+        auth="rolloutKey",
+        params=(_SESSION,),
+    ),
+    Endpoint(
+        "POST",
+        "/v1/messages/count_tokens",
+        chat_routes.count_tokens,
+        "Anthropic Messages count_tokens on the shared route",
+        CountTokensRequest,
+        auth="rolloutKey",
+        errors=(400, 401, 404, 413, 422),
+        params=(_SESSION,),
+    ),
+)
+
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint(
@@ -151,6 +212,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", f"{_PREFIX}/models", rollout_routes.models, "Model list", auth="rolloutKey"),
     # The anthropic SDK's path; the body carries both APIs' fields.
     Endpoint("GET", f"{_PREFIX}/v1/models", rollout_routes.models, "Model list", auth="rolloutKey"),
+    *SHARED_ENDPOINTS,
     Endpoint(
         "GET",
         f"{_PREFIX}/trajectory",
@@ -250,9 +312,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     close_engine: bool = True,
     extra_routes: Sequence[BaseRoute] = (),
+    sessions: Sessions = Sessions.OFF,
+    session_key: str | None = None,
 ) -> Starlette:
     """The HTTP app over ``gateway``; with ``close_engine`` the engine closes at shutdown.
-    ``extra_routes`` ride on the same server (the client's callback route).
+    ``extra_routes`` ride on the same server (the client's callback route). ``sessions``
+    says what an ``X-Session-ID`` header may do on the shared routes (``rollout_lookup``),
+    with ``session_key`` (or the admin key) as its key.
     ``app.state`` holds what the handlers reach (``app_state``): ``gateway`` is the core."""
     routes = routes_and_document(
         ENDPOINTS,
@@ -264,7 +330,10 @@ def create_app(
         },
     )
     # Codex's WebSocket attempt on /responses, answered so that it falls back at once.
-    websockets = [WebSocketRoute(f"{_PREFIX}/responses", chat_routes.responses_websocket)]
+    websockets = [
+        WebSocketRoute(path, chat_routes.responses_websocket)
+        for path in (f"{_PREFIX}/responses", "/v1/responses")
+    ]
     app = Starlette(
         routes=[*routes, *websockets, *extra_routes],
         lifespan=lifespan,
@@ -275,4 +344,6 @@ def create_app(
     app.state.admin_key = admin_key
     app.state.max_body_bytes = max_body_bytes
     app.state.close_engine = close_engine
+    app.state.sessions = sessions
+    app.state.session_key = session_key or admin_key
     return app

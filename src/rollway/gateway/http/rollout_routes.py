@@ -10,11 +10,12 @@ from starlette.responses import Response
 
 from rollway import json_text
 from rollway.gateway.http.app_state import gateway_of, query_flag, read_body, require_admin
+from rollway.gateway.http.rollout_lookup import authorized_rollout
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.trajectory import Trajectory
 from rollway.trajectory_format import whole_prompts as whole_prompts_of
 from rollway.validation import parse_model
-from rollway.web.handlers import JSONResponse, bearer
+from rollway.web.handlers import JSONResponse
 
 
 async def register(request: Request) -> Response:
@@ -31,8 +32,7 @@ async def register(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    gateway = gateway_of(request)
-    gateway.authorize(request.path_params["rollout_id"], bearer(request))
+    _, gateway = authorized_rollout(request)
     name = gateway.model_name
     # OpenAI's fields and Anthropic's (type, display_name, created_at, the page's ids).
     model = {

@@ -16,6 +16,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import orjson
 from starlette.applications import Starlette
@@ -31,23 +32,44 @@ from rollway.gateway.workers.fan_out import WorkerWeights, merge_metrics
 from rollway.gateway.workers.proxy import call_json, error_response, forward, read_capped
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 from rollway.validation import parse_model
-from rollway.web.handlers import JSONResponse, guarded, read_json, require_key
+from rollway.web.handlers import (
+    JSONResponse,
+    bearer,
+    guarded,
+    read_json,
+    require_key,
+    session_id,
+)
 
 #: How long a request for a worker being started again waits for it (then a 503).
 STARTING_WAIT_S = 30.0
 _ALL_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_SHARED_PATHS = (
+    "/v1/chat/completions",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/models",
+)
 
 
 class HeldRollouts:
-    """Rollout id -> (incarnation of its worker at registration, last use). Entries go at
-    unregister, or after ``ttl_s`` unused (the worker drops the rollout then too)."""
+    """Rollout id -> (incarnation of its worker at registration, last use), and each one's key
+    (a shared-route call finds its rollout by it). Entries go at unregister, or after
+    ``ttl_s`` unused (the worker drops the rollout then too)."""
 
     def __init__(self, ttl_s: float | None) -> None:
         self.ttl_s = ttl_s
         self._held: dict[str, tuple[int, float]] = {}
+        self._by_key: dict[str, str] = {}
+        self._keys: dict[str, str] = {}
 
-    def registered(self, rollout_id: str, incarnation: int) -> None:
+    def registered(self, rollout_id: str, incarnation: int, api_key: str) -> None:
         self._held[rollout_id] = (incarnation, time.monotonic())
+        self._by_key[api_key], self._keys[rollout_id] = rollout_id, api_key
+
+    def rollout_of_key(self, api_key: str | None) -> str | None:
+        return self._by_key.get(api_key) if api_key else None
 
     def lost_by(self, rollout_id: str, worker: Worker) -> bool:
         """Whether the rollout was registered on an earlier life of ``worker``."""
@@ -59,6 +81,7 @@ class HeldRollouts:
 
     def drop(self, rollout_id: str) -> None:
         self._held.pop(rollout_id, None)
+        self._by_key.pop(self._keys.pop(rollout_id, ""), None)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -70,7 +93,7 @@ class HeldRollouts:
             await asyncio.sleep(min(max(self.ttl_s / 4, 0.01), 30.0))
             oldest = time.monotonic() - self.ttl_s
             for rollout_id in [r for r, (_, used) in self._held.items() if used < oldest]:
-                del self._held[rollout_id]
+                self.drop(rollout_id)
 
 
 def _front(request: Request) -> tuple[WorkerPool, HeldRollouts, WorkerWeights]:
@@ -94,17 +117,17 @@ async def rollout_call(request: Request) -> Response:
     incarnation = worker.incarnation  # the life it is sent to, should it end meanwhile
     answer = await forward(worker, request, body)
     if action == "register" and answer.status_code == 200:
-        held.registered(rollout_id, incarnation)
-        return _straight_to(worker, request, answer)
+        registration = orjson.loads(answer.body)
+        held.registered(rollout_id, incarnation, registration["api_key"])
+        return _straight_to(worker, request, registration)
     elif action == "unregister" and answer.status_code in (200, 404):
         held.drop(rollout_id)
     return answer
 
 
-def _straight_to(worker: Worker, request: Request, answer: Response) -> Response:
+def _straight_to(worker: Worker, request: Request, registration: dict[str, Any]) -> Response:
     """The registration's answer, its base URL the worker's own port on the host the caller
     reached the front by: the rollout's turns go straight there, not through the front."""
-    registration = orjson.loads(answer.body)
     host = request.url.hostname or "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     rollout_id = registration["rollout_id"]
@@ -128,6 +151,18 @@ async def _started(worker: Worker) -> bool:
         async with asyncio.timeout(STARTING_WAIT_S):
             await worker.ready.wait()
     return worker.up
+
+
+async def shared_call(request: Request) -> Response:
+    """A call on the shared routes goes to the worker of the rollout its key (or its
+    ``X-Session-ID``) names; one that names none is refused there, as one gateway does."""
+    pool, held, _ = _front(request)
+    rollout_id = held.rollout_of_key(bearer(request)) or session_id(request)
+    worker = pool.route(rollout_id) if rollout_id else pool.workers[0]
+    body = await read_capped(request)
+    if not await _started(worker):
+        return error_response(InfrastructureError(f"gateway worker {worker.index} is starting"))
+    return await forward(worker, request, body)
 
 
 async def keyed_call(request: Request) -> Response:
@@ -234,6 +269,7 @@ def create_front_app(pool: WorkerPool, *, admin_key: str, rollout_ttl_s: float |
         Route("/admin/resume", guarded(resume), methods=["POST"]),
         Route("/v1/rollouts/{rollout_id}/{rest:path}", guarded(rollout_call), methods=_ALL_METHODS),
         Route("/v1/experiments/{exp_id}/{rest:path}", guarded(keyed_call), methods=_ALL_METHODS),
+        *(Route(path, guarded(shared_call), methods=["GET", "POST"]) for path in _SHARED_PATHS),
         Route("/{path:path}", guarded(first_worker), methods=_ALL_METHODS),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
