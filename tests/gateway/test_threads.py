@@ -11,8 +11,9 @@ from typing import Any
 
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
+from rollway.gateway.rollout_state import SequenceHashes
 from rollway.trajectory import Trajectory
-from rollway.trajectory_format import whole_prompts
+from rollway.trajectory_format import check_prompt_hashes, whole_prompts
 from tests.conftest import sim_gateway
 
 MAIN = [
@@ -151,3 +152,21 @@ async def test_a_fold_and_a_no_tools_agent_have_no_side_calls(renderer: ChatRend
     trajectory = await gateway.trajectory("plain")
     assert trajectory.segment_count == 2 and trajectory.side_calls == []
     assert len(trajectory.samples) == 2
+
+
+async def test_a_thread_taken_up_after_many_other_turns_hashes_its_prompt_right(
+    renderer: ChatRenderer,
+) -> None:
+    """Past the turns whose hash states the rollout keeps (``SequenceHashes.KEPT``), a thread's
+    next prompt is hashed from its head's ids: the record's hash chain holds."""
+    gateway = sim_gateway(renderer)
+    gateway.register("long-gap", {"temperature": 1.0, "seed": 17})
+    main, sub = [dict(m) for m in MAIN], [dict(m) for m in SUB]
+    await turn(gateway, "long-gap", main, "wait for the subagent")
+    for n in range(SequenceHashes.KEPT + 2):
+        await turn(gateway, "long-gap", sub, f"search step {n}")
+    await turn(gateway, "long-gap", main, "go on")
+    trajectory = await gateway.trajectory("long-gap")
+    assert [t.segment for t in trajectory.turns] == [0] + [1] * (SequenceHashes.KEPT + 2) + [0]
+    assert check_prompt_hashes(trajectory.turns) == []
+    assert_each_thread_one_exact_sample(trajectory, threads=2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 from array import array
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from rollway.gateway.chat_answer import length_answer
 from rollway.gateway.conversations import note_segment
 from rollway.gateway.engine_calls import EngineCalls, Sampled
 from rollway.gateway.metrics import GatewayMetrics
-from rollway.gateway.prompt_plan import PromptPlan, plan_prompt
+from rollway.gateway.prompt_plan import PromptPlan, joined_ids, plan_prompt
 from rollway.gateway.render.base import Renderer
 from rollway.gateway.render.chat_template import ChatRenderer, TokenBudgetExceeded
 from rollway.gateway.render.tool_calls import ParsedToolCalls
@@ -336,7 +337,9 @@ class TokenTurns:
             segment, extends = state.next_segment(), False
         result = sampled.result
         hashes = state.sequence_hashes
-        digest, hashed = hashes.prompt_hash(plan.parent, plan.start, plan.tail, plan.ids)
+        # The head alone, where the parent's hash state is no longer kept (an older thread's).
+        head = functools.partial(joined_ids, plan.head)
+        digest, hashed = hashes.prompt_hash(plan.parent, plan.start, plan.tail, head)
         # Each id is held once, by the turn that added it: a turn that starts a segment keeps
         # its whole prompt (its head, if it had one, stays with the turns that hold it).
         new_prompt = plan.tail if extends or not plan.head else plan.ids()
