@@ -139,7 +139,8 @@ def test_the_stored_answer_scores_one_and_a_wrong_answer_less(
     renderer: ChatRenderer, tmp_path: Any
 ) -> None:
     rows = reasoning_gym_tasks(LEGS)
-    replies = [f"Counting.\n<answer>{rows[0]['answer']}</answer>", rows[1]["answer"], "12345"]
+    rambling = "I think the legs add up to " * 10 + "12345"  # untagged: all of it is the answer
+    replies = [f"Counting.\n<answer>{rows[0]['answer']}</answer>", rows[1]["answer"], rambling]
     right, bare, wrong = _run(renderer, tmp_path, LEGS, replies)
     for record in (right, bare):
         assert (record.status, record.reward) == ("completed", 1.0), record.reason
@@ -149,6 +150,7 @@ def test_the_stored_answer_scores_one_and_a_wrong_answer_less(
         "source": "task_scorer",
     }
     assert wrong.status == "completed" and wrong.reward is not None and wrong.reward < 1.0
+    assert wrong.reward_info["given_answer"] == rambling[:200] + "..."  # shown, not all kept
     assert right.trajectory is not None and right.trajectory.messages[:2] == rows[0]["messages"]
 
 

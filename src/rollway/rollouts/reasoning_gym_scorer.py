@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 #: What a row's ``scorer`` names (``rollouts.task_scorers``).
 KIND = "reasoning_gym"
+#: How much of the answer ``reward_info`` shows (an untagged answer is the whole reply, which
+#: the trajectory already holds).
+SHOWN_CHARS = 200
 EXTRA_HINT = "reasoning-gym is not installed: pip install 'rollway[reasoning-gym]'"
 
 
@@ -78,4 +81,5 @@ def score_reasoning_gym(task: dict[str, Any], trajectory: Trajectory) -> dict[st
     answer = final_answer(trajectory)
     scored = dataset.score_answer(answer, entry)
     source = metadata.get("source_dataset", name)
-    return {"reward": float(scored), "scorer": f"{KIND}:{source}", "given_answer": answer}
+    shown = answer if answer is None or len(answer) <= SHOWN_CHARS else f"{answer[:SHOWN_CHARS]}..."
+    return {"reward": float(scored), "scorer": f"{KIND}:{source}", "given_answer": shown}
