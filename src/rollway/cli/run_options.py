@@ -110,7 +110,9 @@ ConcurrencyOption = Annotated[int, typer.Option(min=1, help="Rollouts at once.")
 OutOption = Annotated[
     str, typer.Option(envvar="ROLLWAY_OUT", help="Results root: a folder or s3://bucket/prefix.")
 ]
-ExpIdOption = Annotated[str | None, typer.Option(help="Default: agent name + task file.")]
+ExpIdOption = Annotated[
+    str | None, typer.Option(help="Default: agent name + task file (or dataset) name.")
+]
 RewardOption = Annotated[
     str | None,
     typer.Option(
