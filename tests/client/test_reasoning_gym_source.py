@@ -11,7 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from rollway.agents.question import QuestionAgent
+from rollway.agents import RolloutContext
+from rollway.agents.question import QuestionAgent, task_messages
 from rollway.client import RolloutClient
 from rollway.client.reasoning_gym_source import reasoning_gym_tasks
 from rollway.client.task_sources import read_tasks, tasks_name
@@ -19,7 +20,7 @@ from rollway.engines.scripted import ScriptedEngine
 from rollway.errors import ConfigError
 from rollway.gateway import Gateway
 from rollway.gateway.render.chat_template import ChatRenderer
-from rollway.results import RolloutRecord
+from rollway.results import AgentResult, RolloutRecord
 
 LEGS = "reasoning-gym:leg_counting?size=3&seed=7"
 MIXED = "reasoning-gym:composite?datasets=leg_counting,basic_arithmetic&size=8&seed=2"
@@ -194,3 +195,36 @@ def test_the_step_source_takes_the_spec(renderer: ChatRenderer, tmp_path: Any) -
     records = [r for group in batch.groups for r in group]
     assert sorted(r.reward for r in records) == [1.0, 1.0]
     assert {r.task["task_id"] for r in records} == {r["task_id"] for r in rows}
+
+
+class _OwnRewardAgent(QuestionAgent):
+    """An agent of one's own on the rows (it reads ``question``) that sets a reward itself."""
+
+    name = "own-reward"
+
+    async def run(self, ctx: RolloutContext) -> AgentResult:
+        messages = [{"role": "user", "content": ctx.task["question"]}]
+        answer = await ctx.chat(messages)
+        return ctx.complete([*messages, answer.message], reward=0.5)
+
+
+def test_an_agent_given_is_scored_by_the_task_its_own_reward_kept_beside(
+    renderer: ChatRenderer, tmp_path: Any
+) -> None:
+    rows = reasoning_gym_tasks(LEGS)[:1]
+    engine = ScriptedEngine([rows[0]["answer"]], renderer.tokenizer)
+    gateway = Gateway(engine, renderer, model_name="smol")
+    with RolloutClient(_OwnRewardAgent(), gateway, store=str(tmp_path)) as client:
+        (item,) = client.run_batch(rows)
+    assert item.result.reward == 1.0
+    assert item.result.reward_info["agent_reward"] == 0.5
+    assert item.result.reward_info["source"] == "task_scorer"
+
+
+def test_the_question_agent_asks_messages_else_prompt_else_question() -> None:
+    messages = [{"role": "user", "content": "m"}]
+    assert task_messages({"messages": messages, "prompt": "p"}) == messages
+    assert task_messages({"prompt": "p", "question": "q"}) == [{"role": "user", "content": "p"}]
+    assert task_messages({"prompt": messages}) == messages
+    assert task_messages({"question": "q"}) == [{"role": "user", "content": "q"}]
+    assert task_messages({"answer": 4}) is None
