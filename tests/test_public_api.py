@@ -45,7 +45,8 @@ ROOT_NAMES = {
     "UnknownRolloutError", "UnsupportedMediaTypeError",
     # agents
     "AgentLoop", "ContextFolding", "DropToolOutputs", "KeepLastTurns", "PollPolicy",
-    "ProgramAgent", "RolloutContext", "SummarizeOlder", "Tool", "execute_tool_calls", "tool",
+    "ProgramAgent", "QuestionAgent", "RolloutContext", "SummarizeOlder", "Tool",
+    "execute_tool_calls", "tool",
     # client, executors, settings, rewards
     "BatchItem", "RolloutClient", "RolloutFuture", "LocalExecutor", "RayExecutor", "Backoff",
     "RetryPolicy", "RolloutLimits", "RolloutOptions", "ServingConfig", "Judge", "Rubric",
@@ -67,7 +68,8 @@ PUBLIC: dict[str, set[str]] = {
     "rollway": ROOT_NAMES,
     "rollway.agents": {
         "AgentLoop", "ContextFolding", "DropToolOutputs", "IssueCode", "KeepLastTurns",
-        "ProgramAgent", "RolloutContext", "SummarizeOlder", "Tool", "ValidationIssue",
+        "ProgramAgent", "QuestionAgent", "RolloutContext", "SummarizeOlder", "Tool",
+        "ValidationIssue",
         "ValidationResult", "execute_tool_calls", "list_agents", "load_agent", "register_agent",
         "tool", "unregister_agent", "validate",
     },

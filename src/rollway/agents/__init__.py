@@ -4,6 +4,7 @@ from rollway.agents.base import AgentLoop
 from rollway.agents.context import RolloutContext
 from rollway.agents.folding import ContextFolding, DropToolOutputs, KeepLastTurns, SummarizeOlder
 from rollway.agents.program import ProgramAgent
+from rollway.agents.question import QuestionAgent
 from rollway.agents.registry import list_agents, load_agent, register_agent, unregister_agent
 from rollway.agents.tools import Tool, execute_tool_calls, tool
 from rollway.agents.validate import IssueCode, ValidationIssue, ValidationResult, validate
@@ -15,6 +16,7 @@ __all__ = [
     "IssueCode",
     "KeepLastTurns",
     "ProgramAgent",
+    "QuestionAgent",
     "RolloutContext",
     "SummarizeOlder",
     "Tool",

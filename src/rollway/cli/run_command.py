@@ -1,4 +1,5 @@
-"""``rollway run``: a batch of rollouts of an agent on a task file, into a results folder."""
+"""``rollway run``: a batch of rollouts of an agent on tasks (a file or a task source), into a
+results folder."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import typer
 
 from rollway.agents.base import AgentLoop
 from rollway.agents.program import ProgramAgent
+from rollway.agents.question import QuestionAgent
 from rollway.agents.registry import import_target
 from rollway.agents.server.remote_agent import resolve_agent
 from rollway.cli import run_options as o
@@ -23,6 +24,7 @@ from rollway.cli.stopping import exit_status, sigterm_as_interrupt
 from rollway.client import BatchItem, RolloutClient
 from rollway.client.event_stream import JsonlEventLog
 from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
+from rollway.client.task_sources import read_tasks, tasks_name
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S
 from rollway.errors import ConfigError
 from rollway.gateway.remote_gateway import RemoteGateway
@@ -100,11 +102,11 @@ def _run_settings(s: RunSettings) -> None:
     """The run the settings describe, from the task file to the results line."""
     if s.tasks is None:
         raise ConfigError("give --tasks (or `tasks` in the config file)", param="tasks")
-    rows = _read_tasks(s.tasks, s.limit)
-    if (s.agent is None) == (s.cmd is None):
+    rows = list(read_tasks(s.tasks))[: s.limit]
+    if s.agent is not None and s.cmd is not None:
         raise ConfigError("name an AGENT or give --cmd (one of them)")
     chosen = _agent(s.agent, s.cmd, s.agent_key, s.sandbox, s.sandbox_writable)
-    exp = s.exp_id or id_from(f"{chosen.name}-{s.tasks.stem}")
+    exp = s.exp_id or id_from(f"{chosen.name}-{tasks_name(s.tasks)}")
     with (
         _event_log(s.events) as on_event,
         _client(s, chosen, exp, on_event) as client,
@@ -177,27 +179,7 @@ def _agent(
     if cmd:
         limits = SandboxLimits(writable_paths=tuple(writable or ()))
         return ProgramAgent(cmd, limits=limits, sandbox=sandbox_factory(sandbox))
-    assert agent is not None
-    return resolve_agent(agent, agent_key)
-
-
-def _read_tasks(path: Path, limit: int | None) -> list[dict[str, Any]]:
-    if not path.is_file():
-        raise ConfigError(f"no task file {path}", param="tasks")
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not JSON: {exc}", param="tasks") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{number}: a task must be a JSON object", param="tasks")
-        rows.append(row)
-    if not rows:
-        raise ConfigError(f"{path} holds no tasks", param="tasks")
-    return rows[:limit] if limit else rows
+    return resolve_agent(agent, agent_key) if agent else QuestionAgent()
 
 
 def load_reward(spec: str) -> RewardFn:

@@ -76,12 +76,17 @@ def sampling_option(name: str, *, help: str, show_range: bool = True) -> typer.m
 
 # What to run, on what.
 TasksOption = Annotated[
-    Path | None, typer.Option(help="JSONL file, one task object per line (required).")
+    str | None,
+    typer.Option(
+        help="A JSONL file, one task object per line, or a task source: "
+        "reasoning-gym:NAME[?size=N&seed=S&OPTION=V] (required)."
+    ),
 ]
 AgentArgument = Annotated[
     str | None,
     typer.Argument(
-        help="module:Class, path/to/file.py:Class, a name, or an agent server's http(s) URL."
+        help="module:Class, path/to/file.py:Class, a name, or an agent server's http(s) URL "
+        "(default: the built-in question agent, one model call on each task's messages)."
     ),
 ]
 CmdOption = Annotated[
@@ -105,7 +110,9 @@ ConcurrencyOption = Annotated[int, typer.Option(min=1, help="Rollouts at once.")
 OutOption = Annotated[
     str, typer.Option(envvar="ROLLWAY_OUT", help="Results root: a folder or s3://bucket/prefix.")
 ]
-ExpIdOption = Annotated[str | None, typer.Option(help="Default: agent name + task file.")]
+ExpIdOption = Annotated[
+    str | None, typer.Option(help="Default: agent name + task file (or dataset) name.")
+]
 RewardOption = Annotated[
     str | None,
     typer.Option(

@@ -18,7 +18,7 @@ from rollway.rollouts.config import RolloutLimits, ServingConfig
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunSettings:
     # What to run, on what.
-    tasks: Path | None
+    tasks: str | None
     agent: str | None
     cmd: str | None
     sandbox: str

@@ -7,7 +7,7 @@ import asyncio
 import concurrent.futures
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -28,6 +28,7 @@ from rollway.client.progress import DEFAULT_STATUS_INTERVAL_S
 from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.client.step_plan import step_plan
 from rollway.client.step_source import StepHooks, StepSource
+from rollway.client.task_sources import Tasks, read_tasks
 from rollway.client.watchdog import DEFAULT_STUCK_AFTER_S, Watchdog
 from rollway.engines.base import WeightSource
 from rollway.errors import ConfigError
@@ -316,23 +317,24 @@ class RolloutClient:
 
     def run_batch(
         self,
-        tasks: Iterable[dict[str, Any]],
+        tasks: Tasks,
         group_size: int = 1,
         *,
         resume: bool = True,
         **overrides: Unpack[RolloutOptions],
     ) -> Iterator[BatchItem]:
         """Yield one ``BatchItem`` per rollout (tasks x group_size), in completion order;
-        ``overrides`` (as for ``invoke``) change this batch alone. Stopping the iteration early
-        cancels what is still running. A ``KeyboardInterrupt`` inside the batch (Ctrl-C while
-        it waits) cancels what is running, writes the summary of what finished
-        (``last_summary["interrupted"]``), and is raised again."""
+        ``tasks`` are rows, a JSONL file or a task source's spec (``reasoning-gym:NAME?...``,
+        ``client.task_sources``); ``overrides`` (as for ``invoke``) change this batch alone.
+        Stopping the iteration early cancels what is still running. A ``KeyboardInterrupt``
+        inside the batch (Ctrl-C while it waits) cancels what is running, writes the summary
+        of what finished (``last_summary["interrupted"]``), and is raised again."""
         # Refused now, not at the first item.
         return self._batches.run(self._batch_request(tasks, group_size, resume, overrides))
 
     def run_batch_async(
         self,
-        tasks: Iterable[dict[str, Any]],
+        tasks: Tasks,
         group_size: int = 1,
         *,
         resume: bool = True,
@@ -343,7 +345,7 @@ class RolloutClient:
 
     def _batch_request(
         self,
-        tasks: Iterable[dict[str, Any]],
+        tasks: Tasks,
         group_size: int,
         resume: bool,
         overrides: Mapping[str, Any],
@@ -352,7 +354,7 @@ class RolloutClient:
         self._check_open()
         check_count("group_size", group_size, least=1)
         settings = self.settings.with_options(overrides)
-        listed = list(tasks)
+        listed = list(read_tasks(tasks))
         for index, task in enumerate(listed):
             if not isinstance(task, dict):
                 raise ConfigError(
@@ -370,7 +372,7 @@ class RolloutClient:
 
     def step_source(
         self,
-        tasks: Iterable[dict[str, Any]],
+        tasks: Tasks,
         *,
         group_size: int,
         groups_per_step: int,
@@ -387,9 +389,10 @@ class RolloutClient:
         **overrides: Unpack[RolloutOptions],
     ) -> StepSource:
         """A trainer's batches (``client.step_source``): ``groups_per_step`` whole groups of
-        ``group_size`` each step, as soon as they are done; ``for batch in source`` or ``async
-        for``. ``over_sample``: keep up to ``groups_per_step * (1 + over_sample)`` groups going
-        (what runs at a hand-over goes on into the next step). ``dynamic_sampling``: set flat
+        ``group_size`` each step (``tasks`` as for ``run_batch``), as soon as they are done;
+        ``for batch in source`` or ``async for``. ``over_sample``: keep up to
+        ``groups_per_step * (1 + over_sample)`` groups going (what runs at a hand-over goes on
+        into the next step). ``dynamic_sampling``: set flat
         groups aside, at most ``max_extra_groups`` a step (default ``groups_per_step``).
         ``max_refills``: fresh attempts per sample lost to the infrastructure.
         ``max_staleness`` (default: the client's) and ``stale`` (``restart``, ``drop``,
@@ -423,7 +426,7 @@ class RolloutClient:
             events=self._events.bus,
             status_interval=self.pacing.status_interval,
         )
-        return StepSource(hooks, plan, tasks, epochs=epochs, resume=resume)
+        return StepSource(hooks, plan, read_tasks(tasks), epochs=epochs, resume=resume)
 
     def _fingerprint(self, settings: RolloutConfig) -> dict[str, Any]:
         """What rollouts started now are made with (``client.fingerprint``): the policy version

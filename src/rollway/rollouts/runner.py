@@ -34,6 +34,7 @@ from rollway.rollouts.records import make_record
 from rollway.rollouts.rewards import RewardFn, score
 from rollway.rollouts.rollout_span import end_span, span_attributes
 from rollway.rollouts.spec import RolloutSpec, attempt_id
+from rollway.rollouts.task_scorers import task_scorer
 from rollway.rollouts.time_spent import where_time_went
 from rollway.sandbox.environment import RolloutEnvironment, needs_environment
 from rollway.store.base import Store
@@ -349,16 +350,18 @@ class RolloutRunner:
         """The reward function's score when the client was given one (it was asked for
         explicitly: ``--reward``, ``reward=``), with the agent's own reward, if it set one, kept
         beside it as ``agent_reward``; else the agent's own. Last: why the function gave no
-        reward (None: it did)."""
+        reward (None: it did). Without a reward function, a task that names its own scorer
+        (``rollouts.task_scorers``: reasoning-gym's rows) is scored by it."""
         agent_reward = None if result is None or result.reward is None else float(result.reward)
-        if self.reward_fn is None:
+        reward_fn = self.reward_fn if self.reward_fn is not None else task_scorer(spec.task)
+        if reward_fn is None:
             return agent_reward, {} if agent_reward is None else {"source": "agent"}, None
         limits = self.settings.limits
         # A judge among the reward's functions asks the policy's engine through this gateway,
         # as rollouts of its own: its calls are noted here, apart from the trajectory.
         with judging(self.gateway, trajectory.rollout_id) as judge_calls:
             scored = await score(
-                self.reward_fn,
+                reward_fn,
                 spec.task,
                 trajectory,
                 limits.reward_timeout,
@@ -366,7 +369,8 @@ class RolloutRunner:
                 environment=environment,
                 grace_s=limits.stop_grace_s,
             )
-        info: dict[str, Any] = {**scored.info(), "source": "reward_fn"}
+        source = "reward_fn" if self.reward_fn is not None else "task_scorer"
+        info: dict[str, Any] = {**scored.info(), "source": source}
         if judge_calls:
             info["judge_calls"] = judge_calls
         if agent_reward is not None:
