@@ -1,14 +1,33 @@
-"""A private event loop on a daemon thread, so sync callers can drive async rollouts."""
+"""A private event loop on a daemon thread, so sync callers can drive async rollouts; and
+blocking calls run off a loop without outliving their caller's hold (``in_thread``)."""
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, ParamSpec, TypeVar
 
 T = TypeVar("T")
+P = ParamSpec("P")
+
+
+async def in_thread(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """``asyncio.to_thread(fn, ...)``, except that the thread has let go of the arguments and
+    the result by the time the awaiting coroutine resumes. ``to_thread``'s thread holds both
+    until it is back from waking the loop, which under load is after the loop has run on: a
+    finished rollout's record written this way outlived its caller's ``del`` (no cycle, a
+    race that ``gc.disable()`` cannot hide)."""
+    box: list[Any] = [functools.partial(fn, *args, **kwargs)]
+    await asyncio.to_thread(_call_in_box, box)
+    result: T = box.pop()
+    return result
+
+
+def _call_in_box(box: list[Any]) -> None:
+    box.append(box.pop()())  # the call and its arguments are let go of before this returns
 
 
 class LoopThread:

@@ -20,11 +20,12 @@ import openai
 import pytest
 
 from rollway.client import RolloutClient
-from rollway.errors import InfrastructureError, UnknownRolloutError
+from rollway.errors import ExperimentInUseError, InfrastructureError, UnknownRolloutError
 from rollway.gateway import RemoteGateway
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.gateway.weight_control import NewWeights
 from rollway.gateway.workers.worker_pool import worker_index
+from rollway.leases import LeaseHolder
 from tests.cli.test_gateway_command import free_port
 from tests.cli.test_gateway_rollout_ttl import wait_until_serving
 from tests.client.test_gateway_faults import ROLLOUTS, FaultAgent
@@ -180,3 +181,59 @@ def test_a_client_reruns_the_rollouts_a_dead_worker_took_as_infrastructure_failu
     with retried:
         again = [item.result for item in retried.run_batch(tasks)]
     assert all(record.status == "completed" for record in again)
+
+
+@pytest.mark.timeout(240)
+def test_the_lease_is_taken_right_after_its_worker_is_killed(front: str) -> None:
+    """Taking the lease meets the worker that holds it killed, its death maybe not yet seen:
+    it waits for the restart (as new rollouts do), never an InfrastructureError."""
+    exp_id = on_worker(1, "leased")
+    holder = LeaseHolder.this_process()
+
+    async def take_after_kill() -> None:
+        gateway = RemoteGateway(front, admin_key=ADMIN_KEY)
+        await gateway.take_lease(exp_id, holder, 30.0)
+        os.kill(health(front)["workers"][1]["pid"], signal.SIGKILL)
+        await gateway.take_lease(exp_id, holder, 30.0)  # the restarted worker holds it now
+        other = LeaseHolder.this_process()
+        with pytest.raises(ExperimentInUseError):  # held there indeed
+            await gateway.take_lease(exp_id, other, 30.0)
+        await gateway.close()
+
+    asyncio.run(take_after_kill())
+    assert health(front)["workers"][1]["restarts"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_front_killed_with_sigkill_takes_its_workers_with_it() -> None:
+    port = free_port()
+    env = {**os.environ, "ROLLWAY_ADMIN_KEY": ADMIN_KEY}
+    cmd = [sys.executable, "-m", "rollway", "gateway", "--engine", "sim", "--port", str(port),
+           "--workers", str(WORKERS)]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with httpx.Client(base_url=url) as client:
+            wait_until_serving(proc, client)
+        pids = [worker["pid"] for worker in health(url)["workers"]]
+        proc.kill()
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while alive := [pid for pid in pids if _running(pid)]:
+            assert time.monotonic() < deadline, f"workers {alive} outlived their front"
+            time.sleep(0.1)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        for pid in pids if "pids" in locals() else []:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a worker's parent is gone: init reaps it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")

@@ -4,8 +4,10 @@ renewals by the holder, the holder named to anyone refused, and a lease whose ho
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,3 +139,29 @@ def test_a_lease_that_is_a_folder_or_a_link_is_named_and_never_followed(tmp_path
     with pytest.raises(StoredDataError, match="a symbolic link, which rollway does not follow"):
         store.take_lease(lease(LeaseHolder.this_process()))
     assert path.is_symlink()  # left for the user to look at, as the error says
+
+
+def test_a_fifo_at_the_lease_lock_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    """Opening a FIFO to write waits for a reader: the lock file must not hang a run."""
+    store = FileStore(tmp_path / "runs", "exp")
+    path = store.path / ".lease.lock"
+    os.mkfifo(path)
+    refused: list[BaseException] = []
+
+    def take() -> None:
+        try:
+            store.take_lease(lease(LeaseHolder.this_process()))
+        except BaseException as exc:
+            refused.append(exc)
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    taker.join(timeout=10)
+    if taker.is_alive():  # hung in open(): a reader lets it go
+        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+        taker.join(timeout=10)
+    assert len(refused) == 1 and isinstance(refused[0], StoredDataError), refused
+    assert str(refused[0]).startswith(f"the experiment's lease lock {path} is a FIFO")
+    assert "remove it" in str(refused[0])
+    path.unlink()  # the fix the message names
+    store.take_lease(lease(LeaseHolder.this_process()))

@@ -19,7 +19,7 @@ from rollway.gateway import build_gateway, create_app
 from rollway.gateway.http.rollout_lookup import Sessions
 from rollway.gateway.render.renderers import RENDERERS
 from rollway.gateway.workers.front_app import create_front_app
-from rollway.gateway.workers.worker_pool import WorkerPool
+from rollway.gateway.workers.worker_pool import WorkerPool, watch_front
 from rollway.web.uvicorn_server import ServerLimits, run_server
 
 _DEFAULT = ServerLimits()
@@ -96,6 +96,7 @@ def serve(
         app = create_front_app(pool, admin_key=admin_key, rollout_ttl_s=rollout_ttl or None)
         engine = f"{engine}, {workers} workers"
     else:
+        watch_front()  # a worker of a front (--workers N) ends with it
         gateway = build_gateway(
             engine, model=model, rollout_ttl_s=rollout_ttl or None, renderer=renderer
         )

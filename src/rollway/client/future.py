@@ -11,6 +11,7 @@ from collections.abc import Coroutine, Generator
 from typing import Any
 
 from rollway.errors import is_failure
+from rollway.loop_thread import in_thread
 from rollway.results import RolloutRecord
 from rollway.rollouts import RolloutConfig, RolloutSpec
 from rollway.rollouts.records import make_record
@@ -48,7 +49,7 @@ class CancelGate:
             overruled = self._granted and record.status != "cancelled"
         if not overruled:
             return record
-        await asyncio.to_thread(_store_cancelled, store, record)
+        await in_thread(_store_cancelled, store, record)
         return _cancelled(record)
 
 
@@ -78,7 +79,7 @@ async def recorded(
             started_at=started_at,
             elapsed_s=time.time() - started_at,
         )
-        await asyncio.to_thread(store.write, record)
+        await in_thread(store.write, record)
         return record
 
 

@@ -26,6 +26,7 @@ from rollway.gateway.chat_answer import Registration
 from rollway.gateway.handle import GatewayHandle
 from rollway.gateway.request_schema import RegisterRequest
 from rollway.logs import log_stage
+from rollway.loop_thread import in_thread
 from rollway.results import AgentResult, RolloutMetrics, RolloutRecord
 from rollway.rollouts.availability import Availability, Outage, OutageWaits
 from rollway.rollouts.config import RolloutConfig
@@ -134,7 +135,7 @@ class RolloutRunner:
         retries = policy.retrying(give_up=lambda: cancel.is_set() or outages.ended)
         record: RolloutRecord = await retries(attempt_through_outages)
         record = record.model_copy(update={"elapsed_s": time.monotonic() - clock})
-        await asyncio.to_thread(self.store.write, record)
+        await in_thread(self.store.write, record)
         # Only now: a client that dies before the write finds the rollout still on a shared
         # gateway when it restarts, and re-attaches instead of running it again.
         await self._unregister(opened)

@@ -40,7 +40,7 @@ from typing import Any
 
 import orjson
 
-from rollway.errors import ConfigError
+from rollway.errors import ConfigError, StoredDataError
 from rollway.leases import Lease, LeaseHolder, check_free
 from rollway.results import AgentReport, RolloutRecord, Status
 from rollway.store.base import OnBadRecord, each_record
@@ -156,9 +156,8 @@ class FileStore:
         """Read, decide and write the lease as one step among clients (held for milliseconds;
         the flock goes with the process, so a killed client leaves nothing locked)."""
         path = self.path / ".lease.lock"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         with _named_in_errors(path):
-            lock = os.fdopen(os.open(path, flags, 0o666), "ab")
+            lock = os.fdopen(_open_lock_file(path), "ab")
         with lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             yield
@@ -310,6 +309,31 @@ def _end_torn_line(index: Path) -> None:
     if torn:
         with index.open("ab") as file:
             file.write(b"\n")
+
+
+def _open_lock_file(path: Path) -> int:
+    """``path`` opened to lock, made if missing; anything but a regular file there is refused
+    naming it. O_NONBLOCK: opening a FIFO to write would wait for a reader, forever."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO that no one reads
+            raise
+        raise _not_a_lock_file(path, "a FIFO") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_a_lock_file(path, "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file")
+    return fd
+
+
+def _not_a_lock_file(path: Path, what: str) -> StoredDataError:
+    return StoredDataError(
+        f"the experiment's lease lock {path} is {what}, not the empty file rollway locks: "
+        "remove it (rollway makes it anew)",
+        "lease",
+    )
 
 
 @contextmanager

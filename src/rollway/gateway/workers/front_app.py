@@ -29,7 +29,13 @@ from rollway.gateway.metrics import PROMETHEUS_TEXT
 from rollway.gateway.request_schema import WeightUpdateRequest
 from rollway.gateway.weight_control import NewWeights
 from rollway.gateway.workers.fan_out import WorkerWeights, merge_metrics
-from rollway.gateway.workers.proxy import call_json, error_response, forward, read_capped
+from rollway.gateway.workers.proxy import (
+    call_json,
+    error_response,
+    forward,
+    forward_or_raise,
+    read_capped,
+)
 from rollway.gateway.workers.worker_pool import Worker, WorkerPool
 from rollway.validation import parse_model
 from rollway.web.handlers import (
@@ -112,16 +118,22 @@ async def rollout_call(request: Request) -> Response:
             held.drop(rollout_id)
             return error_response(UnknownRolloutError(_lost(rollout_id, worker)))
         return error_response(InfrastructureError(_lost(rollout_id, worker)))
+    if action == "register":  # a new rollout: one the worker lost by dying is made again
+        return await _register(held, worker, request, body)
     if not await _started(worker):
         return error_response(InfrastructureError(f"gateway worker {worker.index} is starting"))
-    incarnation = worker.incarnation  # the life it is sent to, should it end meanwhile
     answer = await forward(worker, request, body)
-    if action == "register" and answer.status_code == 200:
-        registration = orjson.loads(answer.body)
-        held.registered(rollout_id, incarnation, registration["api_key"])
-        return _straight_to(worker, request, registration)
-    elif action == "unregister" and answer.status_code in (200, 404):
+    if action == "unregister" and answer.status_code in (200, 404):
         held.drop(rollout_id)
+    return answer
+
+
+async def _register(held: HeldRollouts, worker: Worker, request: Request, body: bytes) -> Response:
+    answer, incarnation = await _forward_through_restart(worker, request, body)
+    if answer.status_code == 200:
+        registration = orjson.loads(answer.body)
+        held.registered(request.path_params["rollout_id"], incarnation, registration["api_key"])
+        return _straight_to(worker, request, registration)
     return answer
 
 
@@ -166,13 +178,35 @@ async def shared_call(request: Request) -> Response:
 
 
 async def keyed_call(request: Request) -> Response:
-    """An experiment's lease lives on one worker, chosen like a rollout's."""
+    """An experiment's lease lives on one worker, chosen like a rollout's; taking and giving
+    it back may be asked again, so a worker that died holding it is waited for."""
     pool, _, _ = _front(request)
     worker = pool.route(request.path_params["exp_id"])
-    body = await read_capped(request)
+    answer, _ = await _forward_through_restart(worker, request, await read_capped(request))
+    return answer
+
+
+async def _forward_through_restart(
+    worker: Worker, request: Request, body: bytes
+) -> tuple[Response, int]:
+    """A call that may be sent again: to a worker being started again once it is up, and
+    once more to its next life when it died meanwhile (killed, its death not yet seen: the
+    connection is refused while the front still counts it up); else a 503 after
+    ``STARTING_WAIT_S``, as for any call that meets a restart. With the life it reached."""
     if not await _started(worker):
-        return error_response(InfrastructureError(f"gateway worker {worker.index} is starting"))
-    return await forward(worker, request, body)
+        error = InfrastructureError(f"gateway worker {worker.index} is starting")
+        return error_response(error), worker.incarnation
+    incarnation, died = worker.incarnation, worker.died
+    try:
+        return await forward_or_raise(worker, request, body), incarnation
+    except InfrastructureError as exc:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(STARTING_WAIT_S):
+                await died.wait()  # the pool's watcher sees a death within milliseconds
+                await worker.ready.wait()
+        if not worker.up:
+            return error_response(exc), incarnation
+    return await forward(worker, request, body), worker.incarnation
 
 
 async def first_worker(request: Request) -> Response:

@@ -47,6 +47,14 @@ async def read_capped(request: Request, max_body_bytes: int = DEFAULT_MAX_BODY_B
 async def forward(worker: Worker, request: Request, body: bytes) -> Response:
     """``request`` as ``worker`` answers it. The Host header goes along, so the URLs a worker
     writes into its answers (a registration's base URL) are the front's."""
+    try:
+        return await forward_or_raise(worker, request, body)
+    except InfrastructureError as exc:
+        return error_response(exc)
+
+
+async def forward_or_raise(worker: Worker, request: Request, body: bytes) -> Response:
+    """``forward``, a worker that did not answer raised as an ``InfrastructureError``."""
     headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP]
     url = worker.url + request.url.path
     if request.url.query:
@@ -54,7 +62,7 @@ async def forward(worker: Worker, request: Request, body: bytes) -> Response:
     try:
         answer = await worker.session.request(request.method, url, data=body, headers=headers)
     except (aiohttp.ClientError, OSError) as exc:
-        return error_response(_unreachable(worker, exc))
+        raise _unreachable(worker, exc) from exc
     out_headers = {k: v for k, v in answer.headers.items() if k.lower() not in _HOP_BY_HOP}
     if answer.content_type == "text/event-stream":
         return StreamingResponse(
@@ -66,7 +74,7 @@ async def forward(worker: Worker, request: Request, body: bytes) -> Response:
     try:
         content = await answer.read()
     except (aiohttp.ClientError, OSError) as exc:
-        return error_response(_unreachable(worker, exc))
+        raise _unreachable(worker, exc) from exc
     finally:
         answer.release()
     return Response(content, answer.status, out_headers)

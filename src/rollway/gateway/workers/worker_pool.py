@@ -7,9 +7,12 @@ proxying them through the front would cost the front as much CPU per turn as the
 whole turn (measured: ``benchmarks/gateway_workers.py``).
 
 A rollout's state lives in the one process that registered it, so a worker that dies takes
-its rollouts with it. Each worker counts its incarnations (one more at every restart): the
-front stamps each rollout with the incarnation that registered it, and a rollout whose worker
-has moved on since is known to be lost (``front_app``)."""
+its rollouts with it. No worker outlives the front, however the front ends (SIGKILL
+included): each holds the read end of a pipe whose write end only the front holds, and stops
+as at a SIGTERM when that pipe is at its end (``watch_front``). Each worker counts its
+incarnations (one more at every restart): the front stamps each rollout with the incarnation
+that registered it, and a rollout whose worker has moved on since is known to be lost
+(``front_app``)."""
 
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import contextlib
 import hashlib
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -36,6 +41,8 @@ START_TIMEOUT_S = 300.0
 #: Between two starts of a worker that keeps dying at start-up: from the first to the last.
 RESTART_BACKOFF_S = (0.5, 30.0)
 _POLL_S = 0.05
+#: Names the read end of the front's lifeline in a worker's environment.
+LIFELINE_ENV = "ROLLWAY_FRONT_LIFELINE"
 
 
 @dataclass
@@ -51,6 +58,8 @@ class Worker:
     incarnation: int = 0
     restarts: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when the current life ends (a new one for each life).
+    died: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def up(self) -> bool:
@@ -92,6 +101,8 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self.catch_up: CatchUp | None = None
         self._watchers: list[asyncio.Task[None]] = []
+        # Both ends close on exec; each worker is passed the read end alone.
+        self._lifeline, self._lifeline_end = os.pipe()
 
     def route(self, key: str) -> Worker:
         return self.workers[worker_index(key, self.count)]
@@ -126,13 +137,16 @@ class WorkerPool:
         await asyncio.gather(*(_end(w.process) for w in self.workers if w.process))
         for worker in self.workers:
             await worker.session.close()
+        for fd in (self._lifeline, self._lifeline_end):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     async def _launch(self, worker: Worker) -> None:
         """Start the worker's process and wait until it answers, caught up; a worker that
         exits first is a ``ConfigError`` with its exit status (its stderr is the front's)."""
         command = [sys.executable, "-m", "rollway", "gateway", *self.gateway_args]
         command += ["--workers", "1", "--host", self.host, "--port", str(worker.port)]
-        env = {**os.environ, "ROLLWAY_ADMIN_KEY": self.admin_key}
+        env = {**os.environ, "ROLLWAY_ADMIN_KEY": self.admin_key, LIFELINE_ENV: str(self._lifeline)}
         # Its own session: a Ctrl-C in the terminal reaches the front alone, which then ends
         # its workers, rather than every worker dying at once and being started again.
         worker.process = await asyncio.create_subprocess_exec(
@@ -141,6 +155,7 @@ class WorkerPool:
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,
             start_new_session=True,
+            pass_fds=(self._lifeline,),
         )
         async with asyncio.timeout(START_TIMEOUT_S):
             while not await _answers(worker):
@@ -163,6 +178,8 @@ class WorkerPool:
             status = await worker.process.wait()
             worker.ready.clear()
             worker.incarnation += 1
+            worker.died.set()
+            worker.died = asyncio.Event()
             worker.restarts += 1
             log.error(
                 "gateway worker %d (pid %d) exited with status %d: its rollouts are lost; "
@@ -180,6 +197,24 @@ class WorkerPool:
                     await _end(worker.process)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, RESTART_BACKOFF_S[1])
+
+
+def watch_front() -> None:
+    """In a worker of ``--workers N``: stop as at a SIGTERM once the front is gone, however it
+    ended. Its lifeline's write end closes with it: a read then finds the end of the pipe."""
+    fd = os.environ.pop(LIFELINE_ENV, None)
+    if fd is not None:
+        watcher = threading.Thread(
+            target=_stop_at_end_of, args=(int(fd),), name="rollway-front-lifeline", daemon=True
+        )
+        watcher.start()
+
+
+def _stop_at_end_of(fd: int) -> None:
+    while os.read(fd, 64):  # nothing is written: this returns at the end of the pipe
+        pass
+    log.error("the front of this gateway worker (rollway gateway --workers) is gone: stopping")
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def worker_index(key: str, count: int) -> int:
