@@ -87,38 +87,28 @@ _SESSION = Param(
 #: One base URL for every rollout: each call finds its rollout by its key or session
 #: (``rollout_lookup``), never by the URL alone.
 SHARED_ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint(
-        "POST",
-        "/v1/chat/completions",
-        chat_routes.chat_completions,
-        "OpenAI chat completions on the shared route (the rollout found by its key or session)",
-        ChatCompletionRequest,
-        auth="rolloutKey",
-        errors=_CHAT_ERRORS,
-        streams=True,
-        params=(_SESSION,),
-    ),
-    Endpoint(
-        "POST",
-        "/v1/messages",
-        chat_routes.messages,
-        "Anthropic Messages on the shared route (the rollout found by its key or session)",
-        MessagesRequest,
-        auth="rolloutKey",
-        errors=_CHAT_ERRORS,
-        streams=True,
-        params=(_SESSION,),
-    ),
-    Endpoint(
-        "POST",
-        "/v1/responses",
-        chat_routes.responses,
-        "OpenAI Responses on the shared route (the rollout found by its key or session)",
-        ResponsesRequest,
-        auth="rolloutKey",
-        errors=_CHAT_ERRORS,
-        streams=True,
-        params=(_SESSION,),
+    *(
+        Endpoint(
+            "POST",
+            path,
+            handler,
+            f"{api} on the shared route (the rollout found by its key or session)",
+            body,
+            auth="rolloutKey",
+            errors=_CHAT_ERRORS,
+            streams=True,
+            params=(_SESSION,),
+        )
+        for path, handler, api, body in (
+            (
+                "/v1/chat/completions",
+                chat_routes.chat_completions,
+                "OpenAI chat completions",
+                ChatCompletionRequest,
+            ),
+            ("/v1/messages", chat_routes.messages, "Anthropic Messages", MessagesRequest),
+            ("/v1/responses", chat_routes.responses, "OpenAI Responses", ResponsesRequest),
+        )
     ),
     Endpoint(
         "GET",
