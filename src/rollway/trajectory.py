@@ -214,8 +214,8 @@ class Trajectory(WireModel):
     side_calls: list[int] = Field(
         default_factory=list,
         description="Segments that are side calls (a title, a summary: a conversation that "
-        "offers no tools and shares no first message with the main one, which is the first "
-        "to offer tools); their samples are labelled and left out of samples.",
+        "offers no tools and opens with a system prompt the main one, the first to offer "
+        "tools, does not open with); their samples are labelled and left out of samples.",
     )
     conversations: int = Field(
         default=1,

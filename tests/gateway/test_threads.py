@@ -142,16 +142,20 @@ async def test_side_calls_are_trained_when_the_rollout_asks(renderer: ChatRender
     assert [s.segment for s in trajectory.samples] == [0, 1, 2]
 
 
-async def test_a_fold_and_a_no_tools_agent_have_no_side_calls(renderer: ChatRenderer) -> None:
+async def test_folds_of_a_no_tools_agent_are_no_side_calls(renderer: ChatRenderer) -> None:
+    """A fold that keeps the system prompt, and one that starts afresh from a user message (as
+    a hand-written agent may fold), stay training samples."""
     gateway = sim_gateway(renderer)
     gateway.register("plain", {"temperature": 1.0, "seed": 13})
     main = [dict(m) for m in MAIN]
     await turn(gateway, "plain", main, "more")
     folded = [dict(MAIN[0]), {"role": "user", "content": "Summary so far: nothing. Go on."}]
     await turn(gateway, "plain", folded, "more")
+    afresh = [{"role": "user", "content": "Summarise the task so far."}]
+    await turn(gateway, "plain", afresh, "more")
     trajectory = await gateway.trajectory("plain")
-    assert trajectory.segment_count == 2 and trajectory.side_calls == []
-    assert len(trajectory.samples) == 2
+    assert trajectory.segment_count == 3 and trajectory.side_calls == []
+    assert len(trajectory.samples) == 3
 
 
 async def test_a_thread_taken_up_after_many_other_turns_hashes_its_prompt_right(
@@ -170,3 +174,19 @@ async def test_a_thread_taken_up_after_many_other_turns_hashes_its_prompt_right(
     assert [t.segment for t in trajectory.turns] == [0] + [1] * (SequenceHashes.KEPT + 2) + [0]
     assert check_prompt_hashes(trajectory.turns) == []
     assert_each_thread_one_exact_sample(trajectory, threads=2)
+
+
+async def test_a_rollout_without_tools_labels_no_side_call_whichever_comes_first(
+    renderer: ChatRenderer,
+) -> None:
+    """Without tools the main conversation is unknown: a title call made first, under a
+    system prompt of its own, must not make the real conversation a side call."""
+    gateway = sim_gateway(renderer)
+    gateway.register("no-tools", {"temperature": 1.0, "seed": 19})
+    await gateway.chat("no-tools", {"messages": [dict(m) for m in TITLE], "max_tokens": 6})
+    main = [dict(m) for m in MAIN]
+    await turn(gateway, "no-tools", main, "are you sure?")
+    await turn(gateway, "no-tools", main, "thanks")
+    trajectory = await gateway.trajectory("no-tools")
+    assert trajectory.side_calls == []
+    assert [s.segment for s in trajectory.samples] == [0, 1]

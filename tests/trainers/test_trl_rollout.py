@@ -34,9 +34,8 @@ class PickyAgent(AgentLoop):
         if prompt == "fail":
             return ctx.error("no")
         reply = await ctx.chat([{"role": "user", "content": prompt}])
-        if prompt == "fold":  # the history rewritten: a second segment
-            rewritten = [{"role": "user", "content": prompt}, {"role": "assistant", "content": "…"}]
-            reply = await ctx.chat([*rewritten, {"role": "user", "content": "summary"}])
+        if prompt == "fold":  # a new conversation: a second segment
+            reply = await ctx.chat([{"role": "user", "content": "summary"}])
         return ctx.complete([reply.message], reward=float(len(prompt)))
 
 

@@ -56,14 +56,20 @@ def note_segment(
 
 
 def side_call_segments(state: RolloutState) -> list[int]:
-    """The segments that are side calls: they offer no tools and share no first message with
-    the main conversation, the first segment that offers tools (else the first segment), as
-    a harness's title or summary call does. A subagent offers tools, a fold or a branch keeps
-    the main conversation's first message: neither is one."""
+    """The segments that are side calls: in a rollout whose main conversation (the first
+    segment that offers tools) offers tools, as a harness's does, those that offer none and
+    open with a system prompt of their own, one the main conversation does not open with, as
+    a harness's title or summary call does. A subagent offers tools; a fold or a branch keeps
+    the main conversation's opening, or starts afresh from a user message: none is one. A
+    rollout without tools has none: which of its conversations is the main one is unknown."""
     openings = state.segment_openings
-    if state.side_calls != "label" or not openings:
+    if state.side_calls != "label":
         return []
     main = next((o for o, tools in openings.values() if tools), None)
     if main is None:
-        main = openings[min(openings)][0]
-    return sorted(s for s, (o, tools) in openings.items() if not tools and o != main)
+        return []
+    return sorted(
+        s
+        for s, (o, tools) in openings.items()
+        if not tools and o is not None and o[0] == "system" and o != main
+    )

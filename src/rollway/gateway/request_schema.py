@@ -206,9 +206,10 @@ class RegisterRequest(SamplingFields):
     )
     side_calls: Literal["label", "train"] = Field(
         default="label",
-        description="Side calls (a conversation sharing no first message with the rollout's "
-        "main one and offering no tools: a title, a summary): label them and leave their "
-        "samples out of the training view (label), or train on them like any segment (train).",
+        description="Side calls (a conversation offering no tools that opens with a system "
+        "prompt the rollout's main one does not: a title, a summary): label them and leave "
+        "their samples out of the training view (label), or train on them like any segment "
+        "(train).",
     )
     history: Literal["as_sampled", "as_template"] = Field(
         default="as_sampled",
