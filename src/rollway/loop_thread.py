@@ -30,6 +30,30 @@ def _call_in_box(box: list[Any]) -> None:
     box.append(box.pop()())  # the call and its arguments are let go of before this returns
 
 
+#: How long ``run_to_end`` gives the tasks ``main`` left running to end once cancelled.
+LEFTOVER_GRACE_S = 2.0
+
+
+def run_to_end(main: Coroutine[Any, Any, T], grace_s: float = LEFTOVER_GRACE_S) -> T:
+    """``asyncio.run(main)``, except that the tasks it leaves running are cancelled and given
+    ``grace_s`` to end, then left behind: ``asyncio.run`` waits for them for ever, so one
+    that swallows its cancellation (a reward abandoned with a warning) would hang its caller
+    after the work was done."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in left:
+                task.cancel()
+            if left:
+                loop.run_until_complete(asyncio.wait(left, timeout=grace_s))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+
 class LoopThread:
     def __init__(self, name: str = "rollway-client") -> None:
         self.loop = asyncio.new_event_loop()

@@ -83,6 +83,29 @@ def test_an_async_reward_that_swallows_its_cancel_is_abandoned_with_a_warning(
     assert len(warned) == 2 and "stubborn" in warned[0].getMessage()
 
 
+@pytest.mark.timeout(120, method="thread")  # a hang must fail, not hold the suite
+def test_a_rescore_whose_async_reward_swallows_its_cancel_returns(
+    make_client: MakeClient, release: threading.Event
+) -> None:
+    """``rollway.rescore`` (and ``rollway rescore``) run their own loop: the abandoned reward
+    left on it is not waited for once the work is done (``asyncio.run`` would, for ever)."""
+
+    async def stubborn(task: dict[str, Any], trajectory: Trajectory) -> float:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+        return 1.0
+
+    client = make_client(reward=lambda task, trajectory: 0.5)
+    assert all(item.success for item in client.run_batch([{"task_id": "a"}]))
+    report = rollway.rescore(client.store, stubborn, limits=QUICK)
+    assert (report.scored, report.failed) == (0, 1)
+    (record,) = client.store.records()
+    assert record.reward == 0.5 and "rescore_failed" in record.reward_info
+
+
 HUNG_REWARD = """\
 import threading
 

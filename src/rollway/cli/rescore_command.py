@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,7 @@ from rollway.cli.failures import EXIT_INTERRUPTED, fail
 from rollway.cli.run_command import load_reward
 from rollway.client.rescore import RescoreReport, rescore_async
 from rollway.errors import BadRecordError, ConfigError, ExperimentInUseError
+from rollway.loop_thread import run_to_end
 from rollway.rollouts import RolloutLimits
 from rollway.store.factory import store_from_uri
 
@@ -70,7 +70,7 @@ def rescore(
                 seen[:] = [report]
                 progress.update(task, completed=report.done, total=report.chosen)
 
-            report = asyncio.run(
+            report = run_to_end(
                 rescore_async(
                     store,
                     reward_fn,

@@ -27,6 +27,7 @@ from rollway.client.batch import group_stats, outcome_figures
 from rollway.errors import BadRecordError, ConfigError, StoredDataError
 from rollway.gateway.handle import GatewayHandle
 from rollway.leases import DEFAULT_TTL_S, Lease, LeaseHolder
+from rollway.loop_thread import run_to_end
 from rollway.results import PastReward, RolloutRecord
 from rollway.rollouts import RewardFn, RolloutLimits
 from rollway.rollouts.judge import judges_in, judging, refuse_without_policy
@@ -352,4 +353,4 @@ def _summaries(store: Store, records: list[RolloutRecord], report: RescoreReport
 
 def rescore(store: Store, reward_fn: RewardFn, **options: Any) -> RescoreReport:
     """``rescore_async`` from synchronous code (not from inside a running event loop)."""
-    return asyncio.run(rescore_async(store, reward_fn, **options))
+    return run_to_end(rescore_async(store, reward_fn, **options))
