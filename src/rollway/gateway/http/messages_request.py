@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from rollway.errors import InvalidFieldsError
 from rollway.gateway.request_schema import (
     ApiRequest,
     Temperature,
@@ -283,7 +284,11 @@ def _result_text(
     texts = []
     for at, block in enumerate(content):
         kind = block.get("type")
-        if kind == "text" and isinstance(block.get("text"), str):
+        if not isinstance(kind, str) or (kind == "text" and not isinstance(block.get("text"), str)):
+            # Malformed, not unsupported: a 422 as pydantic's are.
+            field = f"{where}.content[{at}]"
+            raise InvalidFieldsError(f"{field}: a content block needs a type (text: a text)", field)
+        if kind == "text":
             texts.append(block["text"])
         elif kind == "tool_reference" and block.get("tool_name") in deferred:
             texts.append(_tool_definition(deferred[block["tool_name"]]))

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
+from rollway.errors import InvalidFieldsError
 from rollway.gateway.request_schema import (
     ApiRequest,
     MaxTokens,
@@ -133,8 +134,10 @@ def _functions(at: int, tool: FunctionTool) -> list[dict[str, Any]]:
             f"{tool.type!r} is a hosted tool that OpenAI's servers run; "
             "rollway cannot run it (give the agent a function tool of its own)",
         )
-    if tool.type == "function":
-        refuse(f"tools[{at}].name", "a function tool needs a name")
+    if tool.type == "function":  # malformed, not unsupported: a 422 as pydantic's are
+        raise InvalidFieldsError(
+            f"tools.{at}.name: a function tool needs a name", f"tools.{at}.name"
+        )
     refuse(
         f"tools[{at}]",
         f"{tool.type!r} tools are not supported: the policy calls function "
