@@ -35,3 +35,12 @@ def test_sim_spec_takes_latency_and_output_length() -> None:
 def test_bad_sim_options_are_named(spec: str) -> None:
     with pytest.raises(ConfigError, match="sim:// option"):
         engine_from_spec(spec)
+
+
+def test_a_tokenizer_without_a_config_is_refused_saying_what_a_folder_needs(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(ConfigError, match="holds a tokenizer but no config.json") as refused:
+        resolve_model_path(str(tmp_path))
+    assert "--engine sim or scripted://FILE" in str(refused.value)

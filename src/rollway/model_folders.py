@@ -35,6 +35,14 @@ def resolve_model_path(model: str | None = None) -> Path:
         return prepare_default_model()
     path = Path(model).expanduser()
     if not (path / "config.json").is_file():
+        if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+            raise ConfigError(
+                f"model {model!r} holds a tokenizer but no config.json: every engine needs "
+                "the model's config.json beside its tokenizer (the embedded engine its "
+                "weights too); to try a family without weights, give a folder with its "
+                "config.json and tokenizer to --engine sim or scripted://FILE",
+                param="model",
+            )
         raise ConfigError(f"model {model!r} is not a folder with a config.json", param="model")
     return path
 
