@@ -41,6 +41,6 @@ def test_a_tokenizer_without_a_config_is_refused_saying_what_a_folder_needs(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "tokenizer.json").write_text("{}")
-    with pytest.raises(ConfigError, match="holds a tokenizer but no config.json") as refused:
+    with pytest.raises(ConfigError, match=r"holds a tokenizer but no config\.json") as refused:
         resolve_model_path(str(tmp_path))
     assert "--engine sim or scripted://FILE" in str(refused.value)
