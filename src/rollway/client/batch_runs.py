@@ -76,15 +76,10 @@ class BatchRuns:
         self.last_summary: dict[str, Any] | None = None
 
     def run(self, request: BatchRequest) -> Iterator[BatchItem]:
-        return self._leased(self._run(request))
+        return self._run(request)
 
     def run_async(self, request: BatchRequest) -> AsyncIterator[BatchItem]:
         return self._leased_async(self._run_async(request))
-
-    def _leased(self, items: Generator[BatchItem, None, None]) -> Iterator[BatchItem]:
-        """A batch under the experiment's lease, taken before it plans anything."""
-        with self._lease.held(self._loop), contextlib.closing(items):
-            yield from items
 
     async def _leased_async(
         self, items: AsyncGenerator[BatchItem, None]
@@ -95,39 +90,50 @@ class BatchRuns:
                     yield item
 
     def _run(self, request: BatchRequest) -> Generator[BatchItem, None, None]:
-        started = time.monotonic()
-        done, todo, reruns = self._prepare(request)
-        counted = _resumed(done)
-        finished: queue.SimpleQueue[concurrent.futures.Future[RolloutRecord]] = queue.SimpleQueue()
-        starts = _Starts(self._submit, self._loop, todo, request.settings, finished.put)
-        try:
-            with self._progress(len(done) + len(todo), request) as progress, _frozen_in_flight():
-                try:
-                    yield from _from_store(done, progress)
-                    while starts.running or starts.left:
-                        # Wake for the next status line too: a stuck batch still reports.
-                        try:
-                            if starts.left:  # a slice at a time: the loop stays responsive
-                                starts.next_slice()
-                                cf = finished.get_nowait()
-                            else:
-                                cf = finished.get(timeout=progress.until_status())
-                        except queue.Empty:
-                            progress.tick()
-                            continue
-                        yield starts.item(cf, counted, progress)
-                finally:
-                    starts.rest()  # cancelled at once: every rollout gets its record
-                    cancel_and_wait(starts.futures)
-        except KeyboardInterrupt:
-            # Every rollout has its record now: what finished, and the cancelled rest.
-            for future in starts.futures:
-                if future.done() and not future._future.exception():
-                    counted.add(future._future.result())
-            wall_s = time.monotonic() - started
-            self._finish(request, counted, wall_s, reruns, interrupted=True)
-            raise
-        self._finish(request, counted, time.monotonic() - started, reruns)
+        """A batch under the experiment's lease, taken before it plans anything. One generator
+        frame, not a wrapper delegating to one: a Ctrl-C (or SIGTERM) lands in whichever frame
+        runs when it comes, and one that landed in a wrapper closed the batch with
+        ``GeneratorExit``, which counts nothing: the summary left out the cancelled rollouts
+        (recorded all the same)."""
+        with self._lease.held(self._loop):
+            started = time.monotonic()
+            done, todo, reruns = self._prepare(request)
+            counted = _resumed(done)
+            finished: queue.SimpleQueue[concurrent.futures.Future[RolloutRecord]] = (
+                queue.SimpleQueue()
+            )
+            starts = _Starts(self._submit, self._loop, todo, request.settings, finished.put)
+            try:
+                with (
+                    self._progress(len(done) + len(todo), request) as progress,
+                    _frozen_in_flight(),
+                ):
+                    try:
+                        yield from _from_store(done, progress)
+                        while starts.running or starts.left:
+                            # Wake for the next status line too: a stuck batch still reports.
+                            try:
+                                if starts.left:  # a slice at a time: the loop stays responsive
+                                    starts.next_slice()
+                                    cf = finished.get_nowait()
+                                else:
+                                    cf = finished.get(timeout=progress.until_status())
+                            except queue.Empty:
+                                progress.tick()
+                                continue
+                            yield starts.item(cf, counted, progress)
+                    finally:
+                        starts.rest()  # cancelled at once: every rollout gets its record
+                        cancel_and_wait(starts.futures)
+            except KeyboardInterrupt:
+                # Every rollout has its record now: what finished, and the cancelled rest.
+                for future in starts.futures:
+                    if future.done() and not future._future.exception():
+                        counted.add(future._future.result())
+                wall_s = time.monotonic() - started
+                self._finish(request, counted, wall_s, reruns, interrupted=True)
+                raise
+            self._finish(request, counted, time.monotonic() - started, reruns)
 
     async def _run_async(self, request: BatchRequest) -> AsyncGenerator[BatchItem, None]:
         """``_run`` on the caller's event loop: the same slices, each awaited, not waited on."""
