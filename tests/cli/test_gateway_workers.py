@@ -39,17 +39,28 @@ def on_worker(index: int, prefix: str) -> str:
     return next(f"{prefix}{n}" for n in range(100) if worker_index(f"{prefix}{n}", 2) == index)
 
 
-@pytest.fixture
-def front() -> Iterator[str]:
+def start_front(*options: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`rollway gateway --engine sim --workers 2` (and ``options``) on a free port, serving;
+    ``env`` adds to the environment (the admin key is ``ADMIN_KEY``)."""
     port = free_port()
-    env = {**os.environ, "ROLLWAY_ADMIN_KEY": ADMIN_KEY}
+    environment = {**os.environ, "ROLLWAY_ADMIN_KEY": ADMIN_KEY, **env}
     cmd = [sys.executable, "-m", "rollway", "gateway", "--engine", "sim", "--port", str(port),
-           "--workers", str(WORKERS)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
+           "--workers", str(WORKERS), *options]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=environment, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=url) as client:
             wait_until_serving(proc, client)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, url
+
+
+@pytest.fixture
+def front() -> Iterator[str]:
+    proc, url = start_front()
+    try:
         yield url
         pids = [worker["pid"] for worker in health(url)["workers"]]
     finally:
@@ -206,15 +217,8 @@ def test_the_lease_is_taken_right_after_its_worker_is_killed(front: str) -> None
 
 @pytest.mark.timeout(120)
 def test_a_front_killed_with_sigkill_takes_its_workers_with_it() -> None:
-    port = free_port()
-    env = {**os.environ, "ROLLWAY_ADMIN_KEY": ADMIN_KEY}
-    cmd = [sys.executable, "-m", "rollway", "gateway", "--engine", "sim", "--port", str(port),
-           "--workers", str(WORKERS)]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_front()
     try:
-        with httpx.Client(base_url=url) as client:
-            wait_until_serving(proc, client)
         pids = [worker["pid"] for worker in health(url)["workers"]]
         proc.kill()
         proc.wait(timeout=30)

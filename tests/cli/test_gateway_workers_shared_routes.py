@@ -4,34 +4,21 @@ held by both workers are each recorded apart, and a call naming none is refused.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
-from tests.cli.test_gateway_command import free_port
-from tests.cli.test_gateway_rollout_ttl import wait_until_serving
-from tests.cli.test_gateway_workers import on_worker
+from tests.cli.test_gateway_workers import ADMIN_KEY, on_worker, start_front
 
-ADMIN_KEY = "ak-shared-workers"
 SESSION_KEY = "sk-shared-workers"
 
 
 @pytest.fixture
 def front() -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "ROLLWAY_ADMIN_KEY": ADMIN_KEY, "ROLLWAY_SESSION_KEY": SESSION_KEY}
-    cmd = [sys.executable, "-m", "rollway", "gateway", "--engine", "sim", "--port", str(port),
-           "--workers", "2", "--sessions", "open"]  # fmt: skip
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    proc, url = start_front("--sessions", "open", ROLLWAY_SESSION_KEY=SESSION_KEY)
     try:
-        with httpx.Client(base_url=url) as client:
-            wait_until_serving(proc, client)
         yield url
     finally:
         proc.terminate()
